@@ -1,0 +1,113 @@
+"""The store's public types: what nfsd and the uploader see of the cache.
+
+This module is the contract between the rooms. `cache.store.Store` implements it;
+nothing here knows XDR or S3. Errors are `StoreError` carrying a POSIX errno so
+each caller maps them to its own protocol (nfsd -> NFS4ERR_*, admin -> messages).
+"""
+from __future__ import annotations
+
+import errno
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+ROOT_INO = 1
+NAME_MAX = 255
+
+
+class StoreError(OSError):
+    """A store operation failed; `.errno` says why (ENOENT, EEXIST, ENOTDIR, EISDIR,
+    ENOTEMPTY, ESTALE, ENOSPC, EAGAIN (over capacity: retry later), EINVAL, ENAMETOOLONG,
+    EXDEV, EMLINK, EROFS, EIO)."""
+
+    def __init__(self, err: int, msg: str = ""):
+        super().__init__(err, msg or errno.errorcode.get(err, str(err)))
+
+
+class FileType(IntEnum):
+    REG = 1
+    DIR = 2
+    LNK = 5
+
+
+class DataState(IntEnum):
+    """State of a file's bytes relative to S3 (per file; the extent map refines it per range)."""
+    DIRTY = 1       # written locally, not yet (fully) in S3
+    QUEUED = 2      # eligible and waiting for the uploader
+    UPLOADING = 3   # the uploader is sending it
+    CLEAN = 4       # identical object in S3, local copy present
+    ABSENT = 5      # in S3, not (fully) present locally (evicted or imported)
+
+
+@dataclass(slots=True)
+class Attr:
+    ino: int                 # fileid; never reused
+    gen: int                 # generation; file handles carry (ino, gen)
+    type: FileType
+    mode: int                # permission bits only (07777)
+    nlink: int
+    uid: int
+    gid: int
+    size: int
+    space_used: int          # bytes allocated locally
+    atime_ns: int
+    mtime_ns: int
+    ctime_ns: int
+    change: int              # monotonic change counter (NFS change attribute)
+    parent: int              # for directories: the parent's ino (root: itself); files: 0
+    data_state: DataState = DataState.CLEAN
+    pinned: bool = False
+
+
+@dataclass(slots=True)
+class SetAttr:
+    """Fields left as None are unchanged. `atime_ns`/`mtime_ns` may be the string "now"."""
+    mode: int | None = None
+    uid: int | None = None
+    gid: int | None = None
+    size: int | None = None
+    atime_ns: int | str | None = None
+    mtime_ns: int | str | None = None
+
+
+@dataclass(slots=True)
+class DirEntry:
+    name: bytes
+    cookie: int              # stable across calls and restarts; never 0, 1 or 2
+    attr: Attr
+
+
+@dataclass(slots=True)
+class ChangeInfo:
+    """Directory change counters around a namespace op (NFS change_info4)."""
+    atomic: bool
+    before: int
+    after: int
+
+
+@dataclass(slots=True)
+class StatFS:
+    bytes_total: int
+    bytes_free: int
+    bytes_avail: int
+    files_total: int
+    files_free: int
+    files_avail: int
+
+
+@dataclass(slots=True)
+class Extent:
+    offset: int
+    length: int
+    state: DataState
+
+
+@dataclass(slots=True)
+class RemoteInfo:
+    """What the uploader recorded about a file's object (key relative to the bucket prefix)."""
+    key: str | None = None
+    etag: str | None = None
+    checksum: str | None = None      # e.g. "crc32:BASE64" or "sha256:BASE64"
+    uploaded_change: int = 0         # the inode's change counter that the object holds
+    size: int = 0
+    upload_id: str | None = None     # an in-progress multipart upload
+    parts: list = field(default_factory=list)   # [(part_number, etag, checksum)]
