@@ -1,0 +1,94 @@
+import asyncio
+
+import pytest
+
+from uploader.ratelimit import AimdLimiter, Backoff, TokenBucket
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_token_bucket_reserves_in_order_and_goes_into_debt():
+    clock = FakeClock()
+    b = TokenBucket(rate=10, burst=10, clock=clock)
+    assert b.reserve(10) == 0.0                 # the burst is free
+    assert b.reserve(1) == pytest.approx(0.1)   # then one token per 0.1 s
+    assert b.reserve(1) == pytest.approx(0.2)
+    clock.t += 0.2                              # refill pays the debt back exactly
+    assert b.reserve(0) == 0.0
+    assert b.reserve(25) == pytest.approx(2.5)  # larger than the bucket: debt, no deadlock
+
+
+def test_token_bucket_unlimited():
+    b = TokenBucket(rate=0)
+    assert b.unlimited and b.reserve(1e12) == 0.0
+
+
+def test_aimd_halves_once_per_window_and_grows_additively():
+    clock = FakeClock()
+    lim = AimdLimiter(initial=8, minimum=1, maximum=16, clock=clock)
+    started = clock()
+    clock.t += 1
+    lim.on_throttle(started)
+    assert lim.limit == 4
+    lim.on_throttle(started)                    # same window: no second halving
+    assert lim.limit == 4
+    clock.t += 1
+    lim.on_throttle(clock())
+    assert lim.limit == 2
+    for _ in range(2):                          # +1 after `limit` successes
+        lim.on_success()
+    assert 2.8 < lim.limit < 3.1                 # about +1 per window
+    for _ in range(1000):
+        lim.on_success()
+    assert lim.limit == 16
+    for _ in range(20):
+        clock.t += 1
+        lim.on_throttle(clock())
+    assert lim.limit == 1
+
+
+def test_aimd_limits_concurrency():
+    async def main():
+        lim = AimdLimiter(initial=3, maximum=3)
+        peak = 0
+
+        async def worker():
+            nonlocal peak
+            await lim.acquire()
+            peak = max(peak, lim.in_flight)
+            await asyncio.sleep(0.01)
+            lim.release()
+
+        await asyncio.gather(*(worker() for _ in range(20)))
+        return peak
+
+    assert asyncio.run(main()) == 3
+
+
+def test_aimd_cancelled_waiter_does_not_leak_a_slot():
+    async def main():
+        lim = AimdLimiter(initial=1, maximum=1)
+        await lim.acquire()
+        waiter = asyncio.create_task(lim.acquire())
+        await asyncio.sleep(0)
+        waiter.cancel()
+        lim.release()
+        await asyncio.gather(waiter, return_exceptions=True)
+        await asyncio.wait_for(lim.acquire(), 1)   # the slot is free again
+        return lim.in_flight
+
+    assert asyncio.run(main()) == 1
+
+
+def test_backoff_full_jitter_bounds():
+    import random
+    b = Backoff(0.5, 4.0, rng=random.Random(1))
+    for attempt in range(12):
+        d = b.delay(attempt)
+        assert 0.0 <= d <= min(4.0, 0.5 * 2 ** attempt)

@@ -1,0 +1,328 @@
+"""The one interface the uploader talks to S3 through, and its boto3 implementation.
+
+Modelled on mountpoint-s3's `ObjectClient` trait: the uploader, read-through and
+importer depend only on `ObjectClient`; tests may wrap it. Keys are full object keys
+(the bucket prefix already applied: see uploader.keys). Every call is synchronous and
+blocking; asyncio callers run them in a thread pool (uploader.gate.RequestGate).
+
+Errors are classified once, here, into `ThrottledError` (slow down: halve concurrency),
+`TransientError` (retry with backoff, forever), `NotFoundError` (no such key / upload)
+and `PermanentError` (403, missing bucket, bad request: surfaced loudly, data stays
+dirty). botocore's own retries are off so throttles reach our AIMD controller.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import zlib
+from dataclasses import dataclass, field
+from typing import Iterator, Protocol, runtime_checkable
+
+import boto3
+import botocore.exceptions
+from botocore.config import Config
+
+from .settings import S3Settings
+
+
+# ---- results -----------------------------------------------------------------------
+@dataclass(slots=True)
+class PutResult:
+    etag: str
+    checksum: str | None = None      # "crc32:BASE64" / "sha256:BASE64" as S3 reported or we sent
+
+
+@dataclass(slots=True)
+class PartInfo:
+    part_number: int
+    etag: str
+    size: int = 0
+    checksum: str | None = None
+
+
+@dataclass(slots=True)
+class ObjectInfo:
+    key: str
+    size: int
+    etag: str
+    last_modified: float = 0.0                   # unix seconds
+    metadata: dict = field(default_factory=dict)  # x-amz-meta-* without the prefix
+    checksum: str | None = None
+
+
+@dataclass(slots=True)
+class UploadInfo:
+    key: str
+    upload_id: str
+    initiated: float = 0.0
+
+
+# ---- errors ------------------------------------------------------------------------
+class ObjectClientError(Exception):
+    """Base of the classified errors; `.code` is S3's error code (or the exception name)."""
+
+    def __init__(self, code: str, message: str = "", status: int = 0):
+        super().__init__(f"{code}: {message}" if message else code)
+        self.code = code
+        self.status = status
+
+
+class TransientError(ObjectClientError):
+    """Network trouble, 5xx, timeouts: retry with backoff."""
+
+
+class ThrottledError(TransientError):
+    """503 SlowDown / throttling: retry, and cut the concurrency."""
+
+
+class NotFoundError(ObjectClientError):
+    """NoSuchKey / NoSuchUpload / 404."""
+
+
+class PermanentError(ObjectClientError):
+    """Will not succeed by retrying (403, NoSuchBucket, invalid request)."""
+
+
+_THROTTLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
+                   "TooManyRequestsException", "RequestThrottled", "ProvisionedThroughputExceededException",
+                   "RequestThrottledException", "BandwidthLimitExceeded"}
+_TRANSIENT_CODES = {"InternalError", "ServiceUnavailable", "RequestTimeout", "RequestTimeTooSkewed",
+                    "BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch", "IncompleteBody",
+                    "OperationAborted", "500", "502", "503", "504"}
+_NOT_FOUND_CODES = {"NoSuchKey", "NoSuchUpload", "404", "NotFound"}
+
+
+def classify(exc: BaseException) -> ObjectClientError:
+    """Map a boto3/botocore exception onto our error classes."""
+    if isinstance(exc, ObjectClientError):
+        return exc
+    if isinstance(exc, botocore.exceptions.ClientError):
+        err = exc.response.get("Error", {})
+        code = str(err.get("Code", "Unknown"))
+        msg = str(err.get("Message", ""))
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        if code in _THROTTLE_CODES or status == 429:
+            return ThrottledError(code, msg, status)
+        if code in _NOT_FOUND_CODES or (status == 404 and code not in ("NoSuchBucket",)):
+            return NotFoundError(code, msg, status)
+        if code in _TRANSIENT_CODES or status >= 500 or status == 408:
+            if status == 503 and code in ("ServiceUnavailable", "503"):
+                return ThrottledError(code, msg, status)
+            return TransientError(code, msg, status)
+        return PermanentError(code, msg, status)
+    if isinstance(exc, (botocore.exceptions.NoCredentialsError,
+                        botocore.exceptions.PartialCredentialsError,
+                        botocore.exceptions.ParamValidationError)):
+        return PermanentError(type(exc).__name__, str(exc))
+    if isinstance(exc, (botocore.exceptions.HTTPClientError,          # connection reset/closed, timeouts
+                        botocore.exceptions.ConnectionError,
+                        botocore.exceptions.ResponseStreamingError,
+                        botocore.exceptions.IncompleteReadError,
+                        botocore.exceptions.FlexibleChecksumError,     # corrupt response body
+                        botocore.exceptions.ChecksumError,
+                        ConnectionError, TimeoutError)):
+        return TransientError(type(exc).__name__, str(exc))
+    # botocore wraps some urllib3 errors in plain exceptions; unknown means: do not lose data,
+    # retry, but let the caller log it.
+    return TransientError(type(exc).__name__, str(exc))
+
+
+# ---- checksums ---------------------------------------------------------------------
+def checksum_b64(algorithm: str, data) -> str:
+    """Base64 of the big-endian CRC32 or SHA-256 digest, as S3's x-amz-checksum-* headers."""
+    if algorithm == "CRC32":
+        return base64.b64encode((zlib.crc32(data) & 0xFFFFFFFF).to_bytes(4, "big")).decode()
+    if algorithm == "SHA256":
+        return base64.b64encode(hashlib.sha256(data).digest()).decode()
+    raise ValueError(f"unsupported checksum algorithm {algorithm!r}")
+
+
+def composite_checksum(algorithm: str, part_checksums_b64: list[str]) -> str:
+    """S3's checksum of a multipart object: the checksum of the concatenated part digests,
+    suffixed with -N (the COMPOSITE checksum type)."""
+    raw = b"".join(base64.b64decode(c) for c in part_checksums_b64)
+    return f"{checksum_b64(algorithm, raw)}-{len(part_checksums_b64)}"
+
+
+def _checksum_from(resp: dict, algorithm: str) -> str | None:
+    value = resp.get(f"Checksum{algorithm}")
+    return f"{algorithm.lower()}:{value}" if value else None
+
+
+# ---- protocol ----------------------------------------------------------------------
+@runtime_checkable
+class ObjectClient(Protocol):
+    checksum_algorithm: str
+
+    def put_object(self, key: str, body: bytes, *, metadata: dict[str, str],
+                   checksum: str, content_type: str | None = None) -> PutResult: ...
+
+    def create_multipart_upload(self, key: str, *, metadata: dict[str, str]) -> str: ...
+
+    def upload_part(self, key: str, upload_id: str, part_number: int, body: bytes, *,
+                    checksum: str) -> PartInfo: ...
+
+    def complete_multipart_upload(self, key: str, upload_id: str, parts: list[PartInfo]) -> PutResult: ...
+
+    def abort_multipart_upload(self, key: str, upload_id: str) -> None: ...
+
+    def list_parts(self, key: str, upload_id: str) -> list[PartInfo]: ...
+
+    def list_multipart_uploads(self, prefix: str) -> list[UploadInfo]: ...
+
+    def copy_object(self, src_key: str, dst_key: str) -> PutResult: ...
+
+    def upload_part_copy(self, src_key: str, dst_key: str, upload_id: str, part_number: int,
+                         first: int, last: int) -> PartInfo: ...
+
+    def delete_object(self, key: str) -> None: ...
+
+    def head_object(self, key: str) -> ObjectInfo | None: ...
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes: ...
+
+    def list_objects(self, prefix: str) -> Iterator[ObjectInfo]: ...
+
+
+# ---- boto3 -------------------------------------------------------------------------
+class Boto3ObjectClient:
+    """`ObjectClient` over one bucket with plain boto3 (no CRT needed)."""
+
+    def __init__(self, s3: S3Settings, *, max_pool_connections: int = 16):
+        self.bucket = s3.bucket
+        self.checksum_algorithm = s3.checksum_algorithm
+        config = Config(
+            region_name=s3.region,
+            s3={"addressing_style": s3.addressing_style},
+            retries={"total_max_attempts": 1, "mode": "standard"},   # our AIMD does the retrying
+            connect_timeout=s3.connect_timeout,
+            read_timeout=s3.read_timeout,
+            max_pool_connections=max_pool_connections,
+            request_checksum_calculation="when_required",   # we send our own checksums
+            response_checksum_validation="when_supported",
+        )
+        session = boto3.session.Session(
+            aws_access_key_id=s3.access_key, aws_secret_access_key=s3.secret_key,
+            aws_session_token=s3.session_token, region_name=s3.region)
+        self._s3 = session.client("s3", endpoint_url=s3.endpoint_url, config=config)
+
+    # Every call goes through _call so errors come out classified.
+    def _call(self, name: str, **kwargs):
+        try:
+            return getattr(self._s3, name)(Bucket=self.bucket, **kwargs)
+        except Exception as exc:         # noqa: BLE001 - classified and re-raised
+            raise classify(exc) from exc
+
+    def _checksum_args(self, checksum: str) -> dict:
+        return {"ChecksumAlgorithm": self.checksum_algorithm, f"Checksum{self.checksum_algorithm}": checksum}
+
+    def put_object(self, key, body, *, metadata, checksum, content_type=None) -> PutResult:
+        extra = {"ContentType": content_type} if content_type else {}
+        resp = self._call("put_object", Key=key, Body=bytes(body), Metadata=metadata,
+                          **self._checksum_args(checksum), **extra)
+        return PutResult(resp["ETag"], _checksum_from(resp, self.checksum_algorithm)
+                         or f"{self.checksum_algorithm.lower()}:{checksum}")
+
+    def create_multipart_upload(self, key, *, metadata) -> str:
+        resp = self._call("create_multipart_upload", Key=key, Metadata=metadata,
+                          ChecksumAlgorithm=self.checksum_algorithm)
+        return resp["UploadId"]
+
+    def upload_part(self, key, upload_id, part_number, body, *, checksum) -> PartInfo:
+        resp = self._call("upload_part", Key=key, UploadId=upload_id, PartNumber=part_number,
+                          Body=bytes(body), **self._checksum_args(checksum))
+        return PartInfo(part_number, resp["ETag"], len(body),
+                        resp.get(f"Checksum{self.checksum_algorithm}") or checksum)
+
+    def complete_multipart_upload(self, key, upload_id, parts) -> PutResult:
+        algo = self.checksum_algorithm
+        body = {"Parts": [{"PartNumber": p.part_number, "ETag": p.etag,
+                           **({f"Checksum{algo}": p.checksum} if p.checksum else {})}
+                          for p in sorted(parts, key=lambda p: p.part_number)]}
+        resp = self._call("complete_multipart_upload", Key=key, UploadId=upload_id,
+                          MultipartUpload=body)
+        reported = _checksum_from(resp, algo)
+        if reported is None and all(p.checksum for p in parts):
+            reported = f"{algo.lower()}:{composite_checksum(algo, [p.checksum for p in parts])}"
+        return PutResult(resp["ETag"], reported)
+
+    def abort_multipart_upload(self, key, upload_id) -> None:
+        self._call("abort_multipart_upload", Key=key, UploadId=upload_id)
+
+    def list_parts(self, key, upload_id) -> list[PartInfo]:
+        parts: list[PartInfo] = []
+        marker = 0
+        while True:
+            resp = self._call("list_parts", Key=key, UploadId=upload_id, PartNumberMarker=marker)
+            for p in resp.get("Parts", []):
+                parts.append(PartInfo(p["PartNumber"], p["ETag"], p.get("Size", 0),
+                                      p.get(f"Checksum{self.checksum_algorithm}")))
+            if not resp.get("IsTruncated"):
+                return parts
+            marker = int(resp["NextPartNumberMarker"])
+
+    def list_multipart_uploads(self, prefix) -> list[UploadInfo]:
+        out: list[UploadInfo] = []
+        kwargs: dict = {"Prefix": prefix}
+        while True:
+            resp = self._call("list_multipart_uploads", **kwargs)
+            for u in resp.get("Uploads", []):
+                initiated = u.get("Initiated")
+                out.append(UploadInfo(u["Key"], u["UploadId"],
+                                      initiated.timestamp() if initiated else 0.0))
+            if not resp.get("IsTruncated"):
+                return out
+            kwargs.update(KeyMarker=resp.get("NextKeyMarker", ""),
+                          UploadIdMarker=resp.get("NextUploadIdMarker", ""))
+
+    def copy_object(self, src_key, dst_key) -> PutResult:
+        # ChecksumAlgorithm on copies: S3 computes a fresh full-object checksum (and moto
+        # otherwise carries a multipart source's checksum over, breaking GET validation).
+        resp = self._call("copy_object", Key=dst_key, CopySource={"Bucket": self.bucket, "Key": src_key},
+                          MetadataDirective="COPY", ChecksumAlgorithm=self.checksum_algorithm)
+        result = resp.get("CopyObjectResult", {})
+        return PutResult(result.get("ETag", ""), _checksum_from(result, self.checksum_algorithm))
+
+    def upload_part_copy(self, src_key, dst_key, upload_id, part_number, first, last) -> PartInfo:
+        resp = self._call("upload_part_copy", Key=dst_key, UploadId=upload_id, PartNumber=part_number,
+                          CopySource={"Bucket": self.bucket, "Key": src_key},
+                          CopySourceRange=f"bytes={first}-{last}")
+        result = resp.get("CopyPartResult", {})
+        return PartInfo(part_number, result.get("ETag", ""), last - first + 1,
+                        result.get(f"Checksum{self.checksum_algorithm}"))
+
+    def delete_object(self, key) -> None:
+        self._call("delete_object", Key=key)
+
+    def head_object(self, key) -> ObjectInfo | None:
+        try:
+            resp = self._call("head_object", Key=key, ChecksumMode="ENABLED")
+        except NotFoundError:
+            return None
+        lm = resp.get("LastModified")
+        return ObjectInfo(key, resp.get("ContentLength", 0), resp.get("ETag", ""),
+                          lm.timestamp() if lm else 0.0, dict(resp.get("Metadata", {})),
+                          _checksum_from(resp, self.checksum_algorithm))
+
+    def get_range(self, key, offset, length) -> bytes:
+        if length <= 0:
+            return b""
+        resp = self._call("get_object", Key=key, Range=f"bytes={offset}-{offset + length - 1}")
+        try:
+            return resp["Body"].read()
+        except Exception as exc:         # noqa: BLE001 - a body cut mid-stream
+            raise classify(exc) from exc
+        finally:
+            resp["Body"].close()
+
+    def list_objects(self, prefix) -> Iterator[ObjectInfo]:
+        kwargs: dict = {"Prefix": prefix}
+        while True:
+            resp = self._call("list_objects_v2", **kwargs)
+            for o in resp.get("Contents", []):
+                lm = o.get("LastModified")
+                yield ObjectInfo(o["Key"], o.get("Size", 0), o.get("ETag", ""),
+                                 lm.timestamp() if lm else 0.0)
+            if not resp.get("IsTruncated"):
+                return
+            kwargs["ContinuationToken"] = resp["NextContinuationToken"]
