@@ -1,4 +1,4 @@
-"""The narrow store API that nfsd and the uploader call. (CONTRACT SKELETON: bodies to be implemented.)
+"""The narrow store API that nfsd and the uploader call.
 
 Threading: every method is thread-safe. Methods marked *blocking* may wait for disk
 sync (fdatasync / LMDB sync) and must be called from a worker thread by asyncio code;
@@ -9,17 +9,46 @@ setattr) are applied at once (visible to every reader) and become durable at the
 `sync()`; callers that must reply "durable" call `sync()` (group-committed: one LMDB sync
 covers every caller waiting at that moment). Data `write()` goes to the page cache and
 is visible at once (read-after-write); `commit(ino)` makes the file's data and its size /
-extent index durable.
+extent index durable. Bytes written past the last committed size are dropped by crash
+recovery (they were unstable writes; the new write verifier tells clients to resend).
 
 Names are `bytes` (one path component). Invalid names raise StoreError(EINVAL)
 (empty, ".", "..", containing b"/" or NUL) or StoreError(ENAMETOOLONG) (> 255 bytes).
+
+One process opens a store at a time (an flock on <path>/store.lock; a second open gets
+StoreError(EBUSY)). Layout: index.py (LMDB), data.py (extent files), extents.py (extent
+maps), namespace.py (namespace ops), commit.py (group commit), recovery.py, check.py,
+space.py (capacity and eviction policy).
 """
 from __future__ import annotations
 
+import errno
+import fcntl
+import json
+import os
+import struct
+import threading
+import time
 from typing import Iterator
 
-from .api import (Attr, ChangeInfo, DirEntry, Extent, RemoteInfo, SetAttr, StatFS,
-                  StoreError, ROOT_INO)
+import structlog
+
+from . import extents
+from .api import (Attr, ChangeInfo, DataState, DirEntry, Extent, FileType, RemoteInfo,
+                  SetAttr, StatFS, StoreError, ROOT_INO)
+from .commit import GroupCommit
+from .data import DataFiles
+from .index import (F_PINNED, F_UNCOMMITTED, FIRST_COOKIE, U64, Index, Inode, Writer)
+from .namespace import Namespace, validate_name
+from .recovery import recover
+from .space import Space
+
+log = structlog.get_logger(__name__)
+
+MAX_FILE_SIZE = (1 << 63) - 1
+LRU_GRANULARITY_NS = 30 * 1_000_000_000   # re-stamp a read file's LRU key at most this often
+READDIR_BATCH = 256
+FILES_TOTAL = 1 << 40
 
 
 class Store:
@@ -30,66 +59,216 @@ class Store:
              evict: bool = True) -> "Store":
         """Open (creating if empty) the store in directory `path`, run crash recovery,
         and return it. A store of an unknown/newer format raises StoreError(EINVAL) with a
-        clear message and is not modified. capacity=None: the filesystem's size less reserve."""
-        raise NotImplementedError
+        clear message and is not modified. capacity=None: the filesystem's size less reserve.
+        evict=False: writes never evict clean data to make room (EAGAIN instead)."""
+        return cls(path, capacity, reserve, high_watermark, low_watermark, evict)
+
+    def __init__(self, path, capacity, reserve, high_watermark, low_watermark, evict):
+        self.path = path
+        os.makedirs(path, exist_ok=True)
+        self._lockfd = os.open(os.path.join(path, "store.lock"),
+                               os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(self._lockfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lockfd)
+            raise StoreError(errno.EBUSY, f"store {path} is open in another process "
+                             "or Store instance") from None
+        try:
+            self.ix = Index(os.path.join(path, "index"))
+        except BaseException:
+            os.close(self._lockfd)
+            raise
+        self.data = DataFiles(path)
+        self.space = Space(path, capacity, reserve, high_watermark, low_watermark)
+        self.evict_on_write = evict
+        self.committer = GroupCommit(self.ix)
+        self.ns = Namespace(self._reclaim)
+        self._olock = threading.Lock()
+        self._opens: dict[int, list[int]] = {}     # ino -> [readers, writers]
+        self._wseq: dict[int, int] = {}            # ino -> writes since open (commit race)
+        self._tseq: dict[int, int] = {}            # ino -> truncates since open
+        self._ensure_root()
+        self.recovery_stats = recover(self.ix, self.data)
+        with self.ix.write() as w:
+            opens = w.next_id(b"opens")
+        self.write_verifier = struct.pack(">I", opens & 0xFFFFFFFF) + os.urandom(4)
+        self.instance_id = self.ix.instance_id()
+        self.committer.sync()
+        self._closed = False
+        log.info("store.opened", path=path, capacity=self.space.capacity,
+                 used=self.ix.used_bytes, dirty=self.ix.dirty_bytes)
+
+    def _ensure_root(self) -> None:
+        with self.ix.write() as w:
+            if w.inode(ROOT_INO) is not None:
+                return
+            t = time.time_ns()
+            w.txn.put(b"next_ino", U64.pack(ROOT_INO), db=self.ix.meta)
+            root = Inode(FileType.DIR, DataState.CLEAN, 0, 0o755, 2, 0, 0, 4096, 0, 0,
+                         t, t, t, 1, ROOT_INO, 1, FIRST_COOKIE, 0, ROOT_INO)
+            w.put_inode(root, None)
 
     def close(self) -> None:
         """Make everything durable (all live inodes committed, LMDB synced) and close."""
-        raise NotImplementedError
+        if self._closed:
+            return
+        with self.ix.read() as v:
+            live = [ino for ino in v.keys(self.ix.dirty)
+                    if (r := v.inode(ino)) and (r.flags & F_UNCOMMITTED
+                                                or r.size != r.committed_size)]
+        for ino in live:
+            try:
+                self.commit(ino)
+            except StoreError as e:
+                log.error("store.close_commit_failed", ino=ino, error=str(e))
+        self.committer.sync()
+        self._closed = True
+        self.data.close()
+        self.ix.close()
+        os.close(self._lockfd)
+        log.info("store.closed", path=self.path)
 
     write_verifier: bytes      # 8 bytes, new at every open()
     instance_id: bytes         # 16 bytes, stable for the store's lifetime (server owner/scope)
 
+    # ---- internal helpers ---------------------------------------------------------
+    def _is_open(self, ino: int) -> bool:
+        return ino in self._opens
+
+    def _reclaim(self, w: Writer, rec: Inode, old: Inode) -> None:
+        """The last link of `rec` is gone (rec.nlink == 0): free it now, or at last close."""
+        w.set_flag_key(self.ix.orphans, rec.ino, True)
+        if self._is_open(rec.ino):
+            w.put_inode(rec, old)            # stays readable through open state
+            return
+        w.purge_inode(old)
+        ino = rec.ino
+
+        def drop_data():
+            self.data.remove(ino)
+            self.ix.orphans_done.append(ino)
+            self._wseq.pop(ino, None)
+            self._tseq.pop(ino, None)
+        w.after_commit.append(drop_data)
+
+    @staticmethod
+    def _regular(rec: Inode) -> None:
+        if rec.type == FileType.DIR:
+            raise StoreError(errno.EISDIR, f"inode {rec.ino} is a directory")
+        if rec.type != FileType.REG:
+            raise StoreError(errno.EINVAL, f"inode {rec.ino} is not a regular file")
+
     # ---- namespace (nfsd) -------------------------------------------------------
     def getattr(self, ino: int) -> Attr:
         """Attributes including unstable writes (live size/mtime). ESTALE if ino is gone."""
-        raise NotImplementedError
+        with self.ix.read() as v:
+            return v.must_inode(ino).attr()
 
     def lookup(self, parent: int, name: bytes) -> Attr:
         """ENOENT, ENOTDIR (parent not a dir), ESTALE (parent gone)."""
-        raise NotImplementedError
+        validate_name(name)
+        with self.ix.read() as v:
+            v.must_dir(parent)
+            ent = v.dirent(parent, name)
+            if ent is None:
+                raise StoreError(errno.ENOENT, f"{bytes(name)!r} not in directory {parent}")
+            return v.must_inode(ent[0]).attr()
 
     def lookup_parent(self, ino: int) -> Attr:
         """Parent directory of a directory (root's parent is root)."""
-        raise NotImplementedError
+        with self.ix.read() as v:
+            return v.must_inode(v.must_dir(ino).parent).attr()
 
     def setattr(self, ino: int, sa: SetAttr) -> Attr:
         """Size changes truncate/extend (truncate up reads zeros). Bumps change/ctime."""
-        raise NotImplementedError
+        t = time.time_ns()
+        with self.ix.write() as w:
+            rec = w.must_inode(ino)
+            new = rec.copy()
+            if sa.mode is not None:
+                new.mode = sa.mode & 0o7777
+            if sa.uid is not None:
+                new.uid = sa.uid
+            if sa.gid is not None:
+                new.gid = sa.gid
+            if sa.atime_ns is not None:
+                new.atime_ns = t if sa.atime_ns == "now" else int(sa.atime_ns)
+            if sa.mtime_ns is not None:
+                new.mtime_ns = t if sa.mtime_ns == "now" else int(sa.mtime_ns)
+            if sa.size is not None:
+                self._regular(rec)
+                if not 0 <= sa.size <= MAX_FILE_SIZE:
+                    raise StoreError(errno.EFBIG, f"size {sa.size} out of range")
+                if sa.size != rec.size:
+                    if sa.size < rec.size:
+                        new.local_bytes += extents.truncate(w.txn, self.ix.extents, ino,
+                                                            sa.size)
+                    new.size = sa.size
+                    new.committed_size = sa.size
+                    if new.state in (DataState.CLEAN, DataState.ABSENT):
+                        new.state = DataState.DIRTY
+                    self._tseq[ino] = self._tseq.get(ino, 0) + 1
+                if sa.mtime_ns is None:
+                    new.mtime_ns = t
+            new.ctime_ns = t
+            new.change += 1
+            w.put_inode(new, rec)
+            if sa.size is not None and sa.size != rec.size:
+                # zero anything a failed write left past the old end, then set the length
+                self.data.truncate(ino, min(rec.size, sa.size))
+                if sa.size > rec.size:
+                    self.data.truncate(ino, sa.size)
+        return new.attr()
 
     def create(self, parent: int, name: bytes, mode: int, uid: int, gid: int,
                *, exclusive: bool = False) -> tuple[Attr, ChangeInfo, bool]:
         """Create a regular file. If the name exists: exclusive -> EEXIST; a file -> return
         it unchanged with created=False; a directory -> EISDIR. Returns (attr, cinfo, created)."""
-        raise NotImplementedError
+        with self.ix.write() as w:
+            rec, cinfo, created = self.ns.create(w, parent, name, mode, uid, gid, exclusive)
+        return rec.attr(), cinfo, created
 
     def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> tuple[Attr, ChangeInfo]:
-        raise NotImplementedError
+        with self.ix.write() as w:
+            rec, cinfo = self.ns.mkdir(w, parent, name, mode, uid, gid)
+        return rec.attr(), cinfo
 
     def symlink(self, parent: int, name: bytes, target: bytes, mode: int, uid: int, gid: int
                 ) -> tuple[Attr, ChangeInfo]:
-        raise NotImplementedError
+        with self.ix.write() as w:
+            rec, cinfo = self.ns.symlink(w, parent, name, target, mode, uid, gid)
+        return rec.attr(), cinfo
 
     def readlink(self, ino: int) -> bytes:
         """EINVAL if not a symlink."""
-        raise NotImplementedError
+        with self.ix.read() as v:
+            rec = v.must_inode(ino)
+            if rec.type != FileType.LNK:
+                raise StoreError(errno.EINVAL, f"inode {ino} is not a symlink")
+            return v.symlink_target(ino) or b""
 
     def link(self, ino: int, new_parent: int, new_name: bytes) -> tuple[Attr, ChangeInfo]:
         """Hard link (files only: EISDIR for directories). EEXIST if the name exists."""
-        raise NotImplementedError
+        with self.ix.write() as w:
+            rec, cinfo = self.ns.link(w, ino, new_parent, new_name)
+        return rec.attr(), cinfo
 
     def unlink(self, parent: int, name: bytes) -> ChangeInfo:
         """Remove a non-directory name (EISDIR for a directory: use rmdir). The inode's data is
         reclaimed when nlink reaches 0 and no open remains (see open_file/close_file)."""
-        raise NotImplementedError
+        with self.ix.write() as w:
+            return self.ns.unlink(w, parent, name)
 
     def rmdir(self, parent: int, name: bytes) -> ChangeInfo:
         """ENOTEMPTY, ENOTDIR."""
-        raise NotImplementedError
+        with self.ix.write() as w:
+            return self.ns.rmdir(w, parent, name)
 
     def remove(self, parent: int, name: bytes) -> ChangeInfo:
         """unlink or rmdir, whichever the name is (NFS REMOVE)."""
-        raise NotImplementedError
+        with self.ix.write() as w:
+            return self.ns.remove(w, parent, name)
 
     def rename(self, src_parent: int, src_name: bytes, dst_parent: int, dst_name: bytes
                ) -> tuple[ChangeInfo, ChangeInfo]:
@@ -97,124 +276,449 @@ class Store:
         dir over empty dir; EISDIR/ENOTDIR/ENOTEMPTY as POSIX; EINVAL when moving a dir into
         its own subtree). Same name in the same dir: no-op. O(1) for directories.
         Returns (source dir cinfo, target dir cinfo)."""
-        raise NotImplementedError
+        with self.ix.write() as w:
+            return self.ns.rename(w, src_parent, src_name, dst_parent, dst_name)
 
     def readdir(self, ino: int, cookie: int = 0) -> Iterator[DirEntry]:
         """Entries after `cookie` (0 = from the start), in cookie order, without . and ..
         Cookies are stable (a removed entry's cookie keeps its place); an unknown
-        cookie past the end yields nothing."""
-        raise NotImplementedError
+        cookie past the end yields nothing. ESTALE/ENOTDIR are raised at the call."""
+        with self.ix.read() as v:
+            v.must_dir(ino)
+        return self._readdir(ino, max(cookie, FIRST_COOKIE - 1))
+
+    def _readdir(self, ino: int, cookie: int) -> Iterator[DirEntry]:
+        while True:             # short read txns per batch, never one held across yields
+            out = []
+            with self.ix.read() as v:
+                for c, name, child, _ in v.dir_entries_after(ino, cookie, READDIR_BATCH):
+                    rec = v.inode(child)
+                    if rec is not None:
+                        out.append(DirEntry(name, c, rec.attr()))
+                    cookie = c
+            yield from out
+            if len(out) < READDIR_BATCH:
+                return
 
     def statfs(self) -> StatFS:
-        raise NotImplementedError
+        cap = self.space.capacity
+        free = max(0, min(cap - self.ix.used_bytes, self.space.disk_free()))
+        with self.ix.read() as v:
+            files = v.txn.stat(self.ix.inodes)["entries"]
+        return StatFS(cap, free, free, FILES_TOTAL, FILES_TOTAL - files, FILES_TOTAL - files)
 
     def sync(self) -> None:
         """*Blocking.* Make every namespace change applied so far durable (group commit)."""
-        raise NotImplementedError
+        self.committer.sync()
 
     # ---- data (nfsd) ---------------------------------------------------------------
     def open_file(self, ino: int, write: bool) -> None:
         """Count an open (NFS open state). Open-for-write files are never uploaded or evicted."""
-        raise NotImplementedError
+        with self.ix.read() as v:
+            rec = v.must_inode(ino)
+            if write:
+                self._regular(rec)
+        with self._olock:
+            self._opens.setdefault(ino, [0, 0])[1 if write else 0] += 1
 
     def close_file(self, ino: int, write: bool) -> None:
         """Drop an open; reclaims an unlinked inode at its last close."""
-        raise NotImplementedError
+        with self._olock:
+            counts = self._opens.get(ino)
+            if counts is None or counts[1 if write else 0] == 0:
+                log.warning("store.close_without_open", ino=ino, write=write)
+                return
+            counts[1 if write else 0] -= 1
+            last = counts == [0, 0]
+            if last:
+                del self._opens[ino]
+        if last:
+            with self.ix.write() as w:
+                rec = w.inode(ino)
+                if rec is not None and rec.nlink == 0 and not self._is_open(ino):
+                    self._reclaim(w, rec, rec)
 
     def read(self, ino: int, offset: int, count: int) -> tuple[bytes | memoryview, bool]:
         """Up to `count` bytes at `offset` (holes read as zeros), and eof. Raises
         StoreError(EAGAIN) with `.missing = [(off, len), ...]` when a range is ABSENT locally:
         the caller fetches it (read-through) and retries."""
-        raise NotImplementedError
+        n, size = self._read_check(ino, offset, count)
+        if n == 0:
+            return b"", True
+        return self.data.pread(ino, offset, n), offset + n >= size
 
     def read_into(self, ino: int, offset: int, buf: memoryview) -> tuple[int, bool]:
         """Like read() but preadv straight into `buf`; returns (nbytes, eof)."""
-        raise NotImplementedError
+        n, size = self._read_check(ino, offset, len(buf))
+        if n == 0:
+            return 0, True
+        self.data.pread_into(ino, offset, buf[:n])
+        return n, offset + n >= size
+
+    def _read_check(self, ino: int, offset: int, count: int) -> tuple[int, int]:
+        if offset < 0 or count < 0:
+            raise StoreError(errno.EINVAL, "negative offset or count")
+        with self.ix.read() as v:
+            rec = v.must_inode(ino)
+            self._regular(rec)
+            if offset >= rec.size:
+                return 0, rec.size
+            n = min(count, rec.size - offset)
+            missing = extents.absent_ranges(v.txn, self.ix.extents, ino, offset, offset + n)
+        if missing:
+            err = StoreError(errno.EAGAIN, f"inode {ino}: range not present locally")
+            err.missing = missing
+            raise err
+        if rec.state == DataState.CLEAN and time.time_ns() - rec.lru_ns > LRU_GRANULARITY_NS:
+            self._touch_lru(ino)
+        return n, rec.size
+
+    def _touch_lru(self, ino: int) -> None:
+        with self.ix.write() as w:
+            rec = w.inode(ino)
+            if rec is not None and rec.state == DataState.CLEAN:
+                new = rec.copy()
+                new.lru_ns = new.atime_ns = time.time_ns()
+                w.put_inode(new, rec)
 
     def write(self, ino: int, offset: int, data: bytes | memoryview) -> Attr:
         """pwrite into the page cache; updates live size/mtime/change; marks the range dirty.
         EAGAIN when dirty data would exceed capacity (caller answers NFS4ERR_DELAY);
         ENOSPC when the disk is full (nothing already stored is damaged). Returns new attrs."""
-        raise NotImplementedError
+        n = len(data)
+        if offset < 0 or offset + n > MAX_FILE_SIZE:
+            raise StoreError(errno.EFBIG, f"write at {offset}+{n} out of range")
+        with self.ix.read() as v:
+            rec = v.must_inode(ino)
+            self._regular(rec)
+            if n == 0:
+                return rec.attr()
+            growth = n - extents.present_bytes(v.txn, self.ix.extents, ino, offset,
+                                               offset + n)
+        becoming_dirty = 0 if rec.is_dirty else rec.local_bytes
+        need = self.space.admit(self.ix.used_bytes, self.ix.dirty_bytes + becoming_dirty,
+                                 growth)
+        if need and self._free_clean(need, exclude=ino) < need:
+            raise StoreError(errno.EAGAIN, "cache full of pinned or open clean data")
+        if not rec.is_dirty:
+            # the index names the file dirty BEFORE its bytes change, so recovery visits it
+            with self.ix.write() as w:
+                cur = w.must_inode(ino)
+                if not cur.is_dirty:
+                    new = cur.copy()
+                    new.state = DataState.DIRTY
+                    w.put_inode(new, cur)
+        try:
+            self.data.pwrite(ino, offset, data)
+        except StoreError:
+            with self.ix.write() as w:     # a partial write may have grown the file
+                cur = w.inode(ino)
+                if cur is not None:
+                    self.data.shrink_to(ino, cur.size)
+            raise
+        t = time.time_ns()
+        with self.ix.write() as w:
+            cur = w.inode(ino)
+            if cur is None:                # reclaimed while we wrote
+                self.data.remove(ino)
+                raise StoreError(errno.ESTALE, f"inode {ino} is gone")
+            new = cur.copy()
+            if offset + n > new.size:
+                new.size = offset + n
+            new.local_bytes += extents.set_range(w.txn, self.ix.extents, ino, offset,
+                                                 offset + n, DataState.DIRTY)
+            new.mtime_ns = new.ctime_ns = t
+            new.change += 1
+            if new.state in (DataState.CLEAN, DataState.ABSENT):
+                new.state = DataState.DIRTY
+            new.flags |= F_UNCOMMITTED
+            w.put_inode(new, cur)
+            self._wseq[ino] = self._wseq.get(ino, 0) + 1
+        return new.attr()
 
     def commit(self, ino: int) -> None:
         """*Blocking.* fdatasync the file's data and durably record its size/extents."""
-        raise NotImplementedError
+        with self.ix.read() as v:
+            rec = v.must_inode(ino)
+        if rec.type == FileType.REG and (rec.flags & F_UNCOMMITTED
+                                         or rec.committed_size != rec.size):
+            wseq, tseq = self._wseq.get(ino, 0), self._tseq.get(ino, 0)
+            with self.ix.read() as v:
+                size = v.must_inode(ino).size
+            self.data.datasync(ino)        # every byte below `size` was pwritten before
+            with self.ix.write() as w:
+                cur = w.inode(ino)
+                if cur is not None:
+                    new = cur.copy()
+                    if self._tseq.get(ino, 0) == tseq:   # a truncate sets it by itself
+                        new.committed_size = max(new.committed_size, min(size, new.size))
+                        if self._wseq.get(ino, 0) == wseq and new.committed_size == new.size:
+                            new.flags &= ~F_UNCOMMITTED
+                    if new != cur:
+                        w.put_inode(new, cur)
+        self.committer.sync()
 
     # ---- uploader ----------------------------------------------------------------
     def path_of(self, ino: int) -> str | None:
         """Export-relative path ("a/b/c") of a linked inode (first link), or None if unlinked."""
-        raise NotImplementedError
+        with self.ix.read() as v:
+            v.must_inode(ino)
+            return v.path_of(ino)
 
     def ready_for_upload(self, now_ns: int, settle_ns: int, limit: int = 100) -> list[int]:
         """Inodes whose data is dirty, committed, not open for write, and quiet for settle_ns
-        (settle_ns=0: flush). Uses an index, no full scan."""
-        raise NotImplementedError
+        (settle_ns=0: flush). Uses an index, no full scan. Only files in state DIRTY are
+        returned (QUEUED/UPLOADING ones are the uploader's already)."""
+        out = []
+        with self.ix.read() as v:
+            for ino in v.keys(self.ix.dirty):
+                rec = v.inode(ino)
+                if (rec is None or rec.state != DataState.DIRTY or rec.nlink == 0
+                        or rec.flags & F_UNCOMMITTED or rec.committed_size != rec.size
+                        or now_ns - rec.mtime_ns < settle_ns):
+                    continue
+                counts = self._opens.get(ino)
+                if counts is not None and counts[1] > 0:
+                    continue
+                out.append(ino)
+                if len(out) >= limit:
+                    break
+        return out
 
     def extents(self, ino: int) -> list[Extent]:
-        raise NotImplementedError
+        """The file's extent map in offset order: DIRTY/CLEAN (local) and ABSENT ranges.
+        Ranges of [0, size) not listed are local holes (read as zeros)."""
+        with self.ix.read() as v:
+            v.must_inode(ino)
+            return extents.listing(v.txn, self.ix.extents, ino)
 
     def open_data_fd(self, ino: int) -> int:
-        """A read-only fd on the file's local data (caller closes) for os.preadv / sendfile."""
-        raise NotImplementedError
+        """A read-only fd on the file's local data (caller closes) for os.preadv / sendfile.
+        The file may be shorter than the inode's size: bytes past its end are zeros."""
+        with self.ix.read() as v:
+            self._regular(v.must_inode(ino))
+        return self.data.open_readonly(ino)
 
     def set_data_state(self, ino: int, state, change: int | None = None) -> bool:
         """Move a file to QUEUED/UPLOADING/DIRTY. With `change`, only if the inode's change
         counter still equals it (returns False otherwise)."""
-        raise NotImplementedError
+        state = DataState(state)
+        if state not in (DataState.QUEUED, DataState.UPLOADING, DataState.DIRTY):
+            raise StoreError(errno.EINVAL, f"set_data_state cannot set {state.name}")
+        with self.ix.write() as w:
+            rec = w.must_inode(ino)
+            self._regular(rec)
+            if change is not None and rec.change != change:
+                return False
+            if rec.state != state:
+                new = rec.copy()
+                new.state = state
+                w.put_inode(new, rec)
+        return True
 
     def mark_uploaded(self, ino: int, remote: RemoteInfo) -> bool:
-        """Record the object; the file becomes CLEAN if its change counter still equals
-        remote.uploaded_change (else stays DIRTY and returns False). Durable on return."""
-        raise NotImplementedError
+        """*Blocking.* Record the object; the file becomes CLEAN if its change counter still
+        equals remote.uploaded_change (else stays DIRTY and returns False). Durable on
+        return. A file with ABSENT ranges left becomes ABSENT instead of CLEAN."""
+        with self.ix.write() as w:
+            rec = w.must_inode(ino)
+            self._regular(rec)
+            w.put_remote(ino, remote)
+            new = rec.copy()
+            ok = rec.change == remote.uploaded_change
+            if ok:
+                extents.relabel(w.txn, self.ix.extents, ino, DataState.DIRTY, DataState.CLEAN)
+                absent = extents.absent_ranges(w.txn, self.ix.extents, ino, 0, rec.size)
+                new.state = DataState.ABSENT if absent else DataState.CLEAN
+                new.lru_ns = time.time_ns()
+            elif new.state in (DataState.QUEUED, DataState.UPLOADING):
+                new.state = DataState.DIRTY
+            w.put_inode(new, rec)
+        self.committer.sync()
+        return ok
 
     def remote_info(self, ino: int) -> RemoteInfo:
-        raise NotImplementedError
+        with self.ix.read() as v:
+            v.must_inode(ino)
+            return v.remote(ino)
 
     def set_remote_info(self, ino: int, remote: RemoteInfo) -> None:
-        """Record progress (upload_id, parts) durably for resume after a crash."""
-        raise NotImplementedError
+        """*Blocking.* Record progress (upload_id, parts) durably for resume after a crash."""
+        with self.ix.write() as w:
+            w.must_inode(ino)
+            w.put_remote(ino, remote)
+        self.committer.sync()
 
     def evict(self, ino: int) -> int:
-        """Punch out a CLEAN, unpinned, not-open file's local data (-> ABSENT); bytes freed."""
-        raise NotImplementedError
+        """Drop a CLEAN, unpinned, not-open file's local data (-> ABSENT); bytes freed
+        (0 when the file is not evictable at this moment)."""
+        with self.ix.write() as w:
+            rec = w.must_inode(ino)
+            if (rec.type != FileType.REG or rec.state != DataState.CLEAN
+                    or rec.flags & F_PINNED or self._is_open(ino) or rec.nlink == 0):
+                return 0
+            new = rec.copy()
+            extents.replace_all(w.txn, self.ix.extents, ino,
+                                [(0, rec.size, DataState.ABSENT)])
+            new.local_bytes = 0
+            new.state = DataState.ABSENT if rec.size else DataState.CLEAN
+            w.put_inode(new, rec)
+            # the index says ABSENT first: a crash before the unlink leaves only garbage
+            w.after_commit.append(lambda: self.data.remove(ino))
+        log.info("store.evicted", ino=ino, bytes=rec.local_bytes)
+        return rec.local_bytes
 
     def eviction_candidates(self, want_bytes: int) -> list[int]:
-        """Least-recently-used CLEAN files (not pinned, not open) totalling >= want_bytes."""
-        raise NotImplementedError
+        """Least-recently-used CLEAN files (not pinned, not open) totalling >= want_bytes
+        (fewer if there are not enough)."""
+        out, total = [], 0
+        with self.ix.read() as v:
+            cur = v.txn.cursor(db=self.ix.lru)
+            for key in cur.iternext(values=False):
+                if total >= want_bytes:
+                    break
+                ino = U64.unpack(key[8:16])[0]
+                rec = v.inode(ino)
+                if rec is None or rec.flags & F_PINNED or self._is_open(ino):
+                    continue
+                out.append(ino)
+                total += rec.local_bytes
+        return out
+
+    def _free_clean(self, want: int, exclude: int = 0) -> int:
+        if not self.evict_on_write:
+            return 0
+        freed = 0
+        for ino in self.eviction_candidates(want):
+            if ino != exclude:
+                freed += self.evict(ino)
+        return freed
+
+    def maybe_evict(self) -> int:
+        """Evict LRU clean data if usage is above the high watermark, down to the low one.
+        Cheap when nothing is to do; the daemon calls it periodically. Returns bytes freed."""
+        target = self.space.eviction_target(self.ix.used_bytes)
+        return self._free_clean(target) if target else 0
+
+    def usage(self) -> dict:
+        """Byte accounting for metrics/admin: capacity, used (local), dirty, watermarks."""
+        return {"capacity": self.space.capacity, "used": self.ix.used_bytes,
+                "dirty": self.ix.dirty_bytes, "high": self.space.high, "low": self.space.low}
 
     def fill(self, ino: int, offset: int, data: bytes | memoryview) -> None:
-        """Store bytes fetched from S3 for an ABSENT range (stays clean)."""
-        raise NotImplementedError
+        """Store bytes fetched from S3 for an ABSENT range (stays clean). Only the parts
+        still ABSENT are written: bytes a client wrote meanwhile always win."""
+        view = memoryview(data)
+        with self.ix._wlock:          # no write/evict may interleave between check and store
+            with self.ix.read() as v:
+                rec = v.must_inode(ino)
+                self._regular(rec)
+                end = min(offset + len(view), rec.size)
+                holes = extents.absent_ranges(v.txn, self.ix.extents, ino, offset, end)
+            if not holes:
+                return
+            for off, length in holes:
+                self.data.pwrite(ino, off, view[off - offset:off - offset + length])
+            with self.ix.write() as w:
+                cur = w.must_inode(ino)
+                new = cur.copy()
+                for off, length in holes:
+                    new.local_bytes += extents.set_range(w.txn, self.ix.extents, ino, off,
+                                                         off + length, DataState.CLEAN)
+                if new.state == DataState.ABSENT and not extents.absent_ranges(
+                        w.txn, self.ix.extents, ino, 0, new.size):
+                    new.state = DataState.CLEAN
+                    new.lru_ns = time.time_ns()
+                w.put_inode(new, cur)
 
     def import_object(self, path: str, size: int, mode: int, uid: int, gid: int,
                       mtime_ns: int, remote: RemoteInfo) -> Attr | None:
         """Add an object as an ABSENT file (creating parent dirs). Never overrides an existing
-        name (returns None then): local data always wins."""
-        raise NotImplementedError
+        name (returns None then): local data always wins. Not journaled (it came from S3)."""
+        parts = [p.encode("utf-8", "surrogateescape") for p in path.split("/") if p]
+        if not parts:
+            raise StoreError(errno.EINVAL, f"import of an empty path {path!r}")
+        for p in parts:
+            validate_name(p)
+        if size < 0:
+            raise StoreError(errno.EINVAL, "negative size")
+        with self.ix.write() as w:
+            parent = ROOT_INO
+            for name in parts[:-1]:
+                ent = w.dirent(parent, name)
+                if ent is None:
+                    parent = self.ns._make(w, w.must_dir(parent), name, FileType.DIR,
+                                           0o755, uid, gid)[0].ino
+                elif ent[2] != FileType.DIR:
+                    return None
+                else:
+                    parent = ent[0]
+            if w.dirent(parent, parts[-1]) is not None:
+                return None
+            rec, _ = self.ns._make(w, w.must_dir(parent), parts[-1], FileType.REG, mode,
+                                   uid, gid)
+            old = rec.copy()
+            rec.size = rec.committed_size = size
+            rec.mtime_ns = mtime_ns
+            rec.state = DataState.ABSENT if size else DataState.CLEAN
+            extents.set_range(w.txn, self.ix.extents, rec.ino, 0, size, DataState.ABSENT)
+            w.put_inode(rec, old)
+            w.put_remote(rec.ino, remote)
+        return rec.attr()
 
     def set_pinned(self, ino: int, pinned: bool, reason: str = "") -> None:
-        raise NotImplementedError
+        """Pinned files are never evicted; `pinned()` lists them with their reasons."""
+        with self.ix.write() as w:
+            rec = w.must_inode(ino)
+            new = rec.copy()
+            new.flags = (new.flags | F_PINNED) if pinned else (new.flags & ~F_PINNED)
+            w.put_inode(new, rec)
+            w.set_flag_key(self.ix.pins, ino, pinned, reason.encode())
+
+    def pinned(self) -> dict[int, str]:
+        with self.ix.read() as v:
+            return {U64.unpack(k)[0]: bytes(r).decode() for k, r in
+                    v.txn.cursor(db=self.ix.pins)}
 
     # durable work queue (the uploader's jobs; opaque dicts to the store).
     # The store itself appends a change-journal job in the SAME transaction as each namespace
     # op the uploader must mirror, so nothing is lost between the op and the queue:
-    #   {"kind": "ns", "op": "rename", "ino": I, "type": "reg|dir|lnk", "old_path": P, "new_path": Q}
-    #   {"kind": "ns", "op": "unlink", "ino": I, "type": ..., "old_path": P, "last_link": bool}
-    #   {"kind": "ns", "op": "mkdir"|"rmdir", "ino": I, "old_path"/"new_path": P}
+    #   {"kind": "ns", "op": "rename", "ino": I, "type": "reg|dir|lnk", "old_path": P,
+    #    "new_path": Q, "replaced": T or None}
+    #   {"kind": "ns", "op": "unlink"|"rmdir", "ino": I, "type": ..., "old_path": P,
+    #    "last_link": bool[, "replaced_by": S]}  (a rename's replaced target: queued BEFORE
+    #    the rename job, so deleting it never deletes the renamed file's new object)
+    #   {"kind": "ns", "op": "mkdir", "ino": I, "type": "dir", "new_path": P}
+    #   {"kind": "ns", "op": "link", "ino": I, "type": ..., "old_path": P, "new_path": Q}
+    #   {"kind": "ns", "op": "symlink", "ino": I, "type": "lnk", "new_path": P, "target": T}
     # (paths export-relative). Whether S3 needs work for it is the uploader's business.
+    # Queue calls are not synced by themselves: call sync() when the job must be durable.
     def queue_put(self, job: dict) -> int:
-        raise NotImplementedError
+        with self.ix.write() as w:
+            return w.queue_put(job)
 
     def queue_list(self, limit: int = 1000) -> list[tuple[int, dict]]:
-        raise NotImplementedError
+        out = []
+        with self.ix.read() as v:
+            for key, val in v.txn.cursor(db=self.ix.queue):
+                if len(out) >= limit:
+                    break
+                out.append((U64.unpack(key)[0], json.loads(bytes(val))))
+        return out
 
     def queue_update(self, job_id: int, job: dict) -> None:
-        raise NotImplementedError
+        with self.ix.write() as w:
+            key = U64.pack(job_id)
+            if w.txn.get(key, db=self.ix.queue) is None:
+                raise StoreError(errno.ENOENT, f"no queue job {job_id}")
+            w.txn.put(key, json.dumps(job).encode(), db=self.ix.queue)
 
     def queue_done(self, job_id: int) -> None:
-        raise NotImplementedError
+        with self.ix.write() as w:
+            w.txn.delete(U64.pack(job_id), db=self.ix.queue)
 
     def check(self) -> list[str]:
-        """Consistency check: LMDB vs extent files; returns problems (empty list = consistent)."""
-        raise NotImplementedError
+        """Consistency check: LMDB vs extent files; returns problems (empty list = consistent).
+        A full scan: for tests and the admin CLI, not the request path."""
+        from .check import check
+        return check(self)

@@ -1,0 +1,144 @@
+"""Consistency checker: every index against the others and against the extent files.
+
+A full scan (admin CLI and tests only). Returns human-readable problems; [] = consistent.
+"""
+from __future__ import annotations
+
+import os
+
+from . import extents
+from .api import DataState, FileType, ROOT_INO
+from .index import DIRENT, F_PINNED, F_UNCOMMITTED, U64, U64x2, Inode
+
+
+def check(store) -> list[str]:
+    ix, data = store.ix, store.data
+    problems: list[str] = []
+    p = problems.append
+    with ix.read() as v:
+        txn = v.txn
+        inodes = {U64.unpack(k)[0]: Inode.unpack(U64.unpack(k)[0], val)
+                  for k, val in txn.cursor(db=ix.inodes)}
+        orphans = set(v.keys(ix.orphans))
+        dirty = set(v.keys(ix.dirty))
+        pins = set(v.keys(ix.pins))
+        lru = {U64x2.unpack(k)[1]: U64x2.unpack(k)[0]
+               for k in txn.cursor(db=ix.lru).iternext(values=False)}
+        links: dict[int, list[tuple[int, bytes]]] = {}
+        for k in txn.cursor(db=ix.links).iternext(values=False):
+            ino, parent = U64x2.unpack(k[:16])
+            links.setdefault(ino, []).append((parent, bytes(k[16:])))
+        children: dict[int, int] = {}
+        subdirs: dict[int, int] = {}
+        seen_links = set()
+        for k, val in txn.cursor(db=ix.dirents):
+            parent, name = U64.unpack(k[:8])[0], bytes(k[8:])
+            child, cookie, typ = DIRENT.unpack(val)
+            seen_links.add((child, parent, name))
+            children[parent] = children.get(parent, 0) + 1
+            if parent not in inodes or inodes[parent].type != FileType.DIR:
+                p(f"dirent {parent}/{name!r}: parent is not a live directory")
+            rec = inodes.get(child)
+            if rec is None:
+                p(f"dirent {parent}/{name!r} -> {child}: no such inode")
+                continue
+            if rec.type != typ:
+                p(f"dirent {parent}/{name!r}: type {typ} != inode type {rec.type}")
+            if typ == FileType.DIR:
+                subdirs[parent] = subdirs.get(parent, 0) + 1
+                if rec.parent != parent:
+                    p(f"directory {child} has parent {rec.parent}, listed in {parent}")
+            got = txn.get(U64x2.pack(parent, cookie), db=ix.cookies)
+            if got is None or bytes(got) != name:
+                p(f"dirent {parent}/{name!r}: cookie {cookie} does not map back")
+            if parent in inodes and cookie >= inodes[parent].next_cookie:
+                p(f"dirent {parent}/{name!r}: cookie {cookie} >= next_cookie")
+        ncookies = txn.stat(ix.cookies)["entries"]
+        if ncookies != sum(children.values()):
+            p(f"{ncookies} cookies for {sum(children.values())} dirents")
+        for ino, lst in links.items():
+            for parent, name in lst:
+                if (ino, parent, name) not in seen_links:
+                    p(f"link {ino} <- {parent}/{name!r} without a dirent")
+        if ROOT_INO not in inodes:
+            p("root inode missing")
+        used = dirty_bytes = 0
+        data_inos = set(data.all_inos())
+        for ino, rec in inodes.items():
+            nl = len(links.get(ino, ()))
+            if rec.type == FileType.DIR:
+                want = 2 + subdirs.get(ino, 0)
+                if rec.nlink != want:
+                    p(f"directory {ino}: nlink {rec.nlink}, expected {want}")
+                if ino != ROOT_INO and nl != 1:
+                    p(f"directory {ino}: {nl} links")
+            elif rec.nlink != nl:
+                p(f"inode {ino}: nlink {rec.nlink} but {nl} directory entries")
+            if rec.nlink == 0 and ino not in orphans:
+                p(f"inode {ino}: unlinked but not in the orphan list")
+            if rec.is_dirty != (ino in dirty):
+                p(f"inode {ino}: dirty index disagrees with state {rec.state}")
+            if rec.in_lru != (ino in lru) or (ino in lru and lru[ino] != rec.lru_ns):
+                p(f"inode {ino}: lru index disagrees")
+            if bool(rec.flags & F_PINNED) != (ino in pins):
+                p(f"inode {ino}: pin flag disagrees with the pins index")
+            if rec.type != FileType.REG:
+                if ino in data_inos:
+                    p(f"inode {ino}: non-file with a data file")
+                continue
+            exts = extents.listing(txn, ix.extents, ino)
+            pos, local = 0, 0
+            for e in exts:
+                if e.offset < pos:
+                    p(f"inode {ino}: overlapping extents at {e.offset}")
+                if e.length <= 0:
+                    p(f"inode {ino}: empty extent at {e.offset}")
+                pos = e.offset + e.length
+                if e.state != DataState.ABSENT:
+                    local += e.length
+            if pos > rec.size:
+                p(f"inode {ino}: extents reach {pos} past size {rec.size}")
+            if local != rec.local_bytes:
+                p(f"inode {ino}: local_bytes {rec.local_bytes} != extents {local}")
+            used += rec.local_bytes
+            if rec.is_dirty:
+                dirty_bytes += rec.local_bytes
+            if rec.committed_size > rec.size:
+                p(f"inode {ino}: committed size {rec.committed_size} > size {rec.size}")
+            length = data.length(ino)
+            if length is not None and length > rec.size:
+                p(f"inode {ino}: data file {length} bytes, longer than size {rec.size}")
+            if (rec.state == DataState.CLEAN and not store._is_open(ino)
+                    and rec.flags & F_UNCOMMITTED):
+                p(f"inode {ino}: clean but flagged uncommitted")
+        for ino in data_inos - set(inodes):
+            if ino not in orphans:
+                p(f"data file {ino} has no inode" if ino >= 0 else "stray data file name")
+        if used != ix.used_bytes:
+            p(f"used counter {ix.used_bytes} != sum of local bytes {used}")
+        if dirty_bytes != ix.dirty_bytes:
+            p(f"dirty counter {ix.dirty_bytes} != sum of dirty bytes {dirty_bytes}")
+        for k in txn.cursor(db=ix.extents).iternext(values=False):
+            ino = U64x2.unpack(k)[0]
+            if ino not in inodes:
+                p(f"extents of missing inode {ino}")
+                break
+    return problems
+
+
+def main(path: str) -> int:
+    """`python -m cache.check STORE`: print problems, exit 1 if any."""
+    from .store import Store
+    store = Store.open(path)
+    try:
+        problems = check(store)
+    finally:
+        store.close()
+    for line in problems:
+        print(line)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,203 @@
+"""Extent files: one sparse file per inode under <store>/data/xx/<ino>.
+
+A missing file is an empty one (reads as zeros up to the inode's size). File descriptors
+are cached (bounded) and reference counted, so a descriptor is never closed while another
+thread is doing I/O on it, and a number is never reused under a reader's feet.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from collections import OrderedDict
+from contextlib import contextmanager
+
+import structlog
+
+from .api import StoreError
+
+log = structlog.get_logger(__name__)
+
+
+class _Handle:
+    __slots__ = ("fd", "refs", "doomed")
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.refs = 0
+        self.doomed = False
+
+
+def _io_error(e: OSError, what: str, ino: int) -> StoreError:
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StoreError(errno.ENOSPC, f"{what} inode {ino}: disk full")
+    log.error("data.io_error", op=what, ino=ino, error=str(e))
+    return StoreError(errno.EIO, f"{what} inode {ino}: {e}")
+
+
+class DataFiles:
+    def __init__(self, root: str, max_open: int = 2048):
+        self.root = os.path.join(root, "data")
+        self.max_open = max_open
+        self._lock = threading.Lock()
+        self._open: OrderedDict[int, _Handle] = OrderedDict()
+        for i in range(256):
+            os.makedirs(os.path.join(self.root, f"{i:02x}"), exist_ok=True)
+
+    def path(self, ino: int) -> str:
+        return os.path.join(self.root, f"{ino & 0xff:02x}", str(ino))
+
+    @contextmanager
+    def fd(self, ino: int, create: bool):
+        """Yield an O_RDWR descriptor of the inode's file, or None if it has none (and
+        not `create`)."""
+        h = self._acquire(ino, create)
+        if h is None:
+            yield None
+            return
+        try:
+            yield h.fd
+        finally:
+            self._release(h)
+
+    def _acquire(self, ino: int, create: bool) -> _Handle | None:
+        with self._lock:
+            h = self._open.get(ino)
+            if h is None:
+                try:
+                    fd = os.open(self.path(ino), os.O_RDWR | os.O_CLOEXEC
+                                 | (os.O_CREAT if create else 0), 0o600)
+                except FileNotFoundError:
+                    return None
+                except OSError as e:
+                    raise _io_error(e, "open", ino) from None
+                h = self._open[ino] = _Handle(fd)
+                self._trim()
+            else:
+                self._open.move_to_end(ino)
+            h.refs += 1
+            return h
+
+    def _release(self, h: _Handle) -> None:
+        with self._lock:
+            h.refs -= 1
+            if h.refs == 0 and h.doomed:
+                os.close(h.fd)
+
+    def _drop(self, ino: int) -> None:
+        # caller holds _lock
+        h = self._open.pop(ino, None)
+        if h is not None:
+            h.doomed = True
+            if h.refs == 0:
+                os.close(h.fd)
+
+    def _trim(self) -> None:
+        while len(self._open) > self.max_open:
+            ino = next(iter(self._open))
+            self._drop(ino)
+
+    # ---- I/O ------------------------------------------------------------------------
+    def pwrite(self, ino: int, offset: int, data) -> None:
+        with self.fd(ino, create=True) as fd:
+            view = memoryview(data)
+            try:
+                while view:
+                    n = os.pwrite(fd, view, offset)
+                    view = view[n:]
+                    offset += n
+            except OSError as e:
+                raise _io_error(e, "write", ino) from None
+
+    def pread(self, ino: int, offset: int, count: int) -> bytes:
+        """Exactly `count` bytes; past the file's end (or with no file) zeros."""
+        with self.fd(ino, create=False) as fd:
+            if fd is None:
+                return bytes(count)
+            try:
+                buf = os.pread(fd, count, offset)
+            except OSError as e:
+                raise _io_error(e, "read", ino) from None
+        if len(buf) < count:
+            buf += bytes(count - len(buf))
+        return buf
+
+    def pread_into(self, ino: int, offset: int, buf: memoryview) -> None:
+        """Fill all of `buf`; past the file's end (or with no file) zeros."""
+        with self.fd(ino, create=False) as fd:
+            done = 0
+            if fd is not None:
+                try:
+                    while done < len(buf):
+                        n = os.preadv(fd, [buf[done:]], offset + done)
+                        if n == 0:
+                            break
+                        done += n
+                except OSError as e:
+                    raise _io_error(e, "read", ino) from None
+        if done < len(buf):
+            buf[done:] = bytes(len(buf) - done)
+
+    def datasync(self, ino: int) -> None:
+        with self.fd(ino, create=False) as fd:
+            if fd is not None:
+                try:
+                    os.fdatasync(fd)
+                except OSError as e:
+                    raise _io_error(e, "fdatasync", ino) from None
+
+    def truncate(self, ino: int, size: int) -> None:
+        """Set the file's length (no-op without a file and size 0)."""
+        with self.fd(ino, create=size > 0) as fd:
+            if fd is None:
+                return
+            try:
+                os.ftruncate(fd, size)
+            except OSError as e:
+                raise _io_error(e, "truncate", ino) from None
+
+    def shrink_to(self, ino: int, size: int) -> bool:
+        """Cut the file to `size` if longer; True if it was longer."""
+        with self.fd(ino, create=False) as fd:
+            if fd is None:
+                return False
+            if os.fstat(fd).st_size > size:
+                os.ftruncate(fd, size)
+                return True
+            return False
+
+    def length(self, ino: int) -> int | None:
+        try:
+            return os.stat(self.path(ino)).st_size
+        except FileNotFoundError:
+            return None
+
+    def open_readonly(self, ino: int) -> int:
+        try:
+            return os.open(self.path(ino), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            # no local bytes yet: an empty file reads as the hole it is
+            with self.fd(ino, create=True):
+                pass
+            return os.open(self.path(ino), os.O_RDONLY | os.O_CLOEXEC)
+
+    def remove(self, ino: int) -> None:
+        with self._lock:
+            self._drop(ino)
+        try:
+            os.unlink(self.path(ino))
+        except FileNotFoundError:
+            pass
+
+    def all_inos(self) -> list[int]:
+        """Every inode with a data file (full scan: for check(), never on the request path)."""
+        out = []
+        for sub in os.listdir(self.root):
+            for name in os.listdir(os.path.join(self.root, sub)):
+                out.append(int(name) if name.isdigit() else -1)
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            for ino in list(self._open):
+                self._drop(ino)

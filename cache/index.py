@@ -1,0 +1,435 @@
+"""LMDB layout of the store index, and the typed accessors every other module uses.
+
+One environment under <store>/index, opened with sync=False/metasync=False: a commit
+only reaches the page cache (survives kill -9), `commit.GroupCommit` makes it durable.
+Keys are big-endian so cursor order is numeric order. Named databases:
+
+  meta      b"format" -> FORMAT; counters (next_ino, next_job, used, dirty, opens) u64;
+            b"instance" -> 16 random bytes
+  inodes    ino -> Inode record (struct, see INODE)
+  dirents   parent+name -> child ino, cookie, type      (LOOKUP = one get)
+  cookies   parent+cookie -> name                        (READDIR = one cursor walk)
+  links     ino+parent+name -> b""                       (reverse map: path_of, checks)
+  extents   ino+offset -> length, state                  (see extents.py)
+  symlinks  ino -> target
+  dirty     ino -> b""     regular files whose bytes S3 lacks (the upload set; recovery visits it)
+  lru       lru_ns+ino -> b""   CLEAN files with local bytes (eviction order)
+  orphans   ino -> b""     inodes to reclaim: unlinked while open, or data file not yet removed
+  remote    ino -> JSON RemoteInfo
+  pins      ino -> reason
+  queue     job id -> JSON job
+Every index that depends on an inode's fields (dirty, lru, the used/dirty byte counters) is
+maintained in one place, `Writer.put_inode`, so they cannot drift apart.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import struct
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import lmdb
+import structlog
+
+from .api import Attr, DataState, FileType, RemoteInfo, StoreError
+
+log = structlog.get_logger(__name__)
+
+FORMAT = b"ckptgw-store/1"
+MAP_SIZE = 64 << 30           # sparse; LMDB only uses what it writes
+DB_NAMES = (b"meta", b"inodes", b"dirents", b"cookies", b"links", b"extents", b"symlinks",
+            b"dirty", b"lru", b"orphans", b"remote", b"pins", b"queue")
+
+U64 = struct.Struct(">Q")
+U64x2 = struct.Struct(">QQ")
+DIRENT = struct.Struct("<QQB")        # child ino, cookie, type
+
+F_PINNED = 1
+F_UNCOMMITTED = 2                    # written since the last commit()
+FIRST_COOKIE = 3                     # 0, 1, 2 are reserved by NFS (RFC 8881 section 18.23.3)
+DIRTY_STATES = (DataState.DIRTY, DataState.QUEUED, DataState.UPLOADING)
+
+#: type, state, flags, mode, nlink, uid, gid, size, committed_size, local_bytes,
+#: atime, mtime, ctime, change, parent, gen, next_cookie, lru_ns
+INODE = struct.Struct("<BBBxIIIIQQQqqqQQIxxxxQQ")
+
+
+@dataclass(slots=True)
+class Inode:
+    type: int
+    state: int
+    flags: int
+    mode: int
+    nlink: int
+    uid: int
+    gid: int
+    size: int
+    committed_size: int      # size that a commit() made durable; recovery truncates to it
+    local_bytes: int         # bytes in DIRTY/CLEAN extents (what the file holds on local disk)
+    atime_ns: int
+    mtime_ns: int
+    ctime_ns: int
+    change: int
+    parent: int              # directories: parent ino (root: itself); others 0
+    gen: int
+    next_cookie: int         # directories: next readdir cookie
+    lru_ns: int              # CLEAN files: key in the lru index
+    ino: int = 0
+
+    def pack(self) -> bytes:
+        return INODE.pack(self.type, self.state, self.flags, self.mode, self.nlink, self.uid,
+                          self.gid, self.size, self.committed_size, self.local_bytes,
+                          self.atime_ns, self.mtime_ns, self.ctime_ns, self.change,
+                          self.parent, self.gen, self.next_cookie, self.lru_ns)
+
+    @classmethod
+    def unpack(cls, ino: int, buf) -> "Inode":
+        return cls(*INODE.unpack(buf), ino=ino)
+
+    def copy(self) -> "Inode":
+        return Inode(self.type, self.state, self.flags, self.mode, self.nlink, self.uid,
+                     self.gid, self.size, self.committed_size, self.local_bytes, self.atime_ns,
+                     self.mtime_ns, self.ctime_ns, self.change, self.parent, self.gen,
+                     self.next_cookie, self.lru_ns, self.ino)
+
+    @property
+    def is_dirty(self) -> bool:
+        return self.type == FileType.REG and self.state in DIRTY_STATES
+
+    @property
+    def in_lru(self) -> bool:
+        return (self.type == FileType.REG and self.state == DataState.CLEAN
+                and self.local_bytes > 0 and self.nlink > 0)
+
+    def attr(self) -> Attr:
+        return Attr(self.ino, self.gen, FileType(self.type), self.mode, self.nlink, self.uid,
+                    self.gid, self.size, self.local_bytes, self.atime_ns, self.mtime_ns,
+                    self.ctime_ns, self.change, self.parent, DataState(self.state),
+                    bool(self.flags & F_PINNED))
+
+
+def dirent_key(parent: int, name: bytes) -> bytes:
+    return U64.pack(parent) + name
+
+
+def link_key(ino: int, parent: int, name: bytes) -> bytes:
+    return U64x2.pack(ino, parent) + name
+
+
+def remote_to_json(r: RemoteInfo) -> bytes:
+    return json.dumps({"key": r.key, "etag": r.etag, "checksum": r.checksum,
+                       "uploaded_change": r.uploaded_change, "size": r.size,
+                       "upload_id": r.upload_id, "parts": [list(p) for p in r.parts]}).encode()
+
+
+def remote_from_json(buf) -> RemoteInfo:
+    d = json.loads(bytes(buf))
+    d["parts"] = [tuple(p) for p in d.get("parts", [])]
+    return RemoteInfo(**d)
+
+
+class View:
+    """Read accessors over one LMDB transaction (read-only or write)."""
+
+    def __init__(self, index: "Index", txn: lmdb.Transaction):
+        self.ix = index
+        self.txn = txn
+
+    def inode(self, ino: int) -> Inode | None:
+        buf = self.txn.get(U64.pack(ino), db=self.ix.inodes)
+        return None if buf is None else Inode.unpack(ino, buf)
+
+    def must_inode(self, ino: int) -> Inode:
+        rec = self.inode(ino)
+        if rec is None:
+            raise StoreError(errno.ESTALE, f"inode {ino} is gone")
+        return rec
+
+    def must_dir(self, ino: int) -> Inode:
+        rec = self.must_inode(ino)
+        if rec.type != FileType.DIR:
+            raise StoreError(errno.ENOTDIR, f"inode {ino} is not a directory")
+        return rec
+
+    def dirent(self, parent: int, name: bytes) -> tuple[int, int, int] | None:
+        """(child ino, cookie, type) or None."""
+        buf = self.txn.get(dirent_key(parent, name), db=self.ix.dirents)
+        return None if buf is None else DIRENT.unpack(buf)
+
+    def has_children(self, parent: int) -> bool:
+        cur = self.txn.cursor(db=self.ix.dirents)
+        prefix = U64.pack(parent)
+        return cur.set_range(prefix) and cur.key()[:8] == prefix
+
+    def dir_entries_after(self, parent: int, cookie: int, limit: int):
+        """[(cookie, name, child ino, type)] in cookie order after `cookie`."""
+        cur = self.txn.cursor(db=self.ix.cookies)
+        out = []
+        if not cur.set_range(U64x2.pack(parent, cookie + 1)):
+            return out
+        for key, name in cur:
+            p, c = U64x2.unpack(key)
+            if p != parent or len(out) >= limit:
+                break
+            name = bytes(name)
+            child, _, typ = self.dirent(parent, name)
+            out.append((c, name, child, typ))
+        return out
+
+    def first_link(self, ino: int) -> tuple[int, bytes] | None:
+        cur = self.txn.cursor(db=self.ix.links)
+        prefix = U64.pack(ino)
+        if cur.set_range(prefix):
+            key = cur.key()
+            if key[:8] == prefix:
+                return U64.unpack(key[8:16])[0], bytes(key[16:])
+        return None
+
+    def links_of(self, ino: int) -> list[tuple[int, bytes]]:
+        cur = self.txn.cursor(db=self.ix.links)
+        prefix = U64.pack(ino)
+        out = []
+        if cur.set_range(prefix):
+            for key in cur.iternext(values=False):
+                if key[:8] != prefix:
+                    break
+                out.append((U64.unpack(key[8:16])[0], bytes(key[16:])))
+        return out
+
+    def path_of(self, ino: int) -> str | None:
+        """Export-relative path through first links, or None if unlinked."""
+        from .api import ROOT_INO
+        parts = []
+        cur_ino = ino
+        for _ in range(4096):
+            if cur_ino == ROOT_INO:
+                return "/".join(reversed(parts))
+            link = self.first_link(cur_ino)
+            if link is None:
+                return None
+            parent, name = link
+            parts.append(name.decode("utf-8", "surrogateescape"))
+            cur_ino = parent
+        raise StoreError(errno.ELOOP, f"path of {ino} is too deep or loops")
+
+    def symlink_target(self, ino: int) -> bytes | None:
+        buf = self.txn.get(U64.pack(ino), db=self.ix.symlinks)
+        return None if buf is None else bytes(buf)
+
+    def remote(self, ino: int) -> RemoteInfo:
+        buf = self.txn.get(U64.pack(ino), db=self.ix.remote)
+        return RemoteInfo() if buf is None else remote_from_json(buf)
+
+    def counter(self, name: bytes) -> int:
+        buf = self.txn.get(name, db=self.ix.meta)
+        return 0 if buf is None else U64.unpack(buf)[0]
+
+    def keys(self, db) -> list[int]:
+        """All u64 keys of a small index (dirty, orphans, pins)."""
+        cur = self.txn.cursor(db=db)
+        return [U64.unpack(k[:8])[0] for k in cur.iternext(values=False)]
+
+
+class Writer(View):
+    """A write transaction: accessors that keep the derived indexes and counters exact."""
+
+    def __init__(self, index: "Index", txn: lmdb.Transaction):
+        super().__init__(index, txn)
+        self.d_used = 0
+        self.d_dirty = 0
+        self.after_commit: list = []     # callables run once the txn committed
+
+    def put_inode(self, new: Inode | None, old: Inode | None) -> None:
+        """Store `new` (None: delete `old`), maintaining dirty, lru and byte counters."""
+        ix = self.ix
+        ino = (new or old).ino
+        key = U64.pack(ino)
+        old_dirty = old is not None and old.is_dirty
+        new_dirty = new is not None and new.is_dirty
+        if old is not None and old.type == FileType.REG:
+            self.d_used -= old.local_bytes
+            if old_dirty:
+                self.d_dirty -= old.local_bytes
+        if new is not None and new.type == FileType.REG:
+            self.d_used += new.local_bytes
+            if new_dirty:
+                self.d_dirty += new.local_bytes
+        if old_dirty != new_dirty:
+            if new_dirty:
+                self.txn.put(key, b"", db=ix.dirty)
+            else:
+                self.txn.delete(key, db=ix.dirty)
+        old_lru = old is not None and old.in_lru
+        new_lru = new is not None and new.in_lru
+        if old_lru and (not new_lru or old.lru_ns != new.lru_ns):
+            self.txn.delete(U64x2.pack(old.lru_ns, ino), db=ix.lru)
+        if new_lru and (not old_lru or old.lru_ns != new.lru_ns):
+            self.txn.put(U64x2.pack(new.lru_ns, ino), b"", db=ix.lru)
+        if new is None:
+            self.txn.delete(key, db=ix.inodes)
+        else:
+            self.txn.put(key, new.pack(), db=ix.inodes)
+
+    def purge_inode(self, rec: Inode) -> None:
+        """Delete an inode and everything keyed by it (not its data file)."""
+        from . import extents
+        key = U64.pack(rec.ino)
+        self.put_inode(None, rec)
+        extents.delete_all(self.txn, self.ix.extents, rec.ino)
+        for db in (self.ix.symlinks, self.ix.remote, self.ix.pins):
+            self.txn.delete(key, db=db)
+
+    def next_id(self, name: bytes) -> int:
+        value = self.counter(name) + 1
+        self.txn.put(name, U64.pack(value), db=self.ix.meta)
+        return value
+
+    def put_dirent(self, parent: Inode, name: bytes, child: int, typ: int) -> int:
+        """Add parent/name -> child with a fresh cookie (mutates parent.next_cookie)."""
+        cookie = parent.next_cookie
+        parent.next_cookie += 1
+        self.txn.put(dirent_key(parent.ino, name), DIRENT.pack(child, cookie, typ),
+                     db=self.ix.dirents)
+        self.txn.put(U64x2.pack(parent.ino, cookie), name, db=self.ix.cookies)
+        self.txn.put(link_key(child, parent.ino, name), b"", db=self.ix.links)
+        return cookie
+
+    def del_dirent(self, parent: int, name: bytes) -> None:
+        child, cookie, _ = self.dirent(parent, name)
+        self.txn.delete(dirent_key(parent, name), db=self.ix.dirents)
+        self.txn.delete(U64x2.pack(parent, cookie), db=self.ix.cookies)
+        self.txn.delete(link_key(child, parent, name), db=self.ix.links)
+
+    def set_flag_key(self, db, ino: int, on: bool, value: bytes = b"") -> None:
+        if on:
+            self.txn.put(U64.pack(ino), value, db=db)
+        else:
+            self.txn.delete(U64.pack(ino), db=db)
+
+    def put_remote(self, ino: int, remote: RemoteInfo) -> None:
+        self.txn.put(U64.pack(ino), remote_to_json(remote), db=self.ix.remote)
+
+    def queue_put(self, job: dict) -> int:
+        job_id = self.next_id(b"next_job")
+        self.txn.put(U64.pack(job_id), json.dumps(job).encode(), db=self.ix.queue)
+        return job_id
+
+
+class Index:
+    """The LMDB environment: format check at open, read/write transactions, counters."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._wlock = threading.RLock()
+        self.write_seq = 0               # bumped by every committed write txn (group commit)
+        os.makedirs(path, exist_ok=True)
+        existing = os.path.exists(os.path.join(path, "data.mdb"))
+        map_size = MAP_SIZE
+        if existing:
+            map_size = max(map_size, 2 * os.path.getsize(os.path.join(path, "data.mdb")))
+        try:
+            self.env = lmdb.open(path, map_size=map_size, max_dbs=len(DB_NAMES) + 2,
+                                 sync=False, metasync=False, readahead=False,
+                                 max_readers=1024, subdir=True)
+        except lmdb.Error as e:
+            raise StoreError(errno.EINVAL, f"{path}: not a ckptgw store index ({e}); "
+                             "refusing to touch it") from None
+        try:
+            self._check_format(existing)
+        except BaseException:
+            self.env.close()
+            raise
+        for name in DB_NAMES:
+            setattr(self, name.decode(), self.env.open_db(name))
+        self.orphans_done: list[int] = []   # orphans whose data file is gone: drop the key
+        with self.env.begin(db=self.meta) as txn:
+            v = View(self, txn)
+            self.used_bytes = v.counter(b"used")
+            self.dirty_bytes = v.counter(b"dirty")
+
+    def _check_format(self, existing: bool) -> None:
+        with self.env.begin() as txn:
+            names = [bytes(k) for k in txn.cursor().iternext(values=False)]
+        if not names:
+            with self.env.begin(write=True) as txn:
+                meta = self.env.open_db(b"meta", txn=txn)
+                txn.put(b"format", FORMAT, db=meta)
+                txn.put(b"instance", os.urandom(16), db=meta)
+            self.env.sync(True)
+            log.info("store.created", path=self.path)
+            return
+        if b"meta" not in names:
+            raise StoreError(errno.EINVAL, f"{self.path}: LMDB without a ckptgw meta record "
+                             "(unknown format); refusing to touch it")
+        with self.env.begin() as txn:
+            meta = self.env.open_db(b"meta", txn=txn, create=False)
+            fmt = txn.get(b"format", db=meta)
+        if fmt is None or bytes(fmt) != FORMAT:
+            found = None if fmt is None else bytes(fmt).decode("ascii", "replace")
+            raise StoreError(errno.EINVAL, f"{self.path}: store format {found!r} is not "
+                             f"{FORMAT.decode()!r} (newer or unknown); refusing to open or "
+                             "rewrite it")
+
+    def read(self) -> View:
+        """A short read-only view; use as `with ix.read() as v:`."""
+        return _ReadCtx(self)
+
+    @contextmanager
+    def write(self):
+        """One write transaction; counters and write_seq are updated only if it commits."""
+        with self._wlock:
+            txn = self.env.begin(write=True)
+            w = Writer(self, txn)
+            cleared = self.orphans_done[:]
+            try:
+                for ino in cleared:
+                    txn.delete(U64.pack(ino), db=self.orphans)
+                yield w
+                if w.d_used or w.d_dirty:
+                    txn.put(b"used", U64.pack(self.used_bytes + w.d_used), db=self.meta)
+                    txn.put(b"dirty", U64.pack(self.dirty_bytes + w.d_dirty), db=self.meta)
+                txn.commit()
+            except lmdb.MapFullError:
+                txn.abort()
+                log.error("index.map_full", path=self.path)
+                raise StoreError(errno.ENOSPC, "store index map is full") from None
+            except lmdb.Error as e:
+                txn.abort()
+                if "No space left" in str(e) or "ENOSPC" in str(e):
+                    log.error("index.nospace", path=self.path)
+                    raise StoreError(errno.ENOSPC, f"store index: {e}") from None
+                log.error("index.error", path=self.path, error=str(e))
+                raise StoreError(errno.EIO, f"store index: {e}") from None
+            except BaseException:
+                txn.abort()
+                raise
+            self.used_bytes += w.d_used
+            self.dirty_bytes += w.d_dirty
+            self.write_seq += 1
+            del self.orphans_done[:len(cleared)]
+            for fn in w.after_commit:
+                fn()
+
+    def instance_id(self) -> bytes:
+        with self.env.begin(db=self.meta) as txn:
+            return bytes(txn.get(b"instance"))
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class _ReadCtx:
+    __slots__ = ("ix", "txn")
+
+    def __init__(self, ix: Index):
+        self.ix = ix
+
+    def __enter__(self) -> View:
+        self.txn = self.ix.env.begin()
+        return View(self.ix, self.txn)
+
+    def __exit__(self, *exc):
+        self.txn.abort()

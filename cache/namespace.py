@@ -1,0 +1,273 @@
+"""Namespace operations, each run inside ONE index write transaction (`Writer`).
+
+POSIX semantics as NFSv4 needs them (RFC 8881 sections 18.4 CREATE, 18.9 LINK, 18.25
+REMOVE, 18.26 RENAME). Each op also appends the change-journal job the uploader mirrors
+in S3 (see Store.queue_put) in the same transaction, so nothing is lost between the two.
+Reclaiming an inode's data is the store's job: ops call `reclaim(w, rec)` supplied by it.
+"""
+from __future__ import annotations
+
+import errno
+import time
+
+from .api import (ChangeInfo, DataState, FileType, NAME_MAX, ROOT_INO, StoreError)
+from .index import FIRST_COOKIE, Inode, Writer
+
+TYPE_NAMES = {FileType.REG: "reg", FileType.DIR: "dir", FileType.LNK: "lnk"}
+SYMLINK_MAX = 4096
+
+
+def validate_name(name: bytes) -> None:
+    if not isinstance(name, (bytes, bytearray)):
+        raise StoreError(errno.EINVAL, f"name must be bytes, not {type(name).__name__}")
+    if not name or name in (b".", b"..") or b"/" in name or b"\0" in name:
+        raise StoreError(errno.EINVAL, f"invalid name {bytes(name)!r}")
+    if len(name) > NAME_MAX:
+        raise StoreError(errno.ENAMETOOLONG, f"name longer than {NAME_MAX} bytes")
+
+
+def new_inode(w: Writer, typ: int, mode: int, uid: int, gid: int, parent: int,
+              t: int) -> Inode:
+    ino = w.next_id(b"next_ino")
+    dir_ = typ == FileType.DIR
+    state = DataState.DIRTY if typ == FileType.REG else DataState.CLEAN
+    return Inode(typ, state, 0, mode & 0o7777, 2 if dir_ else 1, uid, gid,
+                 4096 if dir_ else 0, 0, 0, t, t, t, 1, parent if dir_ else 0,
+                 (t // 1_000_000_000) & 0xFFFFFFFF, FIRST_COOKIE, 0, ino)
+
+
+def entry_path(w: Writer, parent: int, name: bytes) -> str:
+    base = w.path_of(parent)
+    leaf = name.decode("utf-8", "surrogateescape")
+    return leaf if not base else f"{base}/{leaf}"
+
+
+class Namespace:
+    """Namespace ops over a Writer. `reclaim(w, rec)` frees an inode whose last link went
+    away (the store decides between orphaning an open inode and freeing it now)."""
+
+    def __init__(self, reclaim):
+        self.reclaim = reclaim
+
+    # ---- helpers -------------------------------------------------------------------
+    @staticmethod
+    def _touch_dir(d: Inode, t: int) -> None:
+        d.mtime_ns = d.ctime_ns = t
+        d.change += 1
+
+    def _drop_link(self, w: Writer, rec: Inode, t: int) -> None:
+        old = rec.copy()
+        rec.nlink -= 1
+        rec.ctime_ns = t
+        rec.change += 1
+        if rec.nlink > 0:
+            w.put_inode(rec, old)
+        else:
+            self.reclaim(w, rec, old)
+
+    @staticmethod
+    def _lookup(w: Writer, parent: int, name: bytes):
+        ent = w.dirent(parent, name)
+        if ent is None:
+            raise StoreError(errno.ENOENT, f"{bytes(name)!r} not in directory {parent}")
+        return ent
+
+    # ---- ops -------------------------------------------------------------------------
+    def create(self, w: Writer, parent: int, name: bytes, mode: int, uid: int, gid: int,
+               exclusive: bool):
+        validate_name(name)
+        pd = w.must_dir(parent)
+        ent = w.dirent(parent, name)
+        if ent is not None:
+            child, _, typ = ent
+            if exclusive:
+                raise StoreError(errno.EEXIST, f"{bytes(name)!r} exists")
+            if typ == FileType.DIR:
+                raise StoreError(errno.EISDIR, f"{bytes(name)!r} is a directory")
+            if typ != FileType.REG:
+                raise StoreError(errno.EEXIST, f"{bytes(name)!r} exists and is not a file")
+            return w.must_inode(child), ChangeInfo(True, pd.change, pd.change), False
+        return (*self._make(w, pd, name, FileType.REG, mode, uid, gid), True)
+
+    def _make(self, w: Writer, pd: Inode, name: bytes, typ: int, mode: int, uid: int,
+              gid: int):
+        t = time.time_ns()
+        old_pd = pd.copy()
+        rec = new_inode(w, typ, mode, uid, gid, pd.ino, t)
+        w.put_dirent(pd, name, rec.ino, typ)
+        w.put_inode(rec, None)
+        if typ == FileType.DIR:
+            pd.nlink += 1
+        self._touch_dir(pd, t)
+        w.put_inode(pd, old_pd)
+        return rec, ChangeInfo(True, old_pd.change, pd.change)
+
+    def mkdir(self, w: Writer, parent: int, name: bytes, mode: int, uid: int, gid: int):
+        validate_name(name)
+        pd = w.must_dir(parent)
+        if w.dirent(parent, name) is not None:
+            raise StoreError(errno.EEXIST, f"{bytes(name)!r} exists")
+        rec, cinfo = self._make(w, pd, name, FileType.DIR, mode, uid, gid)
+        w.queue_put({"kind": "ns", "op": "mkdir", "ino": rec.ino, "type": "dir",
+                     "new_path": entry_path(w, parent, name)})
+        return rec, cinfo
+
+    def symlink(self, w: Writer, parent: int, name: bytes, target: bytes, mode: int,
+                uid: int, gid: int):
+        validate_name(name)
+        if not target or b"\0" in target:
+            raise StoreError(errno.EINVAL, "symlink target must be non-empty without NUL")
+        if len(target) > SYMLINK_MAX:
+            raise StoreError(errno.ENAMETOOLONG, f"symlink target over {SYMLINK_MAX} bytes")
+        pd = w.must_dir(parent)
+        if w.dirent(parent, name) is not None:
+            raise StoreError(errno.EEXIST, f"{bytes(name)!r} exists")
+        rec, cinfo = self._make(w, pd, name, FileType.LNK, mode or 0o777, uid, gid)
+        old = rec.copy()
+        rec.size = len(target)
+        w.put_inode(rec, old)
+        w.set_flag_key(w.ix.symlinks, rec.ino, True, bytes(target))
+        w.queue_put({"kind": "ns", "op": "symlink", "ino": rec.ino, "type": "lnk",
+                     "new_path": entry_path(w, parent, name),
+                     "target": bytes(target).decode("utf-8", "surrogateescape")})
+        return rec, cinfo
+
+    def link(self, w: Writer, ino: int, new_parent: int, new_name: bytes):
+        validate_name(new_name)
+        rec = w.must_inode(ino)
+        if rec.type == FileType.DIR:
+            raise StoreError(errno.EISDIR, "cannot hard-link a directory")
+        if rec.nlink == 0:
+            raise StoreError(errno.ENOENT, f"inode {ino} has been unlinked")
+        if rec.nlink >= 0xFFFFFFFF:
+            raise StoreError(errno.EMLINK, f"inode {ino} has too many links")
+        pd = w.must_dir(new_parent)
+        if w.dirent(new_parent, new_name) is not None:
+            raise StoreError(errno.EEXIST, f"{bytes(new_name)!r} exists")
+        t = time.time_ns()
+        old_path = w.path_of(ino)
+        old_pd, old = pd.copy(), rec.copy()
+        w.put_dirent(pd, new_name, ino, rec.type)
+        rec.nlink += 1
+        rec.ctime_ns = t
+        rec.change += 1
+        w.put_inode(rec, old)
+        self._touch_dir(pd, t)
+        w.put_inode(pd, old_pd)
+        w.queue_put({"kind": "ns", "op": "link", "ino": ino, "type": TYPE_NAMES[rec.type],
+                     "old_path": old_path, "new_path": entry_path(w, new_parent, new_name)})
+        return rec, ChangeInfo(True, old_pd.change, pd.change)
+
+    def unlink(self, w: Writer, parent: int, name: bytes) -> ChangeInfo:
+        validate_name(name)
+        pd = w.must_dir(parent)
+        child, _, typ = self._lookup(w, parent, name)
+        if typ == FileType.DIR:
+            raise StoreError(errno.EISDIR, f"{bytes(name)!r} is a directory")
+        rec = w.must_inode(child)
+        t = time.time_ns()
+        w.queue_put({"kind": "ns", "op": "unlink", "ino": child, "type": TYPE_NAMES[typ],
+                     "old_path": entry_path(w, parent, name), "last_link": rec.nlink <= 1})
+        old_pd = pd.copy()
+        w.del_dirent(parent, name)
+        self._drop_link(w, rec, t)
+        self._touch_dir(pd, t)
+        w.put_inode(pd, old_pd)
+        return ChangeInfo(True, old_pd.change, pd.change)
+
+    def rmdir(self, w: Writer, parent: int, name: bytes) -> ChangeInfo:
+        validate_name(name)
+        pd = w.must_dir(parent)
+        child, _, typ = self._lookup(w, parent, name)
+        if typ != FileType.DIR:
+            raise StoreError(errno.ENOTDIR, f"{bytes(name)!r} is not a directory")
+        if w.has_children(child):
+            raise StoreError(errno.ENOTEMPTY, f"directory {bytes(name)!r} is not empty")
+        rec = w.must_inode(child)
+        t = time.time_ns()
+        w.queue_put({"kind": "ns", "op": "rmdir", "ino": child, "type": "dir",
+                     "old_path": entry_path(w, parent, name)})
+        old_pd = pd.copy()
+        w.del_dirent(parent, name)
+        w.put_inode(None, rec)
+        pd.nlink -= 1
+        self._touch_dir(pd, t)
+        w.put_inode(pd, old_pd)
+        return ChangeInfo(True, old_pd.change, pd.change)
+
+    def remove(self, w: Writer, parent: int, name: bytes) -> ChangeInfo:
+        validate_name(name)
+        w.must_dir(parent)
+        _, _, typ = self._lookup(w, parent, name)
+        if typ == FileType.DIR:
+            return self.rmdir(w, parent, name)
+        return self.unlink(w, parent, name)
+
+    def rename(self, w: Writer, sp: int, sn: bytes, dp: int, dn: bytes):
+        validate_name(sn)
+        validate_name(dn)
+        spd = w.must_dir(sp)
+        dpd = spd if dp == sp else w.must_dir(dp)
+        s_ino, _, s_type = self._lookup(w, sp, sn)
+        same = ChangeInfo(True, spd.change, spd.change), ChangeInfo(True, dpd.change, dpd.change)
+        if sp == dp and sn == dn:
+            return same
+        dst = w.dirent(dp, dn)
+        drec = None
+        if dst is not None:
+            if dst[0] == s_ino:          # two links of one file: POSIX says do nothing
+                return same
+            drec = w.must_inode(dst[0])
+            if s_type == FileType.DIR:
+                if drec.type != FileType.DIR:
+                    raise StoreError(errno.ENOTDIR, f"cannot replace non-directory "
+                                     f"{bytes(dn)!r} with a directory")
+                if w.has_children(drec.ino):
+                    raise StoreError(errno.ENOTEMPTY, f"directory {bytes(dn)!r} is not empty")
+            elif drec.type == FileType.DIR:
+                raise StoreError(errno.EISDIR, f"cannot replace directory {bytes(dn)!r} "
+                                 "with a non-directory")
+        if s_type == FileType.DIR and sp != dp:
+            x = dp
+            while True:                  # O(depth): is the target inside the source?
+                if x == s_ino:
+                    raise StoreError(errno.EINVAL, "cannot move a directory into itself")
+                if x == ROOT_INO:
+                    break
+                x = w.must_inode(x).parent
+        srec = w.must_inode(s_ino)
+        t = time.time_ns()
+        old_path = entry_path(w, sp, sn)
+        new_path = entry_path(w, dp, dn)
+        old_spd, old_dpd, old_srec = spd.copy(), dpd.copy(), srec.copy()
+        if drec is not None:             # the replaced target goes first (uploader order)
+            w.queue_put({"kind": "ns", "op": "rmdir" if drec.type == FileType.DIR
+                         else "unlink", "ino": drec.ino, "type": TYPE_NAMES[drec.type],
+                         "old_path": new_path,
+                         "last_link": drec.type == FileType.DIR or drec.nlink <= 1,
+                         "replaced_by": s_ino})
+            w.del_dirent(dp, dn)
+            if drec.type == FileType.DIR:
+                dpd.nlink -= 1
+                w.put_inode(None, drec)
+            else:
+                self._drop_link(w, drec, t)
+        w.del_dirent(sp, sn)
+        w.put_dirent(dpd, dn, s_ino, s_type)
+        if s_type == FileType.DIR and sp != dp:
+            spd.nlink -= 1
+            dpd.nlink += 1
+            srec.parent = dp
+        srec.ctime_ns = t
+        srec.change += 1
+        w.put_inode(srec, old_srec)
+        self._touch_dir(spd, t)
+        w.put_inode(spd, old_spd)
+        if dpd is not spd:
+            self._touch_dir(dpd, t)
+            w.put_inode(dpd, old_dpd)
+        w.queue_put({"kind": "ns", "op": "rename", "ino": s_ino, "type": TYPE_NAMES[s_type],
+                     "old_path": old_path, "new_path": new_path,
+                     "replaced": drec.ino if drec is not None else None})
+        return (ChangeInfo(True, old_spd.change, spd.change),
+                ChangeInfo(True, old_dpd.change, dpd.change))
