@@ -1,0 +1,209 @@
+"""Open state: open stateids, open owners and share reservations (RFC 8881 sections
+8.2 and 9.7, 18.16).
+
+One OpenState per (client, open-owner, file), as RFC 8881 9.10 asks: a second OPEN by
+the same owner upgrades it and bumps its seqid. Each OpenState holds exactly one
+store open (`store.open_file(ino, write)`), re-taken when WRITE access is gained or
+dropped, so the store always knows which files are open for write.
+
+Stateid `other` (12 bytes) = this table's random 4-byte epoch + an 8-byte counter:
+stateids of an earlier server instance never match and get NFS4ERR_BAD_STATEID.
+"""
+from __future__ import annotations
+
+import os
+import struct
+from collections import defaultdict
+from dataclasses import dataclass
+
+import structlog
+
+from cache.api import StoreError
+from nfsd.errors import NfsError
+from nfsd.xdr.nfs4 import (
+    NFS4ERR_BAD_STATEID, NFS4ERR_LOCKS_HELD, NFS4ERR_OLD_STATEID, NFS4ERR_SHARE_DENIED,
+    NFS4_OK, stateid4,
+)
+
+log = structlog.get_logger(__name__)
+
+SHARE_ACCESS_READ = 1
+SHARE_ACCESS_WRITE = 2
+SHARE_ACCESS_BOTH = 3
+SEQID_MAX = 0xFFFFFFFF
+
+ZERO_OTHER = bytes(12)
+ONES_OTHER = b"\xff" * 12
+
+# Special stateids (RFC 8881 section 8.2.3).
+ANONYMOUS = "anonymous"      # seqid 0, other 0: no open state, full permission checks
+BYPASS = "bypass"            # seqid all ones, other all ones: READ bypassing share deny
+CURRENT = "current"          # seqid 1, other 0: the COMPOUND's current stateid
+INVALID = "invalid"          # seqid all ones, other 0
+
+
+def special_kind(sid) -> str | None:
+    other = bytes(sid.other)
+    if other == ZERO_OTHER:
+        if sid.seqid == 0:
+            return ANONYMOUS
+        if sid.seqid == 1:
+            return CURRENT
+        return INVALID
+    if other == ONES_OTHER:
+        return BYPASS if sid.seqid == SEQID_MAX else INVALID
+    return None
+
+
+def invalid_stateid():
+    return stateid4(seqid=SEQID_MAX, other=ZERO_OTHER)
+
+
+@dataclass(slots=True, eq=False)
+class OpenState:
+    other: bytes
+    seqid: int
+    clientid: int
+    owner: bytes
+    ino: int
+    export_id: int
+    access: int
+    deny: int
+    write_open: bool            # the flag of the store open this state holds
+
+    def stateid(self):
+        return stateid4(seqid=self.seqid, other=self.other)
+
+    def bump(self) -> None:
+        # seqid wraps from 0xffffffff to 1: 0 means "current" in 4.1 (RFC 8881 8.2.2).
+        self.seqid = 1 if self.seqid == SEQID_MAX else self.seqid + 1
+
+
+class OpenStateTable:
+    def __init__(self, store):
+        self.store = store
+        self._epoch = os.urandom(4)
+        self._counter = 0
+        self._by_other: dict[bytes, OpenState] = {}
+        self._by_owner_file: dict[tuple, OpenState] = {}
+        self._by_ino: dict[int, set[OpenState]] = defaultdict(set)
+        self._by_client: dict[int, set[OpenState]] = defaultdict(set)
+
+    def attach(self, sessions) -> None:
+        """Drop a client's opens when the session layer expires or destroys it."""
+        sessions.on_client_expired.append(self.drop_client)
+
+    def __len__(self) -> int:
+        return len(self._by_other)
+
+    def _new_other(self) -> bytes:
+        self._counter += 1
+        return self._epoch + struct.pack(">Q", self._counter)
+
+    # ---- OPEN / OPEN_DOWNGRADE / CLOSE ------------------------------------------------------
+    def open(self, clientid: int, owner: bytes, ino: int, export_id: int,
+             access: int, deny: int) -> OpenState:
+        """Open (or upgrade the owner's open of) a file; NFS4ERR_SHARE_DENIED on a conflict
+        with another owner's share reservation (RFC 8881 9.7)."""
+        key = (clientid, bytes(owner), ino)
+        existing = self._by_owner_file.get(key)
+        for other in self._by_ino.get(ino, ()):
+            if other is existing:
+                continue
+            if access & other.deny or deny & other.access:
+                raise NfsError(NFS4ERR_SHARE_DENIED)
+        if existing is not None:
+            self._reopen_store(existing, existing.access | access)
+            existing.access |= access
+            existing.deny |= deny
+            existing.bump()
+            return existing
+        write = bool(access & SHARE_ACCESS_WRITE)
+        self.store.open_file(ino, write)
+        st = OpenState(self._new_other(), 1, clientid, bytes(owner), ino, export_id,
+                       access, deny, write)
+        self._by_other[st.other] = st
+        self._by_owner_file[key] = st
+        self._by_ino[ino].add(st)
+        self._by_client[clientid].add(st)
+        return st
+
+    def downgrade(self, st: OpenState, access: int, deny: int) -> None:
+        self._reopen_store(st, access)
+        st.access = access
+        st.deny = deny
+        st.bump()
+
+    def close(self, st: OpenState) -> None:
+        self._forget(st)
+        try:
+            self.store.close_file(st.ino, st.write_open)
+        except StoreError as e:
+            log.warning("close_file_failed", ino=st.ino, error=str(e))
+
+    def _reopen_store(self, st: OpenState, new_access: int) -> None:
+        write = bool(new_access & SHARE_ACCESS_WRITE)
+        if write == st.write_open:
+            return
+        self.store.open_file(st.ino, write)
+        try:
+            self.store.close_file(st.ino, st.write_open)
+        finally:
+            st.write_open = write
+
+    def _forget(self, st: OpenState) -> None:
+        self._by_other.pop(st.other, None)
+        self._by_owner_file.pop((st.clientid, st.owner, st.ino), None)
+        for index, k in ((self._by_ino, st.ino), (self._by_client, st.clientid)):
+            group = index.get(k)
+            if group is not None:
+                group.discard(st)
+                if not group:
+                    del index[k]
+
+    def drop_client(self, client) -> None:
+        """Release every open of an expired or destroyed client."""
+        clientid = client if isinstance(client, int) else client.clientid
+        states = list(self._by_client.get(clientid, ()))
+        for st in states:
+            self.close(st)
+        if states:
+            log.info("client_opens_dropped", clientid=clientid, opens=len(states))
+
+    # ---- stateid lookup --------------------------------------------------------------------------
+    def find(self, clientid: int, sid) -> OpenState:
+        """The open state a (non-special) stateid names, checking its seqid (RFC 8881 8.2.2):
+        0 means the latest; older -> NFS4ERR_OLD_STATEID; newer or unknown ->
+        NFS4ERR_BAD_STATEID. Another client's stateid is unknown to this one."""
+        st = self._by_other.get(bytes(sid.other))
+        if st is None or st.clientid != clientid:
+            raise NfsError(NFS4ERR_BAD_STATEID, "unknown stateid")
+        if sid.seqid != 0 and sid.seqid != st.seqid:
+            if _seqid_older(sid.seqid, st.seqid):
+                raise NfsError(NFS4ERR_OLD_STATEID)
+            raise NfsError(NFS4ERR_BAD_STATEID, "stateid seqid from the future")
+        return st
+
+    def test(self, clientid: int, sid) -> int:
+        """TEST_STATEID's per-stateid status (special stateids are never valid there)."""
+        if special_kind(sid) is not None:
+            return NFS4ERR_BAD_STATEID
+        try:
+            self.find(clientid, sid)
+        except NfsError as e:
+            return e.status
+        return NFS4_OK
+
+    def free(self, clientid: int, sid) -> int:
+        """FREE_STATEID: an open stateid still in use holds locks (RFC 8881 18.38.3);
+        everything else is unknown to us (opens are forgotten at CLOSE)."""
+        status = self.test(clientid, sid)
+        return NFS4ERR_LOCKS_HELD if status == NFS4_OK else status
+
+    def opens_of(self, ino: int) -> set:
+        return set(self._by_ino.get(ino, ()))
+
+
+def _seqid_older(a: int, b: int) -> bool:
+    """Whether seqid a precedes b, allowing for wrap-around."""
+    return 0 < ((b - a) & SEQID_MAX) < 0x80000000

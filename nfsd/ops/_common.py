@@ -1,0 +1,285 @@
+"""Helpers shared by the filesystem op handlers: the current object, store error
+mapping, name checks, permission checks and blocking store calls."""
+from __future__ import annotations
+
+import asyncio
+import errno
+import inspect
+import time
+from dataclasses import dataclass
+
+import structlog
+
+from cache.api import Attr, FileType, StoreError, NAME_MAX
+from nfsd.errors import NfsError
+from nfsd.exports import (EffectiveCred, Export, PseudoNode, MAY_EXEC, MAY_WRITE,
+                          permitted)
+from nfsd.fh import FileHandle, codec_for
+from nfsd.xdr.nfs4 import (
+    NFS4ERR_ACCESS, NFS4ERR_BADCHAR, NFS4ERR_BADNAME, NFS4ERR_DELAY, NFS4ERR_DQUOT,
+    NFS4ERR_EXIST, NFS4ERR_FBIG, NFS4ERR_INVAL, NFS4ERR_IO, NFS4ERR_ISDIR, NFS4ERR_MLINK,
+    NFS4ERR_NAMETOOLONG, NFS4ERR_NOENT, NFS4ERR_NOFILEHANDLE, NFS4ERR_NOSPC,
+    NFS4ERR_NOTDIR, NFS4ERR_NOTEMPTY, NFS4ERR_PERM, NFS4ERR_ROFS, NFS4ERR_STALE,
+    NFS4ERR_SYMLINK, NFS4ERR_XDEV,
+)
+
+log = structlog.get_logger(__name__)
+
+# StoreError.errno -> nfsstat4: the one place the store's errors meet the protocol.
+STORE_ERRNO_TO_NFS4 = {
+    errno.ENOENT: NFS4ERR_NOENT,
+    errno.EEXIST: NFS4ERR_EXIST,
+    errno.ENOTDIR: NFS4ERR_NOTDIR,
+    errno.EISDIR: NFS4ERR_ISDIR,
+    errno.ENOTEMPTY: NFS4ERR_NOTEMPTY,
+    errno.ESTALE: NFS4ERR_STALE,
+    errno.ENOSPC: NFS4ERR_NOSPC,
+    errno.EAGAIN: NFS4ERR_DELAY,          # over capacity: the client retries later
+    errno.EINVAL: NFS4ERR_INVAL,
+    errno.ENAMETOOLONG: NFS4ERR_NAMETOOLONG,
+    errno.EXDEV: NFS4ERR_XDEV,
+    errno.EMLINK: NFS4ERR_MLINK,
+    errno.EROFS: NFS4ERR_ROFS,
+    errno.EIO: NFS4ERR_IO,
+    errno.EACCES: NFS4ERR_ACCESS,
+    errno.EPERM: NFS4ERR_PERM,
+    errno.EFBIG: NFS4ERR_FBIG,
+    errno.EDQUOT: NFS4ERR_DQUOT,
+}
+
+
+def nfs_error(e: StoreError) -> NfsError:
+    status = STORE_ERRNO_TO_NFS4.get(e.errno)
+    if status is None:
+        log.error("store_error_unmapped", errno=e.errno, error=str(e))
+        status = NFS4ERR_IO
+    return NfsError(status, str(e))
+
+
+class store_errors:
+    """`with store_errors(): ...` turns a StoreError into the matching NfsError."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None and issubclass(exc_type, StoreError):
+            raise nfs_error(exc) from exc
+        return False
+
+
+# ---- names (RFC 8881 section 14.2) ------------------------------------------------------
+def check_name(name: bytes) -> bytes:
+    name = bytes(name)
+    if not name:
+        raise NfsError(NFS4ERR_INVAL, "empty name")
+    if len(name) > NAME_MAX:
+        raise NfsError(NFS4ERR_NAMETOOLONG, f"name of {len(name)} bytes")
+    try:
+        name.decode("utf-8")
+    except UnicodeDecodeError:
+        raise NfsError(NFS4ERR_INVAL, "name is not UTF-8") from None
+    if name in (b".", b".."):
+        raise NfsError(NFS4ERR_BADNAME, "name is . or ..")
+    if b"/" in name or b"\0" in name:
+        raise NfsError(NFS4ERR_BADCHAR, "name contains / or NUL")
+    return name
+
+
+# ---- the object a file handle names ---------------------------------------------------------
+_PSEUDO_TIME_NS = time.time_ns()
+
+
+@dataclass(slots=True)
+class Obj:
+    fh: FileHandle
+    export: Export | None        # None for pseudo-filesystem directories
+    node: PseudoNode | None      # set for pseudo directories
+    attr: Attr
+
+    @property
+    def is_pseudo(self) -> bool:
+        return self.node is not None
+
+    @property
+    def ino(self) -> int:
+        return self.attr.ino
+
+
+def pseudo_attr(node: PseudoNode) -> Attr:
+    return Attr(ino=node.fileid, gen=0, type=FileType.DIR, mode=0o555,
+                nlink=2 + len(node.children), uid=0, gid=0, size=4096, space_used=0,
+                atime_ns=_PSEUDO_TIME_NS, mtime_ns=_PSEUDO_TIME_NS, ctime_ns=_PSEUDO_TIME_NS,
+                change=1, parent=node.parent)
+
+
+def codec(ctx):
+    return codec_for(ctx.server.store)
+
+
+def export_obj(ctx, exp: Export, attr: Attr) -> Obj:
+    return Obj(codec(ctx).export(exp.export_id, attr.ino, attr.gen), exp, None, attr)
+
+
+def pseudo_obj(ctx, node: PseudoNode) -> Obj:
+    return Obj(codec(ctx).pseudo(node.index), None, node, pseudo_attr(node))
+
+
+def root_obj(ctx) -> Obj:
+    exports = ctx.server.exports
+    if exports.root_export is not None:
+        exp = exports.root_export
+        check_export_access(ctx, exp)
+        with store_errors():
+            return export_obj(ctx, exp, ctx.server.store.getattr(exp.root_ino))
+    return pseudo_obj(ctx, exports.node(0))
+
+
+def check_export_access(ctx, exp: Export) -> None:
+    ip = ctx.peer[0] if ctx.peer else ""
+    if not exp.allows(ip):
+        log.warning("export_access_refused", client=ip, export=exp.path)
+        raise NfsError(NFS4ERR_ACCESS, f"client {ip} may not use export {exp.path}")
+
+
+def resolve(ctx, fh: FileHandle) -> Obj:
+    """The live object behind a handle; NFS4ERR_STALE when it is gone."""
+    exports = ctx.server.exports
+    if fh.is_pseudo:
+        node = exports.node(fh.ino)
+        if node is None or exports.root_export is not None:
+            raise NfsError(NFS4ERR_STALE, "pseudo node gone")
+        return Obj(fh, None, node, pseudo_attr(node))
+    exp = exports.get(fh.export_id)
+    if exp is None:
+        raise NfsError(NFS4ERR_STALE, f"export {fh.export_id} gone")
+    check_export_access(ctx, exp)
+    try:
+        attr = ctx.server.store.getattr(fh.ino)
+    except StoreError as e:
+        raise nfs_error(e) from e
+    if attr.gen != fh.gen:
+        raise NfsError(NFS4ERR_STALE, "generation mismatch")
+    return Obj(fh, exp, None, attr)
+
+
+def current(ctx) -> Obj:
+    if ctx.current_fh is None:
+        raise NfsError(NFS4ERR_NOFILEHANDLE)
+    return resolve(ctx, ctx.current_fh)
+
+
+def saved(ctx) -> Obj:
+    if ctx.saved_fh is None:
+        raise NfsError(NFS4ERR_NOFILEHANDLE)
+    return resolve(ctx, ctx.saved_fh)
+
+
+def set_current(ctx, obj: Obj) -> None:
+    """Change the current filehandle; that clears the 4.1 current stateid (RFC 8881 16.2.3.1.2)."""
+    ctx.current_fh = obj.fh
+    ctx.current_stateid = None
+
+
+def require_dir(obj: Obj) -> None:
+    t = obj.attr.type
+    if t == FileType.DIR:
+        return
+    raise NfsError(NFS4ERR_SYMLINK if t == FileType.LNK else NFS4ERR_NOTDIR)
+
+
+def who(ctx, obj_or_export) -> EffectiveCred:
+    exp = obj_or_export.export if isinstance(obj_or_export, Obj) else obj_or_export
+    return ctx.server.exports.effective_cred(exp, ctx.cred)
+
+
+def require_writable_fs(obj: Obj) -> None:
+    if obj.is_pseudo or not obj.export.rw:
+        raise NfsError(NFS4ERR_ROFS)
+
+
+def require_perm(obj: Obj, cred: EffectiveCred, want: int) -> None:
+    if not permitted(obj.attr, cred, want):
+        raise NfsError(NFS4ERR_ACCESS)
+
+
+def require_dir_modify(ctx, dir_obj: Obj) -> EffectiveCred:
+    """Checks for adding or removing names in a directory: rw export, write+search permission."""
+    require_dir(dir_obj)
+    require_writable_fs(dir_obj)
+    cred = who(ctx, dir_obj)
+    require_perm(dir_obj, cred, MAY_WRITE | MAY_EXEC)
+    return cred
+
+
+def same_export(a: Obj, b: Obj) -> None:
+    if a.is_pseudo or b.is_pseudo or a.export is not b.export:
+        raise NfsError(NFS4ERR_XDEV)
+
+
+# ---- blocking store calls (sync, commit) ------------------------------------------------------
+async def blocking(ctx, fn, *args):
+    """Run a blocking store call off the event loop (the server's pool when it has one)."""
+    run = getattr(ctx.server, "run_blocking", None)
+    if run is None:
+        return await asyncio.to_thread(fn, *args)
+    result = run(fn, *args)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+async def sync_namespace(ctx) -> None:
+    """Namespace ops reply only once their change is durable (group commit in the store)."""
+    with store_errors():
+        await blocking(ctx, ctx.server.store.sync)
+
+
+def change_info(ci):
+    from nfsd.xdr.nfs4 import change_info4
+    return change_info4(atomic=bool(ci.atomic), before=ci.before, after=ci.after)
+
+
+# ---- stateids of READ / WRITE / SETATTR ---------------------------------------------------------
+def resolve_stateid_arg(ctx, sid):
+    """Replace the 4.1 current-stateid special value by the COMPOUND's current stateid."""
+    from nfsd.openstate import CURRENT, special_kind
+    from nfsd.xdr.nfs4 import NFS4ERR_BAD_STATEID
+    if special_kind(sid) == CURRENT:
+        if ctx.minorversion == 0 or ctx.current_stateid is None:
+            raise NfsError(NFS4ERR_BAD_STATEID, "no current stateid")
+        return ctx.current_stateid
+    return sid
+
+
+def clientid_of(ctx) -> int:
+    from nfsd.xdr.nfs4 import NFS4ERR_BAD_STATEID
+    if ctx.client is None:
+        raise NfsError(NFS4ERR_BAD_STATEID, "no client")
+    return ctx.client.clientid
+
+
+def io_state(ctx, sid, obj: Obj, *, write: bool):
+    """The open state a READ/WRITE/SETATTR(size) stateid names, or None for the
+    anonymous / READ-bypass stateids (the caller then checks mode bits). Enforces the
+    open's mode (NFS4ERR_OPENMODE) and other owners' deny reservations for anonymous I/O."""
+    from nfsd.openstate import (ANONYMOUS, BYPASS, INVALID, SHARE_ACCESS_READ,
+                                SHARE_ACCESS_WRITE, special_kind)
+    from nfsd.xdr.nfs4 import NFS4ERR_BAD_STATEID, NFS4ERR_LOCKED, NFS4ERR_OPENMODE
+    sid = resolve_stateid_arg(ctx, sid)
+    kind = special_kind(sid)
+    opens = ctx.server.opens
+    if kind == INVALID or (kind == BYPASS and write):
+        raise NfsError(NFS4ERR_BAD_STATEID, "special stateid not valid here")
+    if kind in (ANONYMOUS, BYPASS):
+        if kind == ANONYMOUS:
+            deny_bit = SHARE_ACCESS_WRITE if write else SHARE_ACCESS_READ
+            if any(st.deny & deny_bit for st in opens.opens_of(obj.ino)):
+                raise NfsError(NFS4ERR_LOCKED, "denied by a share reservation")
+        return None
+    st = opens.find(clientid_of(ctx), sid)
+    if st.ino != obj.ino or st.export_id != (obj.export.export_id if obj.export else 0):
+        raise NfsError(NFS4ERR_BAD_STATEID, "stateid is for another file")
+    if write and not st.access & SHARE_ACCESS_WRITE:
+        raise NfsError(NFS4ERR_OPENMODE, "not open for write")
+    return st

@@ -1,0 +1,185 @@
+"""GETATTR SETATTR ACCESS VERIFY NVERIFY (RFC 8881 sections 18.7, 18.30, 18.1, 18.31, 18.15)."""
+from __future__ import annotations
+
+import structlog
+
+from cache.api import FileType, SetAttr, StoreError
+from nfsd import attrs as fattr
+from nfsd.errors import NfsError
+from nfsd.exports import MAY_EXEC, MAY_READ, MAY_WRITE, permitted
+from nfsd.ops._common import (Obj, current, io_state, nfs_error, require_perm,
+                              require_writable_fs, store_errors, sync_namespace, who)
+from nfsd.xdr.nfs4 import (
+    ACCESS4_DELETE, ACCESS4_EXECUTE, ACCESS4_EXTEND, ACCESS4_LOOKUP, ACCESS4_MODIFY,
+    ACCESS4_READ, NFS4ERR_ACCESS, FATTR4_MODE, FATTR4_OWNER, FATTR4_OWNER_GROUP, FATTR4_RDATTR_ERROR,
+    FATTR4_SIZE, FATTR4_TIME_ACCESS_SET, FATTR4_TIME_MODIFY_SET, NFS4ERR_ATTRNOTSUPP,
+    NFS4ERR_BADOWNER, NFS4ERR_FBIG, NFS4ERR_INVAL, NFS4ERR_ISDIR, NFS4ERR_NOT_SAME,
+    NFS4ERR_PERM, NFS4ERR_SAME, NFS4_OK, OP_ACCESS, OP_GETATTR, OP_NVERIFY, OP_SETATTR,
+    OP_VERIFY, SET_TO_CLIENT_TIME4,
+    ACCESS4res, ACCESS4resok, GETATTR4res, GETATTR4resok, NVERIFY4res, SETATTR4res,
+    VERIFY4res,
+)
+
+log = structlog.get_logger(__name__)
+
+# Access bits a client may ask about (the 4.2 xattr bits 0x40-0x100 are never granted).
+_ACCESS_KNOWN = 0x1FF
+# ACCESS4 bit -> mode permission needed, per object kind (as Linux knfsd maps them).
+_DIR_ACCESS = {ACCESS4_READ: MAY_READ, ACCESS4_LOOKUP: MAY_EXEC,
+               ACCESS4_MODIFY: MAY_WRITE | MAY_EXEC, ACCESS4_EXTEND: MAY_WRITE | MAY_EXEC,
+               ACCESS4_DELETE: MAY_WRITE | MAY_EXEC}
+_FILE_ACCESS = {ACCESS4_READ: MAY_READ, ACCESS4_MODIFY: MAY_WRITE,
+                ACCESS4_EXTEND: MAY_WRITE, ACCESS4_EXECUTE: MAY_EXEC}
+_WRITE_LIKE = ACCESS4_MODIFY | ACCESS4_EXTEND | ACCESS4_DELETE
+
+
+def attr_env(ctx, obj: Obj, **kw) -> fattr.AttrEnv:
+    return fattr.AttrEnv(ctx.server, obj, **kw)
+
+
+async def op_getattr(ctx, args) -> GETATTR4res:
+    obj = current(ctx)
+    requested = set(fattr.bits_of(args.attr_request))
+    if requested & fattr.WRITE_ONLY:
+        raise NfsError(NFS4ERR_INVAL, "write-only attribute requested")
+    with store_errors():
+        attrs = fattr.encode(attr_env(ctx, obj), args.attr_request)
+    return GETATTR4res(NFS4_OK, GETATTR4resok(obj_attributes=attrs))
+
+
+async def op_setattr(ctx, args) -> SETATTR4res:
+    obj = current(ctx)
+    values = fattr.decode(args.obj_attributes)
+    require_writable_fs(obj)
+    sa = setattr_request(ctx, obj, values, stateid=args.stateid)
+    apply_setattr(ctx, obj, sa)
+    await sync_namespace(ctx)
+    return SETATTR4res(status=NFS4_OK, attrsset=fattr.bitmap_of(sorted(values)))
+
+
+def setattr_request(ctx, obj: Obj, values: dict, *, stateid=None, creating: bool = False
+                    ) -> SetAttr:
+    """Check permissions for and translate decoded attributes into a store SetAttr
+    (RFC 8881 18.30; POSIX chmod/chown/utimes/truncate rules). `creating`: the caller
+    just created the object, so its owner-only rules are already satisfied."""
+    cred = who(ctx, obj)
+    attr = obj.attr
+    idmap = ctx.server.exports.idmap
+    is_owner = creating or cred.uid == 0 or cred.uid == attr.uid
+    sa = SetAttr()
+    if FATTR4_SIZE in values:
+        size = values[FATTR4_SIZE]
+        if attr.type == FileType.DIR:
+            raise NfsError(NFS4ERR_ISDIR)
+        if attr.type != FileType.REG:
+            raise NfsError(NFS4ERR_INVAL, "size of a non-regular file")
+        if size > fattr.MAX_FILESIZE:
+            raise NfsError(NFS4ERR_FBIG)
+        st = io_state(ctx, stateid, obj, write=True) if stateid is not None else None
+        if st is None and not creating:
+            require_perm(obj, cred, MAY_WRITE)
+        sa.size = size
+    if FATTR4_MODE in values:
+        mode = values[FATTR4_MODE]
+        if mode & ~0o7777:
+            raise NfsError(NFS4ERR_INVAL, f"mode {mode:o}")
+        if not is_owner:
+            raise NfsError(NFS4ERR_PERM, "only the owner may change the mode")
+        if cred.uid != 0 and not creating and not cred.in_group(attr.gid):
+            mode &= ~0o2000           # as Linux: a non-member cannot set setgid
+        sa.mode = mode
+    if FATTR4_OWNER in values:
+        uid = idmap.uid_of(values[FATTR4_OWNER])
+        if uid is None:
+            raise NfsError(NFS4ERR_BADOWNER, f"unknown owner {values[FATTR4_OWNER]!r}")
+        if uid != attr.uid and cred.uid != 0:
+            raise NfsError(NFS4ERR_PERM, "only root may change the owner")
+        sa.uid = uid
+    if FATTR4_OWNER_GROUP in values:
+        gid = idmap.gid_of(values[FATTR4_OWNER_GROUP])
+        if gid is None:
+            raise NfsError(NFS4ERR_BADOWNER, f"unknown group {values[FATTR4_OWNER_GROUP]!r}")
+        if gid != attr.gid and cred.uid != 0 and not (is_owner and cred.in_group(gid)):
+            raise NfsError(NFS4ERR_PERM, "may not give the file to that group")
+        sa.gid = gid
+    for bit, field in ((FATTR4_TIME_ACCESS_SET, "atime_ns"), (FATTR4_TIME_MODIFY_SET, "mtime_ns")):
+        if bit not in values:
+            continue
+        how = values[bit]
+        if how.tag == SET_TO_CLIENT_TIME4:
+            if not is_owner:
+                raise NfsError(NFS4ERR_PERM, "only the owner may set times")
+            setattr(sa, field, fattr.time_to_ns(how.value))
+        else:
+            # "now" is allowed to anyone who may write the file (utimes(NULL)).
+            if not is_owner and not permitted(attr, cred, MAY_WRITE):
+                raise NfsError(NFS4ERR_ACCESS)
+            setattr(sa, field, "now")
+    return sa
+
+
+def apply_setattr(ctx, obj: Obj, sa: SetAttr):
+    if sa == SetAttr():
+        return obj.attr
+    try:
+        obj.attr = ctx.server.store.setattr(obj.ino, sa)
+    except StoreError as e:
+        raise nfs_error(e) from e
+    log.debug("setattr", ino=obj.ino, attrs=repr(sa))
+    return obj.attr
+
+
+async def op_access(ctx, args) -> ACCESS4res:
+    obj = current(ctx)
+    req = args.access
+    if req & ~_ACCESS_KNOWN:
+        raise NfsError(NFS4ERR_INVAL, f"unknown access bits {req:#x}")
+    table = _DIR_ACCESS if obj.attr.type == FileType.DIR else _FILE_ACCESS
+    cred = who(ctx, obj)
+    read_only = obj.is_pseudo or not obj.export.rw
+    supported = granted = 0
+    for bit, want in table.items():
+        if not req & bit:
+            continue
+        supported |= bit
+        if read_only and bit & _WRITE_LIKE:
+            continue
+        if permitted(obj.attr, cred, want):
+            granted |= bit
+    return ACCESS4res(NFS4_OK, ACCESS4resok(supported=supported, access=granted))
+
+
+def _matches(ctx, fa) -> bool:
+    """Whether the server's values of `fa`'s attributes equal `fa`'s (RFC 8881 18.31.3)."""
+    bits = fattr.bits_of(fa.attrmask)
+    for bit in bits:
+        if bit not in fattr.SUPPORTED:
+            raise NfsError(NFS4ERR_ATTRNOTSUPP)
+        if bit == FATTR4_RDATTR_ERROR or bit in fattr.WRITE_ONLY:
+            raise NfsError(NFS4ERR_INVAL, f"attribute {bit} cannot be verified")
+    fattr.decode_values(fa, bits)          # malformed input: NFS4ERR_BADXDR
+    obj = current(ctx)
+    with store_errors():
+        mine = fattr.encode(attr_env(ctx, obj), fa.attrmask)
+    return bytes(mine.attr_vals) == bytes(fa.attr_vals)
+
+
+async def op_verify(ctx, args) -> VERIFY4res:
+    if not _matches(ctx, args.obj_attributes):
+        raise NfsError(NFS4ERR_NOT_SAME)
+    return VERIFY4res(NFS4_OK)
+
+
+async def op_nverify(ctx, args) -> NVERIFY4res:
+    if _matches(ctx, args.obj_attributes):
+        raise NfsError(NFS4ERR_SAME)
+    return NVERIFY4res(NFS4_OK)
+
+
+HANDLERS = {
+    OP_GETATTR: op_getattr,
+    OP_SETATTR: op_setattr,
+    OP_ACCESS: op_access,
+    OP_VERIFY: op_verify,
+    OP_NVERIFY: op_nverify,
+}

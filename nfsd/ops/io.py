@@ -1,0 +1,114 @@
+"""READ WRITE COMMIT (RFC 8881 sections 18.22, 18.32, 18.3).
+
+WRITE reports the truth in `committed`: UNSTABLE4 data is only in the store's page
+cache (a later COMMIT makes it durable); DATA_SYNC4 / FILE_SYNC4 data is committed
+(`store.commit`, off the event loop) before the reply, which then says FILE_SYNC4.
+"""
+from __future__ import annotations
+
+import errno
+import inspect
+
+import structlog
+
+from cache.api import FileType, StoreError
+from nfsd import attrs as fattr
+from nfsd.errors import NfsError
+from nfsd.exports import MAY_READ, MAY_WRITE, permitted
+from nfsd.ops._common import (blocking, current, io_state, nfs_error, require_writable_fs,
+                              store_errors, who)
+from nfsd.xdr.nfs4 import (
+    FILE_SYNC4, NFS4ERR_ACCESS, NFS4ERR_DELAY, NFS4ERR_FBIG, NFS4ERR_INVAL, NFS4ERR_ISDIR,
+    NFS4_OK, OP_COMMIT, OP_READ, OP_WRITE, UNSTABLE4,
+    COMMIT4res, COMMIT4resok, READ4res, READ4resok, WRITE4res, WRITE4resok,
+)
+
+log = structlog.get_logger(__name__)
+
+# read-through attempts before telling the client to come back later
+_FETCH_ATTEMPTS = 3
+
+
+def _require_regular(obj) -> None:
+    t = obj.attr.type
+    if t == FileType.DIR:
+        raise NfsError(NFS4ERR_ISDIR)
+    if t != FileType.REG:
+        raise NfsError(NFS4ERR_INVAL, "not a regular file")
+
+
+def _check_anonymous_io(ctx, obj, want: int) -> None:
+    """I/O without open state (special stateids) gets the mode-bit checks OPEN would
+    have made (RFC 8881 8.2.3)."""
+    if not permitted(obj.attr, who(ctx, obj), want):
+        raise NfsError(NFS4ERR_ACCESS)
+
+
+async def op_read(ctx, args) -> READ4res:
+    obj = current(ctx)
+    _require_regular(obj)
+    st = io_state(ctx, args.stateid, obj, write=False)
+    if st is None:
+        _check_anonymous_io(ctx, obj, MAY_READ)
+    count = min(args.count, fattr.MAX_IO)
+    store = ctx.server.store
+    buf = bytearray(count)
+    for attempt in range(_FETCH_ATTEMPTS + 1):
+        try:
+            n, eof = store.read_into(obj.ino, args.offset, memoryview(buf))
+            break
+        except StoreError as e:
+            if e.errno != errno.EAGAIN or not getattr(e, "missing", None):
+                raise nfs_error(e) from e
+            if attempt == _FETCH_ATTEMPTS or not await _fetch(ctx, obj.ino, e.missing):
+                raise NfsError(NFS4ERR_DELAY, "data not local yet") from e
+    data = memoryview(buf)[:n] if n < count else buf
+    return READ4res(NFS4_OK, READ4resok(eof=bool(eof), data=data))
+
+
+async def _fetch(ctx, ino: int, ranges) -> bool:
+    """Ask the read-through hook (if the server has one) to bring ranges in from S3."""
+    fetch = getattr(ctx.server, "fetch_missing", None)
+    if fetch is None:
+        return False
+    try:
+        result = fetch(ino, ranges)
+        if inspect.isawaitable(result):
+            await result
+    except StoreError as e:
+        raise nfs_error(e) from e
+    return True
+
+
+async def op_write(ctx, args) -> WRITE4res:
+    obj = current(ctx)
+    _require_regular(obj)
+    require_writable_fs(obj)
+    st = io_state(ctx, args.stateid, obj, write=True)
+    if st is None:
+        _check_anonymous_io(ctx, obj, MAY_WRITE)
+    data = args.data
+    if args.offset + len(data) > fattr.MAX_FILESIZE:
+        raise NfsError(NFS4ERR_FBIG)
+    store = ctx.server.store
+    with store_errors():
+        store.write(obj.ino, args.offset, data)
+        committed = UNSTABLE4
+        if args.stable != UNSTABLE4:
+            await blocking(ctx, store.commit, obj.ino)
+            committed = FILE_SYNC4
+    return WRITE4res(NFS4_OK, WRITE4resok(count=len(data), committed=committed,
+                                          writeverf=ctx.server.write_verifier))
+
+
+async def op_commit(ctx, args) -> COMMIT4res:
+    obj = current(ctx)
+    _require_regular(obj)
+    if args.offset + args.count > 2**64 - 1:
+        raise NfsError(NFS4ERR_INVAL, "offset + count overflows")
+    with store_errors():
+        await blocking(ctx, ctx.server.store.commit, obj.ino)
+    return COMMIT4res(NFS4_OK, COMMIT4resok(writeverf=ctx.server.write_verifier))
+
+
+HANDLERS = {OP_READ: op_read, OP_WRITE: op_write, OP_COMMIT: op_commit}

@@ -1,0 +1,169 @@
+"""CREATE LINK REMOVE RENAME READLINK (RFC 8881 sections 18.4, 18.9, 18.25, 18.26, 18.24).
+
+Every namespace change is one store call (RENAME included: atomic for files and whole
+directory trees) and is durable before the reply (`sync_namespace`).
+"""
+from __future__ import annotations
+
+import stat
+
+import structlog
+
+from cache.api import FileType, StoreError
+from nfsd import attrs as fattr
+from nfsd.errors import NfsError
+from nfsd.exports import MAY_WRITE, EffectiveCred, sticky_allows_delete
+from nfsd.ops._common import (Obj, change_info, check_name, current, export_obj, require_dir,
+                              require_dir_modify, require_perm, saved, set_current,
+                              store_errors, sync_namespace)
+from nfsd.ops.attrs import apply_setattr, setattr_request
+from nfsd.xdr.nfs4 import (
+    FATTR4_MODE, FATTR4_OWNER, FATTR4_OWNER_GROUP, FATTR4_TIME_ACCESS_SET,
+    FATTR4_TIME_MODIFY_SET, NF4DIR, NF4LNK, NFS4ERR_BADTYPE, NFS4ERR_INVAL, NFS4ERR_ISDIR,
+    NFS4ERR_PERM, NFS4ERR_ROFS, NFS4ERR_XDEV, NFS4_OK, OP_CREATE, OP_LINK, OP_READLINK,
+    OP_REMOVE, OP_RENAME,
+    CREATE4res, CREATE4resok, LINK4res, LINK4resok, READLINK4res, READLINK4resok,
+    REMOVE4res, REMOVE4resok, RENAME4res, RENAME4resok,
+)
+
+log = structlog.get_logger(__name__)
+
+CREATE_ATTRS = frozenset({FATTR4_MODE, FATTR4_OWNER, FATTR4_OWNER_GROUP,
+                          FATTR4_TIME_ACCESS_SET, FATTR4_TIME_MODIFY_SET})
+
+
+def new_owner(cred: EffectiveCred, parent: Obj) -> tuple[int, int]:
+    """Owner and group of a new object: the caller, with the parent's group when the
+    parent directory is setgid (BSD group semantics, as Linux)."""
+    gid = parent.attr.gid if parent.attr.mode & stat.S_ISGID else cred.gid
+    return cred.uid, gid
+
+
+def finish_create(ctx, obj: Obj, values: dict) -> list[int]:
+    """Apply the createattrs other than mode (already given to the store); the set bits."""
+    rest = {b: v for b, v in values.items() if b != FATTR4_MODE}
+    if rest:
+        apply_setattr(ctx, obj, setattr_request(ctx, obj, rest, creating=True))
+    return sorted(values)
+
+
+async def op_create(ctx, args) -> CREATE4res:
+    parent = current(ctx)
+    objtype = args.objtype.tag
+    name = check_name(args.objname)
+    if objtype not in (NF4DIR, NF4LNK):
+        # Regular files are made by OPEN; devices, sockets and FIFOs are not stored.
+        raise NfsError(NFS4ERR_BADTYPE, f"cannot create objects of type {objtype}")
+    cred = require_dir_modify(ctx, parent)
+    values = fattr.decode(args.createattrs, allowed=CREATE_ATTRS)
+    uid, gid = new_owner(cred, parent)
+    store = ctx.server.store
+    with store_errors():
+        if objtype == NF4DIR:
+            mode = values.get(FATTR4_MODE, 0o755) | (parent.attr.mode & stat.S_ISGID)
+            attr, ci = store.mkdir(parent.ino, name, mode, uid, gid)
+        else:
+            target = bytes(args.objtype.value)
+            if not target or b"\0" in target:
+                raise NfsError(NFS4ERR_INVAL, "empty symlink target or NUL in it")
+            attr, ci = store.symlink(parent.ino, name, target, values.get(FATTR4_MODE, 0o777),
+                                     uid, gid)
+        obj = export_obj(ctx, parent.export, attr)
+        attrset = finish_create(ctx, obj, values)
+    set_current(ctx, obj)
+    await sync_namespace(ctx)
+    log.info("create", client=ctx.peer[0] if ctx.peer else None, parent=parent.ino,
+             name=name, ino=attr.ino, type=int(attr.type))
+    return CREATE4res(NFS4_OK, CREATE4resok(cinfo=change_info(ci),
+                                            attrset=fattr.bitmap_of(attrset)))
+
+
+def _same_fs(a: Obj, b: Obj) -> None:
+    if a.is_pseudo and b.is_pseudo:
+        raise NfsError(NFS4ERR_ROFS)
+    if a.is_pseudo or b.is_pseudo or a.export is not b.export:
+        raise NfsError(NFS4ERR_XDEV)
+
+
+async def op_link(ctx, args) -> LINK4res:
+    src = saved(ctx)
+    dst = current(ctx)
+    name = check_name(args.newname)
+    require_dir(dst)
+    _same_fs(src, dst)
+    if src.attr.type == FileType.DIR:
+        raise NfsError(NFS4ERR_ISDIR, "hard links to directories")
+    require_dir_modify(ctx, dst)
+    with store_errors():
+        _attr, ci = ctx.server.store.link(src.ino, dst.ino, name)
+    await sync_namespace(ctx)
+    return LINK4res(NFS4_OK, LINK4resok(cinfo=change_info(ci)))
+
+
+def _check_sticky(ctx, dir_obj: Obj, name: bytes, cred: EffectiveCred):
+    """The entry's attributes, after the sticky-directory rule (EPERM in Linux: NFS4ERR_PERM)."""
+    with store_errors():
+        victim = ctx.server.store.lookup(dir_obj.ino, name)
+    if not sticky_allows_delete(dir_obj.attr, victim, cred):
+        raise NfsError(NFS4ERR_PERM, "sticky directory")
+    return victim
+
+
+async def op_remove(ctx, args) -> REMOVE4res:
+    d = current(ctx)
+    name = check_name(args.target)
+    cred = require_dir_modify(ctx, d)
+    _check_sticky(ctx, d, name, cred)
+    with store_errors():
+        ci = ctx.server.store.remove(d.ino, name)
+    await sync_namespace(ctx)
+    log.info("remove", client=ctx.peer[0] if ctx.peer else None, parent=d.ino, name=name)
+    return REMOVE4res(NFS4_OK, REMOVE4resok(cinfo=change_info(ci)))
+
+
+async def op_rename(ctx, args) -> RENAME4res:
+    src_dir = saved(ctx)
+    dst_dir = current(ctx)
+    oldname = check_name(args.oldname)
+    newname = check_name(args.newname)
+    require_dir(src_dir)
+    require_dir(dst_dir)
+    _same_fs(src_dir, dst_dir)
+    cred = require_dir_modify(ctx, src_dir)
+    require_dir_modify(ctx, dst_dir)
+    victim = _check_sticky(ctx, src_dir, oldname, cred)
+    store = ctx.server.store
+    try:
+        target = store.lookup(dst_dir.ino, newname)
+    except StoreError:      # no target (other failures: the rename itself reports them)
+        target = None
+    if target is not None and not sticky_allows_delete(dst_dir.attr, target, cred):
+        raise NfsError(NFS4ERR_PERM, "sticky directory")
+    if victim.type == FileType.DIR and src_dir.ino != dst_dir.ino:
+        # Moving a directory rewrites its "..": needs write permission on it (as Linux).
+        require_perm(Obj(src_dir.fh, src_dir.export, None, victim), cred, MAY_WRITE)
+    with store_errors():
+        ci_src, ci_dst = store.rename(src_dir.ino, oldname, dst_dir.ino, newname)
+    await sync_namespace(ctx)
+    log.info("rename", client=ctx.peer[0] if ctx.peer else None, src_dir=src_dir.ino,
+             old=oldname, dst_dir=dst_dir.ino, new=newname, ino=victim.ino)
+    return RENAME4res(NFS4_OK, RENAME4resok(source_cinfo=change_info(ci_src),
+                                            target_cinfo=change_info(ci_dst)))
+
+
+async def op_readlink(ctx, args) -> READLINK4res:
+    obj = current(ctx)
+    if obj.attr.type != FileType.LNK:
+        raise NfsError(NFS4ERR_INVAL, "not a symbolic link")
+    with store_errors():
+        target = ctx.server.store.readlink(obj.ino)
+    return READLINK4res(NFS4_OK, READLINK4resok(link=bytes(target)))
+
+
+HANDLERS = {
+    OP_CREATE: op_create,
+    OP_LINK: op_link,
+    OP_REMOVE: op_remove,
+    OP_RENAME: op_rename,
+    OP_READLINK: op_readlink,
+}

@@ -1,0 +1,282 @@
+"""OPEN OPEN_DOWNGRADE CLOSE DELEGRETURN (RFC 8881 sections 18.16, 18.18, 18.2, 18.6).
+
+We never grant delegations and keep no state across restarts, so reclaims
+(CLAIM_PREVIOUS) get NFS4ERR_NO_GRACE and delegation claims are refused.
+Exclusive creates keep the client's verifier in the new file's mtime/atime seconds
+(as Linux knfsd does) so a retransmitted create finds "its" file and succeeds
+(RFC 8881 18.16.3); the reply's attrset names those times so the client resets them.
+"""
+from __future__ import annotations
+
+import errno
+import struct
+
+import structlog
+
+from cache.api import FileType, SetAttr, StoreError
+from nfsd import attrs as fattr
+from nfsd.errors import NfsError
+from nfsd.exports import MAY_READ, MAY_WRITE
+from nfsd.openstate import SHARE_ACCESS_READ, SHARE_ACCESS_WRITE, invalid_stateid
+from nfsd.ops._common import (Obj, change_info, check_name, clientid_of, current, export_obj,
+                              nfs_error, require_dir, require_dir_modify, require_perm,
+                              resolve_stateid_arg, set_current, store_errors, sync_namespace,
+                              who)
+from nfsd.ops.attrs import apply_setattr, setattr_request
+from nfsd.ops.filehandle import lookup_child
+from nfsd.ops.namespace import new_owner
+from nfsd.xdr.nfs4 import (
+    CLAIM_DELEG_CUR_FH, CLAIM_DELEG_PREV_FH, CLAIM_DELEGATE_CUR, CLAIM_DELEGATE_PREV,
+    CLAIM_FH, CLAIM_NULL, CLAIM_PREVIOUS, EXCLUSIVE4, EXCLUSIVE4_1, FATTR4_MODE,
+    FATTR4_SIZE, FATTR4_TIME_ACCESS_SET, FATTR4_TIME_MODIFY_SET, GUARDED4,
+    NFS4ERR_BAD_STATEID, NFS4ERR_EXIST, NFS4ERR_INVAL, NFS4ERR_ISDIR, NFS4ERR_NO_GRACE,
+    NFS4ERR_NOENT, NFS4ERR_NOTSUPP, NFS4ERR_ROFS, NFS4ERR_SYMLINK, NFS4_OK,
+    OPEN4_CREATE, OPEN4_RESULT_LOCKTYPE_POSIX, OPEN4_SHARE_ACCESS_WANT_CANCEL,
+    OPEN4_SHARE_ACCESS_WANT_DELEG_MASK, OPEN4_SHARE_ACCESS_WANT_NO_DELEG,
+    OPEN_DELEGATE_NONE, OPEN_DELEGATE_NONE_EXT, OP_CLOSE, OP_DELEGRETURN, OP_OPEN,
+    OP_OPEN_DOWNGRADE, UNCHECKED4, WND4_CANCELLED, WND4_NOT_WANTED, WND4_RESOURCE,
+    CLOSE4res, DELEGRETURN4res, OPEN4res, OPEN4resok, OPEN_DOWNGRADE4res,
+    OPEN_DOWNGRADE4resok, change_info4, open_delegation4, open_none_delegation4,
+)
+
+log = structlog.get_logger(__name__)
+
+_ACCESS_MASK = 0xFF            # OPEN4_SHARE_ACCESS_READ/WRITE/BOTH
+_DEFAULT_FILE_MODE = 0o644
+_NS = 1_000_000_000
+
+
+def _share_args(share_access: int, share_deny: int) -> tuple[int, int]:
+    access = share_access & _ACCESS_MASK
+    if access not in (1, 2, 3) or share_deny & ~3:
+        raise NfsError(NFS4ERR_INVAL, f"share_access {share_access:#x} share_deny {share_deny:#x}")
+    return access, share_deny
+
+
+def _verifier_times(verf: bytes) -> tuple[int, int]:
+    """(mtime_ns, atime_ns) holding an exclusive-create verifier."""
+    hi, lo = struct.unpack(">II", bytes(verf))
+    return hi * _NS, lo * _NS
+
+
+def _holds_verifier(attr, verf: bytes) -> bool:
+    mtime, atime = _verifier_times(verf)
+    return attr.mtime_ns == mtime and attr.atime_ns == atime
+
+
+def _require_openable(obj: Obj) -> None:
+    if obj.is_pseudo or obj.attr.type == FileType.DIR:
+        raise NfsError(NFS4ERR_ISDIR)
+    if obj.attr.type == FileType.LNK:
+        raise NfsError(NFS4ERR_SYMLINK)
+
+
+def _check_open_access(ctx, obj: Obj, access: int) -> None:
+    """Permission to open an existing file. The owner may always open what it owns
+    (knfsd's NFSD_MAY_OWNER_OVERRIDE: the client enforced mode bits at open(2))."""
+    if access & SHARE_ACCESS_WRITE and not obj.export.rw:
+        raise NfsError(NFS4ERR_ROFS)
+    cred = who(ctx, obj)
+    if cred.uid == obj.attr.uid:
+        return
+    want = (MAY_READ if access & SHARE_ACCESS_READ else 0) | \
+           (MAY_WRITE if access & SHARE_ACCESS_WRITE else 0)
+    require_perm(obj, cred, want)
+
+
+class _Created:
+    """What the create part of OPEN did."""
+    def __init__(self, obj: Obj, cinfo, created: bool, attrset: list[int]):
+        self.obj, self.cinfo, self.created, self.attrset = obj, cinfo, created, attrset
+
+
+def _create(ctx, parent: Obj, name: bytes, how) -> _Created:
+    """OPEN4_CREATE in a directory (RFC 8881 18.16.3 createmode4 semantics)."""
+    mode = how.tag
+    verf = None
+    if mode in (UNCHECKED4, GUARDED4):
+        values = fattr.decode(how.value)
+    elif mode == EXCLUSIVE4:
+        verf, values = bytes(how.value), {}
+    elif mode == EXCLUSIVE4_1:
+        if ctx.minorversion < 1:
+            raise NfsError(NFS4ERR_INVAL, "EXCLUSIVE4_1 needs NFSv4.1")
+        verf = bytes(how.value.cva_verf)
+        values = fattr.decode(how.value.cva_attrs, allowed=fattr.EXCLCREAT)
+    else:
+        raise NfsError(NFS4ERR_INVAL, f"createmode {mode}")
+    if parent.is_pseudo or not parent.export.rw:
+        raise NfsError(NFS4ERR_ROFS)
+    store = ctx.server.store
+    before = parent.attr.change
+    try:
+        existing = store.lookup(parent.ino, name)
+    except StoreError as e:
+        if e.errno != errno.ENOENT:
+            raise nfs_error(e) from e
+        existing = None
+    if existing is None:
+        cred = require_dir_modify(ctx, parent)
+        uid, gid = new_owner(cred, parent)
+        try:
+            attr, ci, created = store.create(parent.ino, name,
+                                             values.get(FATTR4_MODE, _DEFAULT_FILE_MODE),
+                                             uid, gid, exclusive=mode != UNCHECKED4)
+        except StoreError as e:
+            if e.errno != errno.EEXIST:       # lost a race: judge the winner below
+                raise nfs_error(e) from e
+            with store_errors():
+                existing = store.lookup(parent.ino, name)
+        else:
+            obj = export_obj(ctx, parent.export, attr)
+            with store_errors():
+                attrset = _initialise(ctx, obj, values, verf)
+            return _Created(obj, ci, created, attrset)
+    # The name exists.
+    obj = export_obj(ctx, parent.export, existing)
+    cinfo = change_info4(atomic=True, before=before, after=before)
+    if existing.type == FileType.DIR:
+        raise NfsError(NFS4ERR_ISDIR)
+    if mode == GUARDED4:
+        raise NfsError(NFS4ERR_EXIST)
+    if verf is not None:
+        if existing.type != FileType.REG or not _holds_verifier(existing, verf):
+            raise NfsError(NFS4ERR_EXIST)
+        # A retransmission of our own exclusive create: succeed as before.
+        return _Created(obj, cinfo, False, sorted(set(values) | _VERIFIER_BITS))
+    # UNCHECKED4 on an existing file: opens it; a size attribute truncates (O_TRUNC).
+    _require_openable(obj)
+    attrset = []
+    if FATTR4_SIZE in values:
+        with store_errors():
+            apply_setattr(ctx, obj, setattr_request(ctx, obj, {FATTR4_SIZE: values[FATTR4_SIZE]}))
+        attrset = [FATTR4_SIZE]
+    return _Created(obj, cinfo, False, attrset)
+
+
+_VERIFIER_BITS = frozenset({FATTR4_TIME_ACCESS_SET, FATTR4_TIME_MODIFY_SET})
+
+
+def _initialise(ctx, obj: Obj, values: dict, verf: bytes | None) -> list[int]:
+    """Apply createattrs (mode went to store.create) and the exclusive verifier."""
+    rest = {b: v for b, v in values.items() if b != FATTR4_MODE}
+    sa = setattr_request(ctx, obj, rest, creating=True) if rest else SetAttr()
+    bits = set(values)
+    if verf is not None:
+        sa.mtime_ns, sa.atime_ns = _verifier_times(verf)
+        bits |= _VERIFIER_BITS
+    apply_setattr(ctx, obj, sa)
+    return sorted(bits)
+
+
+def _delegation(ctx, share_access: int):
+    """We never delegate (RFC 8881 10.4); 4.1 clients that asked get the reason."""
+    want = share_access & OPEN4_SHARE_ACCESS_WANT_DELEG_MASK
+    if ctx.minorversion < 1 or not want:
+        return open_delegation4(OPEN_DELEGATE_NONE)
+    if want == OPEN4_SHARE_ACCESS_WANT_NO_DELEG:
+        why = open_none_delegation4(WND4_NOT_WANTED)
+    elif want == OPEN4_SHARE_ACCESS_WANT_CANCEL:
+        why = open_none_delegation4(WND4_CANCELLED)
+    else:
+        why = open_none_delegation4(WND4_RESOURCE, False)
+    return open_delegation4(OPEN_DELEGATE_NONE_EXT, why)
+
+
+async def op_open(ctx, args) -> OPEN4res:
+    access, deny = _share_args(args.share_access, args.share_deny)
+    clientid = clientid_of(ctx)
+    claim = args.claim.tag
+    creating = args.openhow.tag == OPEN4_CREATE
+    if claim == CLAIM_PREVIOUS:
+        raise NfsError(NFS4ERR_NO_GRACE, "no state to reclaim")
+    if claim in (CLAIM_DELEGATE_CUR, CLAIM_DELEG_CUR_FH):
+        raise NfsError(NFS4ERR_BAD_STATEID, "no delegations are granted")
+    if claim in (CLAIM_DELEGATE_PREV, CLAIM_DELEG_PREV_FH):
+        raise NfsError(NFS4ERR_NOTSUPP, "delegation reclaim")
+    base = current(ctx)
+    created = False
+    if claim == CLAIM_NULL:
+        require_dir(base)
+        name = check_name(args.claim.value)
+        if creating:
+            res = _create(ctx, base, name, args.openhow.value)
+            obj, cinfo, created, attrset = res.obj, res.cinfo, res.created, res.attrset
+        else:
+            obj = lookup_child(ctx, base, name)
+            cinfo = change_info4(atomic=True, before=base.attr.change, after=base.attr.change)
+            attrset = []
+    elif claim == CLAIM_FH:
+        if creating or ctx.minorversion < 1:
+            raise NfsError(NFS4ERR_INVAL, "CLAIM_FH cannot create (and needs 4.1)")
+        obj = base
+        cinfo = change_info4(atomic=True, before=0, after=0)
+        attrset = []
+    else:
+        raise NfsError(NFS4ERR_INVAL, f"open claim {claim}")
+    _require_openable(obj)
+    if not created:
+        _check_open_access(ctx, obj, access)
+    with store_errors():
+        st = ctx.server.opens.open(clientid, args.owner.owner, obj.ino,
+                                   obj.export.export_id, access, deny)
+    set_current(ctx, obj)
+    ctx.current_stateid = st.stateid()
+    if created or attrset:
+        await sync_namespace(ctx)
+    log.debug("open", client=ctx.peer[0] if ctx.peer else None, ino=obj.ino,
+              access=access, deny=deny, created=created)
+    if not isinstance(cinfo, change_info4):
+        cinfo = change_info(cinfo)
+    return OPEN4res(NFS4_OK, OPEN4resok(
+        stateid=st.stateid(), cinfo=cinfo, rflags=OPEN4_RESULT_LOCKTYPE_POSIX,
+        attrset=fattr.bitmap_of(attrset), delegation=_delegation(ctx, args.share_access)))
+
+
+def _state_for(ctx, sid):
+    """The open state named by a CLOSE/OPEN_DOWNGRADE stateid, for the current file."""
+    obj = current(ctx)
+    sid = resolve_stateid_arg(ctx, sid)
+    st = ctx.server.opens.find(clientid_of(ctx), sid)
+    if st.ino != obj.ino:
+        raise NfsError(NFS4ERR_BAD_STATEID, "stateid is for another file")
+    return st
+
+
+async def op_open_downgrade(ctx, args) -> OPEN_DOWNGRADE4res:
+    st = _state_for(ctx, args.open_stateid)
+    access, deny = _share_args(args.share_access, args.share_deny)
+    if access & ~st.access or deny & ~st.deny:
+        raise NfsError(NFS4ERR_INVAL, "downgrade is not a subset of the open")
+    with store_errors():
+        ctx.server.opens.downgrade(st, access, deny)
+    ctx.current_stateid = st.stateid()
+    return OPEN_DOWNGRADE4res(NFS4_OK, OPEN_DOWNGRADE4resok(open_stateid=st.stateid()))
+
+
+async def op_close(ctx, args) -> CLOSE4res:
+    st = _state_for(ctx, args.open_stateid)
+    ctx.server.opens.close(st)
+    if ctx.minorversion >= 1:
+        # The returned stateid is useless: RFC 8881 18.2.4 says send the invalid one.
+        result = invalid_stateid()
+    else:
+        st.bump()
+        result = st.stateid()
+    ctx.current_stateid = result
+    return CLOSE4res(NFS4_OK, result)
+
+
+async def op_delegreturn(ctx, args) -> DELEGRETURN4res:
+    current(ctx)
+    resolve_stateid_arg(ctx, args.deleg_stateid)
+    # No delegation was ever granted, so no stateid can name one.
+    raise NfsError(NFS4ERR_BAD_STATEID, "no delegations are granted")
+
+
+HANDLERS = {
+    OP_OPEN: op_open,
+    OP_OPEN_DOWNGRADE: op_open_downgrade,
+    OP_CLOSE: op_close,
+    OP_DELEGRETURN: op_delegreturn,
+}

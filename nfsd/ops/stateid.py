@@ -1,0 +1,24 @@
+"""TEST_STATEID FREE_STATEID (RFC 8881 sections 18.48, 18.38)."""
+from __future__ import annotations
+
+from nfsd.ops._common import clientid_of
+from nfsd.xdr.nfs4 import (
+    NFS4_OK, OP_FREE_STATEID, OP_TEST_STATEID, FREE_STATEID4res, TEST_STATEID4res,
+    TEST_STATEID4resok,
+)
+
+
+async def op_test_stateid(ctx, args) -> TEST_STATEID4res:
+    clientid = clientid_of(ctx)
+    opens = ctx.server.opens
+    codes = [opens.test(clientid, sid) for sid in args.ts_stateids]
+    return TEST_STATEID4res(NFS4_OK, TEST_STATEID4resok(tsr_status_codes=codes))
+
+
+async def op_free_stateid(ctx, args) -> FREE_STATEID4res:
+    status = ctx.server.opens.free(clientid_of(ctx), args.fsa_stateid)
+    # FREE_STATEID4res is a struct whose only field is the status.
+    return FREE_STATEID4res(fsr_status=status)
+
+
+HANDLERS = {OP_TEST_STATEID: op_test_stateid, OP_FREE_STATEID: op_free_stateid}
