@@ -1,0 +1,446 @@
+"""`ckptgw`: run the daemon (`serve`), check a config file, and administer a running daemon
+through its admin API. Every admin command takes --json; exit codes are listed in EXIT.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+
+import click
+
+from . import config as configmod
+from .admin import AdminClient, AdminError
+from .units import fmt_bytes, fmt_rate, fmt_seconds, table
+
+# exit codes (documented in docs/reference.md)
+EXIT = {"ok": 0, "failed": 1, "problems": 1, "bad_request": 2, "unavailable": 3, "timeout": 4,
+        "not_found": 5, "denied": 6, "no_daemon": 7, "busy": 1}
+EX_CONFIG = 78          # sysexits.h: configuration error (systemd: RestartPreventExitStatus=78)
+
+
+def fail(message: str, code: str = "failed") -> None:
+    click.echo(f"ckptgw: {message}", err=True)
+    sys.exit(EXIT[code])
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.option("--socket", "socket_path", envvar="CKPTGW_ADMIN_SOCKET", metavar="PATH",
+              help="Admin socket of the daemon (default: from the config file).")
+@click.option("--admin", "admin_tcp", envvar="CKPTGW_ADMIN", metavar="HOST:PORT",
+              help="Use the admin API over TCP (needs --token).")
+@click.option("--token", envvar="CKPTGW_ADMIN_TOKEN", metavar="TOKEN", help="Admin token for --admin.")
+@click.option("--config", "config_path", envvar="CKPTGW_CONFIG", metavar="PATH",
+              help=f"Config file (default {configmod.DEFAULT_CONFIG_PATH} when present).")
+@click.pass_context
+def main(ctx, socket_path, admin_tcp, token, config_path):
+    """ckptgw: NFSv4 checkpoint caching gateway in front of S3."""
+    ctx.obj = {"socket": socket_path, "tcp": admin_tcp, "token": token, "config": config_path}
+
+
+# ---- serve ------------------------------------------------------------------------------
+
+def _serve_options(fn):
+    for flag, path, doc in reversed(configmod.flag_options()):
+        fn = click.option(flag, "opt__" + "__".join(path), metavar="VALUE", default=None, help=doc)(fn)
+    fn = click.option("--export", "exports", multiple=True, metavar="PATH[:NETS[:rw|ro[:SQUASH]]]",
+                      help="An export (repeatable; replaces the file's [[exports]]). "
+                           "NETS: comma-separated CIDRs; SQUASH: none|root|all.")(fn)
+    return fn
+
+
+def _overrides(params: dict, exports: tuple) -> dict:
+    out = {}
+    flags = {tuple(path): flag for flag, path, _ in configmod.flag_options()}
+    for name, value in params.items():
+        if name.startswith("opt__") and value is not None:
+            path = tuple(name[len("opt__"):].split("__"))
+            out[path] = (flags[path], value)
+    if exports:
+        out[("exports",)] = ("--export", [configmod.parse_export_flag(e) for e in exports])
+    return out
+
+
+@main.command()
+@_serve_options
+@click.pass_context
+def serve(ctx, exports, **params):
+    """Run the gateway in the foreground (systemd Type=notify). Without an S3 endpoint it runs in
+    try-out mode on an embedded in-memory S3."""
+    from . import daemon, logs
+    path = ctx.obj["config"] or configmod.default_config_path()
+    try:
+        overrides = _overrides(params, exports)
+        cfg = configmod.load(path, overrides)
+    except configmod.ConfigError as e:
+        click.echo(f"ckptgw: configuration error: {e}", err=True)
+        sys.exit(EX_CONFIG)
+    logs.configure(cfg.log.format, cfg.log.level)
+    sys.exit(asyncio.run(daemon.serve(cfg, overrides)))
+
+
+@main.command("check-config")
+@click.argument("path", type=click.Path(dir_okay=False))
+def check_config(path):
+    """Validate a config file: exit 0 if it is good, else 1 with the problem (key, line, expectation)."""
+    try:
+        cfg = configmod.load(path)
+    except configmod.ConfigError as e:
+        click.echo(f"ckptgw: {e}", err=True)
+        sys.exit(1)
+    click.echo(f"{path}: OK ({len(cfg.exports)} export(s), "
+               f"{'embedded try-out S3' if cfg.embedded_s3 else cfg.s3.endpoint}, "
+               f"{len(cfg.retention.series)} retention series)")
+
+
+# ---- talking to the daemon --------------------------------------------------------------------
+
+def _socket_path(obj: dict) -> str:
+    if obj["socket"]:
+        return obj["socket"]
+    if os.path.exists(configmod.SERVICE_ADMIN_SOCKET):
+        return configmod.SERVICE_ADMIN_SOCKET
+    path = obj["config"] or configmod.default_config_path()
+    try:
+        cfg = configmod.load(path)
+    except configmod.ConfigError as e:
+        fail(f"cannot find the admin socket: {e}", "bad_request")
+    return cfg.admin.socket or os.path.join(cfg.server.cache_dir, "admin.sock")
+
+
+def call(cmd: str, args: dict | None = None, on_progress=None):
+    obj = click.get_current_context().obj
+    where = obj["tcp"] or _socket_path(obj)
+    try:
+        if obj["tcp"]:
+            client = AdminClient(tcp=configmod._address(obj["tcp"]), token=obj["token"])
+        else:
+            client = AdminClient(socket_path=where)
+    except PermissionError:
+        fail(f"permission denied on the admin socket {where}: run as the daemon's user, root, or a "
+             "member of the admin group", "denied")
+    except (FileNotFoundError, ConnectionRefusedError):
+        fail(f"no daemon is listening on {where}: is `ckptgw serve` running?", "no_daemon")
+    except (OSError, ValueError) as e:
+        fail(f"cannot reach the daemon at {where}: {e}", "no_daemon")
+    try:
+        with client:
+            return client.call(cmd, args, on_progress)
+    except AdminError as e:
+        fail(e.message.rstrip(".") + ".", e.code)
+    except (ConnectionError, OSError) as e:
+        fail(f"lost the connection to the daemon: {e}", "no_daemon")
+
+
+def emit_json(result) -> None:
+    click.echo(json.dumps(result, indent=2, sort_keys=True, default=str))
+
+
+class _Bar:
+    """A progress bar on stderr fed from progress messages (done = total - pending)."""
+
+    def __init__(self, label: str, enabled: bool):
+        self.label, self.enabled = label, enabled and sys.stderr.isatty()
+        self.bar = None
+        self.shown = 0
+
+    def update(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            self.bar = click.progressbar(length=max(total, 1), label=self.label, file=sys.stderr,
+                                         show_percent=True, show_eta=True)
+            self.bar.__enter__()
+        self.bar.length = max(total, 1)
+        if done > self.shown:
+            self.bar.update(done - self.shown)
+            self.shown = done
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+# ---- commands -------------------------------------------------------------------------------
+
+@main.command()
+@json_option
+def status(as_json):
+    """Clients, cache use, dirty bytes, upload queue, rates, retries, last errors."""
+    st = call("status")
+    if as_json:
+        return emit_json(st)
+    cache, up, nfs = st.get("cache", {}), st.get("upload", {}), st.get("nfs", {})
+    mode = "TRY-OUT (embedded in-memory S3)" if st.get("tryout") else "S3"
+    rows = [
+        ["mode", mode],
+        ["s3", f"{st['s3']['endpoint']} bucket={st['s3']['bucket']} prefix={st['s3']['prefix'] or '-'}"],
+        ["nfs listen", st.get("listen") or "-"],
+        ["exports", ", ".join(st.get("exports", []))],
+        ["uptime", fmt_seconds(st.get("uptime_s"))],
+        ["clients", nfs.get("clients", 0)],
+        ["nfs ops", f"{nfs.get('ops_total', 0)} ({nfs.get('errors_total', 0)} errors)"],
+        ["cache used", f"{fmt_bytes(cache.get('used'))} of {fmt_bytes(cache.get('capacity'))}"],
+        ["dirty", fmt_bytes(cache.get("dirty_bytes"))],
+        ["upload queue", up.get("queue_depth", "-") if up.get("running") else "uploader not running"],
+        ["oldest dirty", fmt_seconds(up.get("oldest_dirty_age_s"))],
+        ["upload rate", fmt_rate(up.get("rate_bytes_per_s"))],
+        ["uploaded", fmt_bytes(up.get("uploaded_bytes"))],
+        ["retries", up.get("retries", 0)],
+        ["throttles", up.get("throttles", 0)],
+    ]
+    click.echo(table(["", ""], rows).split("\n", 1)[1])
+    errors = up.get("last_errors") or []
+    if errors:
+        click.echo("last errors:")
+        for e in errors[-5:]:
+            click.echo(f"  {e if isinstance(e, str) else json.dumps(e)}")
+
+
+def _state_text(entry: dict) -> str:
+    if entry["state"] == "uploading" and entry.get("progress") is not None:
+        return f"uploading {int(entry['progress'] * 100)}%"
+    return entry["state"]
+
+
+@main.command("ls")
+@click.option("--state", "show_state", is_flag=True, help="Show each file's upload state (default).")
+@click.option("-R", "--recursive", is_flag=True, help="List the whole subtree.")
+@json_option
+@click.argument("path", default="/")
+def ls_cmd(show_state, recursive, as_json, path):
+    """Files under PATH with their state: dirty, queued, uploading N%, clean, absent; and pins."""
+    res = call("ls", {"path": path, "recursive": recursive})
+    if as_json:
+        return emit_json(res)
+    rows = [[e["path"] + ("/" if e["type"] == "dir" else ""), e["type"],
+             fmt_bytes(e["size"]) if e["type"] == "reg" else "-",
+             _state_text(e) if e["type"] == "reg" else "-", "pinned" if e["pinned"] else ""]
+            for e in res["entries"]]
+    click.echo(table(["PATH", "TYPE", "SIZE", "STATE", "PIN"], rows, right={2}))
+
+
+@main.command()
+@click.option("--wait", is_flag=True, help="Wait until everything under PATH is clean in S3.")
+@click.option("--timeout", type=float, metavar="SECONDS", help="Give up waiting after this long (exit 4).")
+@json_option
+@click.argument("path", default="/")
+def flush(wait, timeout, as_json, path):
+    """Upload everything under PATH now (skip the settle time); with --wait, until it is in S3."""
+    bar = _Bar("flushing", wait and not as_json)
+    first = {}
+
+    def progress(p):
+        first.setdefault("pending", p["pending_bytes"])
+        bar.update(first["pending"] - p["pending_bytes"], first["pending"])
+    try:
+        res = call("flush", {"path": path, "wait": wait, "timeout": timeout}, progress)
+    finally:
+        bar.close()
+    if as_json:
+        return emit_json(res)
+    if wait:
+        click.echo(f"{path}: all {fmt_bytes(res['total_bytes'])} in S3")
+    else:
+        click.echo(f"{path}: {res['pending_files']} file(s), {fmt_bytes(res['pending_bytes'])} queued for upload")
+
+
+@main.command()
+@click.option("--reason", default="admin", help="Why (shown in logs).")
+@json_option
+@click.argument("path")
+def pin(reason, as_json, path):
+    """Keep every file under PATH in the cache (never evicted)."""
+    res = call("pin", {"path": path, "reason": reason})
+    if as_json:
+        return emit_json(res)
+    click.echo(f"pinned {res['files']} file(s) under {path}")
+
+
+@main.command()
+@json_option
+@click.argument("path")
+def unpin(as_json, path):
+    """Let files under PATH be evicted again."""
+    res = call("unpin", {"path": path})
+    if as_json:
+        return emit_json(res)
+    click.echo(f"unpinned {res['files']} file(s) under {path}")
+
+
+@main.command()
+@json_option
+@click.argument("path")
+def evict(as_json, path):
+    """Drop the local copy of clean, unpinned files under PATH (they stay in S3)."""
+    res = call("evict", {"path": path})
+    if as_json:
+        return emit_json(res)
+    skipped = ", ".join(f"{n} {why}" for why, n in res["skipped"].items())
+    click.echo(f"evicted {res['evicted_files']} file(s), freed {fmt_bytes(res['freed_bytes'])}"
+               + (f"; skipped: {skipped}" if skipped else ""))
+
+
+@main.command()
+@json_option
+@click.argument("path")
+def warmup(as_json, path):
+    """Fetch files under PATH from S3 into the cache."""
+    bar = _Bar("warming up", not as_json)
+    try:
+        res = call("warmup", {"path": path}, lambda p: bar.update(p["done_bytes"], p["total_bytes"]))
+    finally:
+        bar.close()
+    if as_json:
+        return emit_json(res)
+    click.echo(f"fetched {res['files']} file(s), {fmt_bytes(res['bytes'])}")
+
+
+@main.command()
+@json_option
+@click.argument("path", default="/")
+def verify(as_json, path):
+    """Compare cached files under PATH with their S3 objects (size, etag, checksum). Exit 1 on mismatch."""
+    bar = _Bar("verifying", not as_json)
+    try:
+        res = call("verify", {"path": path}, lambda p: bar.update(p["done_bytes"], p["total_bytes"]))
+    finally:
+        bar.close()
+    if as_json:
+        emit_json(res)
+    else:
+        click.echo(f"checked {res['checked']} file(s): {res['ok']} match, {len(res['mismatches'])} differ, "
+                   f"{res['skipped_not_local']} not cached, {res['not_uploaded']} not yet uploaded")
+        if res["mismatches"]:
+            click.echo(table(["PATH", "PROBLEM"], [[m["path"], m["problem"]] for m in res["mismatches"]]))
+    if res["mismatches"]:
+        sys.exit(EXIT["problems"])
+
+
+@main.command("import")
+@click.option("--uid", type=int, default=0, show_default=True, help="Owner of imported files.")
+@click.option("--gid", type=int, default=0, show_default=True, help="Group of imported files.")
+@click.option("--mode", default="0644", show_default=True, help="Permissions of imported files (octal).")
+@json_option
+@click.argument("prefix", default="")
+def import_cmd(uid, gid, mode, as_json, prefix):
+    """Add objects already in the bucket (under PREFIX) to the namespace, fetched on first read."""
+    try:
+        mode_bits = int(mode, 8)
+    except ValueError:
+        fail(f"--mode {mode!r} is not an octal mode such as 0644", "bad_request")
+    res = call("import", {"prefix": prefix, "uid": uid, "gid": gid, "mode": mode_bits})
+    if as_json:
+        return emit_json(res)
+    click.echo(f"imported {res['imported']} object(s); {res['already_present']} name(s) already present "
+               "(local data wins)")
+
+
+def _plan_output(res, as_json: bool) -> None:
+    if as_json:
+        return emit_json(res)
+    actions = res.get("actions") if isinstance(res, dict) else None
+    if isinstance(actions, list) and actions and isinstance(actions[0], dict):
+        cols = list(actions[0].keys())
+        click.echo(table([c.upper() for c in cols], [[a.get(c) for c in cols] for a in actions]))
+    else:
+        click.echo(json.dumps(res, indent=2, sort_keys=True, default=str))
+
+
+@main.group()
+def retention():
+    """Checkpoint retention ([[retention.series]] rules)."""
+
+
+@retention.command("plan")
+@json_option
+def retention_plan(as_json):
+    """Show what the retention rules would delete, and why."""
+    _plan_output(call("retention_plan"), as_json)
+
+
+@retention.command("apply")
+@json_option
+def retention_apply(as_json):
+    """Delete what the retention rules say may go."""
+    _plan_output(call("retention_apply"), as_json)
+
+
+@main.group()
+def lifecycle():
+    """S3 lifecycle rules derived from the retention series (transitions, expiry)."""
+
+
+@lifecycle.command("plan")
+@json_option
+def lifecycle_plan(as_json):
+    """Show the bucket lifecycle configuration the rules imply, against the current one."""
+    _plan_output(call("lifecycle_plan"), as_json)
+
+
+@lifecycle.command("sync")
+@json_option
+def lifecycle_sync(as_json):
+    """Write the implied lifecycle configuration to the bucket."""
+    _plan_output(call("lifecycle_sync"), as_json)
+
+
+@main.command()
+@json_option
+def clients(as_json):
+    """NFS clients holding state."""
+    res = call("clients")
+    if as_json:
+        return emit_json(res)
+    rows = [[c["clientid"], c["peer"] or "-", f"4.{c['minorversion']}", c["sessions"],
+             fmt_seconds(c["idle_s"]), c["owner"][:40]] for c in res["clients"]]
+    click.echo(table(["CLIENTID", "PEER", "NFS", "SESSIONS", "IDLE", "OWNER"], rows, right={3, 4}))
+
+
+@main.command()
+@json_option
+def exports(as_json):
+    """The exports being served."""
+    res = call("exports")
+    if as_json:
+        return emit_json(res)
+    rows = [[e["path"], ",".join(e["networks"]), e["access"], e["squash"], f"{e['anon_uid']}:{e['anon_gid']}"]
+            for e in res["exports"]]
+    click.echo(table(["PATH", "NETWORKS", "ACCESS", "SQUASH", "ANON"], rows))
+
+
+@main.command()
+@json_option
+def check(as_json):
+    """Check the store's consistency (index against extent files). Exit 1 on problems."""
+    res = call("check")
+    if as_json:
+        emit_json(res)
+    elif res["consistent"]:
+        click.echo("store is consistent")
+    else:
+        click.echo(f"{len(res['problems'])} problem(s):")
+        for p in res["problems"]:
+            click.echo(f"  {p}")
+    if not res["consistent"]:
+        sys.exit(EXIT["problems"])
+
+
+@main.command()
+@json_option
+def reload(as_json):
+    """Re-read the config file (like SIGHUP): exports, retention rules, log level."""
+    res = call("reload")
+    if as_json:
+        return emit_json(res)
+    click.echo(f"applied: {', '.join(res['applied']) or 'nothing changed'}")
+    if res["needs_restart"]:
+        click.echo(f"changed but needs a restart: {', '.join(res['needs_restart'])}")
+
+
+if __name__ == "__main__":
+    main()

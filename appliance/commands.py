@@ -1,0 +1,405 @@
+"""The admin commands: what `ckptgw <command>` asks the daemon, one method each.
+
+Each `cmd_<name>(args, progress)` returns a JSON-able result or raises AdminError. They run
+on the daemon's event loop; store walks and S3 calls go to worker threads.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import errno
+import hashlib
+import importlib
+import os
+import time
+import zlib
+from typing import Any
+
+import structlog
+
+from cache.api import DataState, FileType, RemoteInfo, StoreError
+
+from . import tree
+from .admin import AdminError
+
+log = structlog.get_logger(__name__)
+
+STATE_NAMES = {s: s.name.lower() for s in DataState}
+PROGRESS_INTERVAL = 0.5
+
+
+def _state_name(attr) -> str:
+    return STATE_NAMES.get(DataState(attr.data_state), str(attr.data_state))
+
+
+def _store_error(e: StoreError, path: str) -> AdminError:
+    if e.errno in (errno.ENOENT, errno.ESTALE):
+        return AdminError("not_found", f"{path or '/'} does not exist in the cache")
+    if e.errno == errno.ENOTDIR:
+        return AdminError("not_found", f"{path or '/'}: a component of the path is not a directory")
+    return AdminError("failed", f"{path or '/'}: {os.strerror(e.errno) if e.errno else e}")
+
+
+class Commands:
+    def __init__(self, daemon):
+        self.d = daemon
+
+    async def dispatch(self, cmd: str, args: dict, progress) -> Any:
+        handler = getattr(self, "cmd_" + cmd.replace("-", "_"), None)
+        if handler is None:
+            raise AdminError("bad_request", f"unknown command {cmd!r}")
+        try:
+            return await handler(args, progress)
+        except StoreError as e:
+            raise _store_error(e, str(args.get("path", ""))) from None
+        except TypeError as e:
+            if "argument" in str(e) and "cmd_" in str(e):
+                raise AdminError("bad_request", f"{cmd}: {e}") from None
+            raise
+
+    # -- helpers ----------------------------------------------------------------------
+    def _rel(self, args: dict) -> str:
+        try:
+            return tree.store_path(str(args.get("path") or ""), [e.path for e in self.d.config.exports])
+        except ValueError as e:
+            raise AdminError("bad_request", str(e)) from None
+
+    @property
+    def store(self):
+        if self.d.store is None:
+            raise AdminError("unavailable", "the cache store is not open")
+        return self.d.store
+
+    @property
+    def uploader(self):
+        if self.d.uploader is None:
+            raise AdminError("unavailable", "the uploader is not running in this daemon")
+        return self.d.uploader
+
+    async def _files(self, rel: str) -> list[tuple[str, Any]]:
+        return await asyncio.to_thread(lambda: list(tree.files(self.store, rel)))
+
+    def _file_row(self, path: str, attr) -> dict:
+        row = {"path": path, "ino": attr.ino, "type": FileType(attr.type).name.lower(), "size": attr.size,
+               "state": _state_name(attr), "pinned": bool(attr.pinned), "progress": None}
+        if attr.type == FileType.REG and self.d.uploader is not None and hasattr(self.d.uploader, "file_state"):
+            info = self.d.uploader.file_state(attr.ino)
+            if info:
+                row["state"] = info.get("state", row["state"])
+                done, total = info.get("bytes_done"), info.get("bytes_total")
+                if info.get("progress") is not None:
+                    row["progress"] = float(info["progress"])
+                elif done is not None and total:
+                    row["progress"] = done / total
+        return row
+
+    # -- status and inventory -------------------------------------------------------------
+    async def cmd_status(self, args, progress):
+        return await asyncio.to_thread(self.d.status)
+
+    async def cmd_ls(self, args, progress):
+        rel = self._rel(args)
+        store = self.store
+
+        def listing():
+            entries = tree.walk(store, rel) if args.get("recursive") else tree.children(store, rel)
+            return [self._file_row(p, a) for p, a in entries]
+        return {"path": rel, "entries": await asyncio.to_thread(listing)}
+
+    async def cmd_clients(self, args, progress):
+        nfs = self.d.nfs
+        sessions = getattr(nfs, "sessions", None)
+        if sessions is None:
+            return {"clients": []}
+        now = time.monotonic()
+        out = []
+        for c in list(sessions.clients.values()):
+            out.append({"clientid": f"{c.clientid:016x}", "owner": c.owner.decode(errors="replace"),
+                        "peer": ":".join(str(x) for x in c.peer) if c.peer else None,
+                        "minorversion": c.minorversion, "confirmed": c.confirmed,
+                        "sessions": len(c.sessions), "idle_s": round(now - c.last_renew, 3)})
+        return {"clients": out}
+
+    async def cmd_exports(self, args, progress):
+        return {"exports": [{"path": e.path, "networks": list(e.networks), "access": e.access,
+                             "squash": e.squash, "anon_uid": e.anon_uid, "anon_gid": e.anon_gid}
+                            for e in self.d.config.exports]}
+
+    async def cmd_check(self, args, progress):
+        problems = await asyncio.to_thread(self.store.check)
+        return {"consistent": not problems, "problems": list(problems)}
+
+    async def cmd_reload(self, args, progress):
+        return await self.d.reload()
+
+    # -- uploads ------------------------------------------------------------------------
+    async def _pending(self, rel: str) -> tuple[int, int, int]:
+        """(files not clean, their bytes, all bytes) under rel."""
+        files = await self._files(rel)
+        pending = [a for _, a in files if a.data_state not in (DataState.CLEAN, DataState.ABSENT)]
+        return len(pending), sum(a.size for a in pending), sum(a.size for _, a in files)
+
+    async def cmd_flush(self, args, progress):
+        rel = self._rel(args)
+        uploader = self.uploader
+        await asyncio.to_thread(tree.resolve, self.store, rel)         # not found -> clear error
+        wait = bool(args.get("wait"))
+        timeout = args.get("timeout")
+        timeout = float(timeout) if timeout is not None else None
+        n, pending, total = await self._pending(rel)
+        if not wait:
+            await uploader.flush(rel, wait=False, timeout=None)
+            return {"path": rel, "waited": False, "pending_files": n, "pending_bytes": pending,
+                    "total_bytes": total}
+        task = asyncio.ensure_future(uploader.flush(rel, wait=True, timeout=timeout))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=PROGRESS_INTERVAL)
+                n, pending, total = await self._pending(rel)
+                await progress({"pending_files": n, "pending_bytes": pending, "total_bytes": total})
+                if task in done:
+                    break
+                if deadline is not None and time.monotonic() > deadline + 1.0:
+                    break               # the uploader did not honour its timeout: stop waiting anyway
+        finally:
+            if not task.done():
+                task.cancel()
+        outcome = task.result() if task.done() and not task.cancelled() and task.exception() is None else None
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            if not isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+                raise AdminError("failed", f"flush of {rel or '/'} failed: {exc}")
+        n, pending, total = await self._pending(rel)
+        if n:
+            raise AdminError("timeout", f"flush of {rel or '/'} timed out after {timeout} s with "
+                             f"{n} file(s), {pending} bytes not yet in S3")
+        return {"path": rel, "waited": True, "pending_files": 0, "pending_bytes": 0, "total_bytes": total,
+                "uploader": outcome if isinstance(outcome, (dict, bool, int)) else None}
+
+    # -- cache residency --------------------------------------------------------------------
+    async def _set_pinned(self, args, pinned: bool):
+        rel = self._rel(args)
+        store = self.store
+        reason = str(args.get("reason") or "admin")
+
+        def run():
+            n = 0
+            for _, attr in tree.files(store, rel):
+                store.set_pinned(attr.ino, pinned, reason)
+                n += 1
+            return n
+        n = await asyncio.to_thread(run)
+        log.info("pinned" if pinned else "unpinned", path=rel, files=n)
+        return {"path": rel, "files": n, "pinned": pinned}
+
+    async def cmd_pin(self, args, progress):
+        return await self._set_pinned(args, True)
+
+    async def cmd_unpin(self, args, progress):
+        return await self._set_pinned(args, False)
+
+    async def cmd_evict(self, args, progress):
+        if self.d.embedded is not None:
+            raise AdminError("unavailable", "eviction is off in try-out mode: the embedded S3 is in memory, "
+                             "so the cache holds the only durable copy")
+        rel = self._rel(args)
+        store = self.store
+
+        def run():
+            freed, evicted, skipped = 0, 0, {}
+            for _, attr in tree.files(store, rel):
+                reason = None
+                if attr.pinned:
+                    reason = "pinned"
+                elif attr.data_state == DataState.ABSENT:
+                    continue
+                elif attr.data_state != DataState.CLEAN:
+                    reason = "not yet in S3"
+                else:
+                    try:
+                        freed += store.evict(attr.ino)
+                        evicted += 1
+                    except StoreError as e:
+                        reason = os.strerror(e.errno) if e.errno else str(e)
+                if reason:
+                    skipped[reason] = skipped.get(reason, 0) + 1
+            return freed, evicted, skipped
+        freed, evicted, skipped = await asyncio.to_thread(run)
+        log.info("evicted", path=rel, files=evicted, bytes=freed, skipped=skipped)
+        return {"path": rel, "evicted_files": evicted, "freed_bytes": freed, "skipped": skipped}
+
+    async def cmd_warmup(self, args, progress):
+        rel = self._rel(args)
+        uploader = self.uploader
+        fetch = getattr(uploader, "warmup", None) or getattr(uploader, "fetch_file", None)
+        if fetch is None:
+            raise AdminError("unavailable", "warmup is not available in this version (the uploader has no "
+                             "read-through fetch)")
+        files = [(p, a) for p, a in await self._files(rel) if a.data_state == DataState.ABSENT]
+        total = sum(a.size for _, a in files)
+        done = 0
+        for path, attr in files:
+            await fetch(attr.ino)
+            done += attr.size
+            await progress({"done_bytes": done, "total_bytes": total, "file": path})
+        return {"path": rel, "files": len(files), "bytes": total}
+
+    async def cmd_verify(self, args, progress):
+        rel = self._rel(args)
+        store = self.store
+        client, prefix = self.d.object_client, self.d.s3_prefix
+        if client is None:
+            raise AdminError("unavailable", "no S3 client in this daemon")
+        files = [(p, a) for p, a in await self._files(rel)
+                 if a.data_state in (DataState.CLEAN, DataState.ABSENT)]
+        results = {"path": rel, "checked": 0, "ok": 0, "mismatches": [], "skipped_not_local": 0,
+                   "not_uploaded": 0}
+        results["not_uploaded"] = sum(1 for _, a in await self._files(rel)
+                                      if a.data_state not in (DataState.CLEAN, DataState.ABSENT))
+        total = sum(a.size for _, a in files)
+        done = 0
+        for path, attr in files:
+            problem = await asyncio.to_thread(_verify_one, store, client, prefix, attr)
+            results["checked"] += 1
+            if problem == "not local":
+                results["skipped_not_local"] += 1
+            elif problem:
+                results["mismatches"].append({"path": path, "problem": problem})
+            else:
+                results["ok"] += 1
+            done += attr.size
+            await progress({"done_bytes": done, "total_bytes": total, "file": path})
+        if results["mismatches"]:
+            log.error("verify_mismatch", path=rel, mismatches=results["mismatches"][:20])
+        return results
+
+    async def cmd_import(self, args, progress):
+        """Add objects under the bucket prefix (+ optional sub-prefix) as ABSENT files."""
+        store = self.store
+        client, prefix = self.d.object_client, self.d.s3_prefix
+        if client is None:
+            raise AdminError("unavailable", "no S3 client in this daemon")
+        sub = str(args.get("prefix") or "").lstrip("/")
+        mode = int(args.get("mode", 0o644))
+        uid, gid = int(args.get("uid", 0)), int(args.get("gid", 0))
+
+        def run():
+            added, existing = 0, 0
+            for obj in client.list_objects(prefix + sub):
+                rel_key = obj.key[len(prefix):]
+                if not rel_key or rel_key.endswith("/"):
+                    continue
+                remote = RemoteInfo(key=rel_key, etag=obj.etag.strip('"'), checksum=obj.checksum,
+                                    size=obj.size)
+                attr = store.import_object(rel_key, obj.size, mode, uid, gid,
+                                           int(obj.last_modified * 1e9), remote)
+                if attr is None:
+                    existing += 1
+                else:
+                    added += 1
+            store.sync()
+            return added, existing
+        added, existing = await asyncio.to_thread(run)
+        log.info("imported", prefix=sub, added=added, kept_local=existing)
+        return {"prefix": sub, "imported": added, "already_present": existing}
+
+    # -- retention and lifecycle (a later version's modules) ----------------------------------
+    async def _rules_module(self, name: str, action: str, args: dict):
+        try:
+            module = importlib.import_module(f"uploader.{name}")
+        except ImportError:
+            module = None
+        fn = getattr(module, action, None) if module else None
+        if fn is None:
+            raise AdminError("unavailable", f"{name} {action} is not available in this version")
+        result = fn(store=self.store, rules=self.d.config.retention.series, object_client=self.d.object_client,
+                    now=time.time(), **{k: v for k, v in args.items() if k != "path"})
+        if asyncio.iscoroutine(result):
+            result = await result
+        return result
+
+    async def cmd_retention_plan(self, args, progress):
+        return await self._rules_module("retention", "plan", args)
+
+    async def cmd_retention_apply(self, args, progress):
+        return await self._rules_module("retention", "apply", args)
+
+    async def cmd_lifecycle_plan(self, args, progress):
+        return await self._rules_module("lifecycle", "plan", args)
+
+    async def cmd_lifecycle_sync(self, args, progress):
+        return await self._rules_module("lifecycle", "sync", args)
+
+
+# ---- verify ---------------------------------------------------------------------------
+CHUNK = 8 << 20
+
+
+class _Digest:
+    """Incremental CRC32 or SHA-256, rendered like S3's checksum headers (base64)."""
+
+    def __init__(self, algorithm: str):
+        self.algorithm = algorithm
+        self._crc = 0
+        self._sha = hashlib.sha256() if algorithm == "sha256" else None
+
+    def update(self, data) -> None:
+        if self._sha is not None:
+            self._sha.update(data)
+        else:
+            self._crc = zlib.crc32(data, self._crc)
+
+    def b64(self) -> str:
+        raw = self._sha.digest() if self._sha is not None else self._crc.to_bytes(4, "big")
+        return base64.b64encode(raw).decode()
+
+
+def _local_digest(store, ino: int, size: int, algorithm: str) -> str:
+    digest = _Digest(algorithm)
+    fd = store.open_data_fd(ino)
+    try:
+        off = 0
+        while off < size:
+            want = min(CHUNK, size - off)
+            chunk = os.pread(fd, want, off) or bytes(want)      # past the data file's end: a hole
+            digest.update(chunk)
+            off += len(chunk)
+    finally:
+        os.close(fd)
+    return digest.b64()
+
+
+def _remote_digest(client, key: str, size: int, algorithm: str) -> str:
+    digest = _Digest(algorithm)
+    for off in range(0, size, CHUNK):
+        digest.update(client.get_range(key, off, min(CHUNK, size - off)))
+    return digest.b64()
+
+
+def _verify_one(store, client, prefix: str, attr) -> str | None:
+    """None if the cache and the object agree; else what differs ("not local": nothing to compare)."""
+    remote = store.remote_info(attr.ino)
+    if not remote.key:
+        return "no object recorded for this file"
+    key = prefix + remote.key
+    head = client.head_object(key)
+    if head is None:
+        return f"object {key!r} is missing from the bucket"
+    if head.size != attr.size:
+        return f"size differs: cache {attr.size}, object {head.size}"
+    etag = head.etag.strip('"')
+    if remote.etag and etag and etag != remote.etag.strip('"'):
+        return f"object was replaced: etag {etag} is not the uploaded {remote.etag}"
+    if attr.data_state == DataState.ABSENT:
+        return "not local"
+    algorithm, _, value = (head.checksum or "").partition(":")
+    if value and "-" not in value:       # a full-object checksum S3 keeps: compare with the cache's bytes
+        local = _local_digest(store, attr.ino, attr.size, algorithm)
+        if local != value:
+            return f"content differs: {algorithm} cache {local}, object {value}"
+        return None
+    # no full-object checksum stored (multipart: composite only): read the object and compare
+    if _local_digest(store, attr.ino, attr.size, "crc32") != _remote_digest(client, key, attr.size, "crc32"):
+        return "content differs from the object's bytes"
+    return None

@@ -1,0 +1,701 @@
+"""The appliance configuration: one TOML file -> typed, frozen dataclasses.
+
+Every scalar option is declared once, as a dataclass field whose metadata says how to
+parse it (`_opt`). The same declaration drives the TOML loader, the `serve` command-line
+flags (`flag_options()`), and the error messages. A wrong file raises ConfigError naming
+the file, the LINE, the key and what was expected; tomllib gives no line numbers for
+keys, so `_LineIndex` finds them with a light scan of the TOML text.
+
+Flags: options of [server] are `--KEY` (`--listen`, `--cache-dir`), every other table's
+are `--TABLE-KEY` (`--s3-bucket`, `--metrics-listen`, `--upload-settle`); exports are
+given with the repeatable `--export PATH[:NETWORKS[:rw|ro[:SQUASH]]]`.
+"""
+from __future__ import annotations
+
+import difflib
+import grp
+import ipaddress
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Callable
+
+from .units import parse_duration, parse_size
+
+DEFAULT_CONFIG_PATH = "/etc/ckptgw/config.toml"
+SERVICE_ADMIN_SOCKET = "/run/ckptgw/admin.sock"
+NFS_PORT = 2049
+UNPRIVILEGED_NFS_PORT = 12049
+
+
+class ConfigError(ValueError):
+    """A configuration problem, located: `where` is "FILE:LINE" or "--flag"."""
+
+    def __init__(self, where: str | None, key: str, expected: str):
+        self.where, self.key, self.expected = where, key, expected
+        prefix = f"{where}: " if where else ""
+        super().__init__(f"{prefix}{key}: {expected}")
+
+
+# ---- value kinds -------------------------------------------------------------------
+# A parser takes the raw TOML (or flag text) value and returns the typed value or raises
+# ValueError("expected ..."). Flags arrive as strings; `from_text` says how to read them.
+
+def _describe(v: Any) -> str:
+    kind = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "an array", dict: "a table"}.get(type(v), type(v).__name__)
+    return f"{kind} ({v!r})" if isinstance(v, (bool, int, float, str)) else kind
+
+
+def _bool(v):
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.lower() in ("true", "yes", "on", "1", "false", "no", "off", "0"):
+        return v.lower() in ("true", "yes", "on", "1")
+    raise ValueError(f"expected true or false, got {_describe(v)}")
+
+
+def _str(v):
+    if isinstance(v, str):
+        return v
+    raise ValueError(f"expected a string, got {_describe(v)}")
+
+
+def _opt_str(v):
+    """A string; "" means unset (None)."""
+    return _str(v) or None
+
+
+def _int(lo=None, hi=None):
+    def parse(v):
+        if isinstance(v, str) and re.fullmatch(r"-?\d+", v.strip()):
+            v = int(v)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"expected an integer, got {_describe(v)}")
+        if lo is not None and v < lo or hi is not None and v > hi:
+            raise ValueError(f"expected an integer in [{lo}, {hi if hi is not None else 'inf'}], got {v}")
+        return v
+    return parse
+
+
+def _float(lo=None, hi=None):
+    def parse(v):
+        if isinstance(v, str):
+            try:
+                v = float(v)
+            except ValueError:
+                pass
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"expected a number, got {_describe(v)}")
+        if lo is not None and v < lo or hi is not None and v > hi:
+            raise ValueError(f"expected a number in [{lo}, {hi}], got {v}")
+        return float(v)
+    return parse
+
+
+def _size(v):
+    """Bytes: an integer or a string with a unit ("8MiB", "500GB")."""
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+        return v
+    if isinstance(v, str):
+        try:
+            return parse_size(v)
+        except ValueError:
+            pass
+    raise ValueError(f'expected a size such as 8388608 or "8MiB" or "500GB", got {_describe(v)}')
+
+
+def _opt_size(v):
+    """A size, or "auto" (None: decided at start)."""
+    if v == "auto":
+        return None
+    try:
+        return _size(v)
+    except ValueError:
+        raise ValueError(f'expected "auto" or a size such as "500GiB", got {_describe(v)}') from None
+
+
+def _duration(v):
+    """Seconds: a number or a string with a unit ("500ms", "90s", "5m", "2h", "30d")."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0:
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return parse_duration(v)
+        except ValueError:
+            pass
+    raise ValueError(f'expected a duration such as 30 or "500ms", "90s", "5m", "2h", "30d", got {_describe(v)}')
+
+
+def _opt_duration(v):
+    """A duration, or "" / "never" for none."""
+    if v in ("", "never"):
+        return None
+    return _duration(v)
+
+
+def _choice(*choices):
+    def parse(v):
+        if v in choices:
+            return v
+        raise ValueError(f"expected one of {', '.join(repr(c) for c in choices)}, got {_describe(v)}")
+    return parse
+
+
+def _address(v):
+    """'HOST:PORT' or '[v6]:PORT' -> (host, port); '' -> None."""
+    v = _str(v)
+    if not v:
+        return None
+    m = re.fullmatch(r"\[([0-9a-fA-F:.]+)\]:(\d+)|([^:\s]+):(\d+)", v)
+    if not m:
+        raise ValueError(f'expected "HOST:PORT" such as "127.0.0.1:9464", got {v!r}')
+    host, port = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+    if not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected a port in [0, 65535], got {port}")
+    return (host, int(port))
+
+
+def _mode(v):
+    """File mode as an octal string ("0600") or integer."""
+    if isinstance(v, str) and re.fullmatch(r"0?[0-7]{3}", v):
+        return int(v, 8)
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 0o777:
+        return v
+    raise ValueError(f'expected an octal file mode such as "0600" or "0660", got {_describe(v)}')
+
+
+def _group(v):
+    """A group name or gid that exists on this host; "" for none."""
+    v = _str(v) if not isinstance(v, int) or isinstance(v, bool) else str(v)
+    if not v:
+        return None
+    try:
+        (grp.getgrgid(int(v)) if v.isdigit() else grp.getgrnam(v))
+    except (KeyError, OverflowError):
+        raise ValueError(f"expected an existing group name or gid, got {v!r}") from None
+    return v
+
+
+def _networks(v):
+    if isinstance(v, str):
+        v = [s for s in v.split(",") if s.strip()]
+    if not isinstance(v, list) or not v:
+        raise ValueError(f'expected a non-empty array of networks such as ["10.0.0.0/8", "127.0.0.1"], got {_describe(v)}')
+    out = []
+    for item in v:
+        try:
+            out.append(str(ipaddress.ip_network(_str(item).strip(), strict=False)))
+        except ValueError:
+            raise ValueError(f"expected networks in CIDR form such as \"10.0.0.0/8\", got {item!r}") from None
+    return tuple(out)
+
+
+def _export_path(v):
+    v = _str(v)
+    if not v.startswith("/") or "//" in v or any(p in (".", "..") for p in v.split("/")):
+        raise ValueError(f'expected an absolute pseudo-filesystem path such as "/checkpoints", got {v!r}')
+    return v.rstrip("/") or "/"
+
+
+def _s3_endpoint(v):
+    v = _str(v)
+    if v and not re.match(r"^https?://[^/\s]+", v):
+        raise ValueError(f'expected "" (embedded try-out S3) or a URL such as "https://s3.example.com", got {v!r}')
+    return v or None
+
+
+def _bucket(v):
+    v = _str(v)
+    if not re.fullmatch(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]", v):
+        raise ValueError(f"expected an S3 bucket name (3-63 of a-z 0-9 . -), got {v!r}")
+    return v
+
+
+def _prefix(v):
+    v = _str(v)
+    if v.startswith("/"):
+        raise ValueError(f"expected a key prefix not starting with '/', got {v!r}")
+    return v
+
+
+def _storage_class(v):
+    return _choice("STANDARD_IA", "ONEZONE_IA", "INTELLIGENT_TIERING", "GLACIER_IR",
+                   "GLACIER", "DEEP_ARCHIVE")(v)
+
+
+def _opt(default, parse: Callable, doc: str, *, example: str | None = None, required: bool = False):
+    """Declare one option: its default, its parser, and the comment that documents it."""
+    return field(default=default, metadata={"parse": parse, "doc": doc, "example": example,
+                                            "required": required})
+
+
+# ---- the sections ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ServerSettings:
+    listen: tuple | None = _opt(None, _address, "NFS listen address. Default 127.0.0.1:2049 when run as root "
+                                "(or with CAP_NET_BIND_SERVICE under systemd), else 127.0.0.1:12049.",
+                                example='"0.0.0.0:2049"')
+    cache_dir: str = _opt("./ckptgw-data", _str, "Local cache (extent store + LMDB index). Put it on NVMe.")
+    capacity: int | None = _opt(None, _opt_size, '"auto" (filesystem size less reserve) or a size: the most '
+                                'the cache may hold.', example='"auto"')
+    reserve: int = _opt(1 << 30, _size, "Space left free on the cache filesystem when capacity is auto.",
+                        example='"1GiB"')
+    high_watermark: float = _opt(0.90, _float(0.0, 1.0), "Start evicting clean files above this fraction of capacity.")
+    low_watermark: float = _opt(0.80, _float(0.0, 1.0), "Evict down to this fraction of capacity.")
+    evict_interval: float = _opt(5.0, _duration, "How often the watermarks are checked.", example='"5s"')
+    lease_time: float = _opt(90.0, _duration, "NFSv4 lease time: clients silent longer lose their state.",
+                             example='"90s"')
+    shutdown_timeout: float = _opt(30.0, _duration, "On SIGTERM, how long in-flight requests and durable "
+                                   "writes may take before exit.", example='"30s"')
+
+
+@dataclass(frozen=True)
+class AdminSettings:
+    socket: str | None = _opt(None, _opt_str, "Admin API Unix socket. Default <cache_dir>/admin.sock, or "
+                              "/run/ckptgw/admin.sock when run by systemd.", example='""')
+    socket_mode: int = _opt(0o600, _mode, "Permissions of the admin socket (0660 with `group`).", example='"0600"')
+    group: str | None = _opt(None, _group, "Members of this group may use the admin socket (besides the daemon's "
+                             "user and root).", example='""')
+    listen: tuple | None = _opt(None, _address, "Admin API over TCP (JSON lines). Off unless set; needs `token`.",
+                                example='""')
+    token: str | None = _opt(None, _opt_str, "Shared secret every TCP admin request must carry.", example='""')
+    token_file: str | None = _opt(None, _opt_str, "Read the token from this file instead (first line).",
+                                  example='""')
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    listen: tuple | None = _opt(None, _address, "Prometheus metrics HTTP endpoint (/metrics). Off unless set.",
+                                example='"127.0.0.1:9464"')
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    format: str = _opt("auto", _choice("auto", "json", "console"), '"json" lines, "console" (readable), '
+                       'or "auto": console when stderr is a terminal, else json.')
+    level: str = _opt("info", _choice("debug", "info", "warning", "error"), "Least severe level logged.")
+
+
+@dataclass(frozen=True)
+class S3Config:
+    endpoint: str | None = _opt(None, _s3_endpoint, 'S3 endpoint URL. "" starts the embedded in-memory S3 '
+                                '(moto) on loopback: a TRY-OUT mode, data in it is lost at exit.', example='""')
+    bucket: str = _opt("ckptgw", _bucket, "Bucket the checkpoints go to.")
+    prefix: str = _opt("", _prefix, 'Prepended verbatim to every key ("ckpt/" -> "ckpt/run1/step10.pt").')
+    region: str = _opt("us-east-1", _str, "Region for request signing.")
+    addressing_style: str = _opt("auto", _choice("auto", "path", "virtual"), "Bucket addressing in URLs.")
+    access_key: str | None = _opt(None, _opt_str, "Static credentials; empty: boto3's chain (env, "
+                                  "~/.aws, instance profile).", example='""')
+    secret_key: str | None = _opt(None, _opt_str, "Secret for access_key (never logged).", example='""')
+    session_token: str | None = _opt(None, _opt_str, "STS session token, if any (never logged).", example='""')
+    checksum_algorithm: str = _opt("CRC32", _choice("CRC32", "SHA256"), "Object checksum sent with uploads.")
+    connect_timeout: float = _opt(10.0, _duration, "S3 connect timeout.", example='"10s"')
+    read_timeout: float = _opt(60.0, _duration, "S3 read timeout.", example='"60s"')
+
+
+@dataclass(frozen=True)
+class UploadConfig:
+    settle: float = _opt(2.0, _duration, "Quiet time after a file's last close before it is uploaded.",
+                         example='"2s"')
+    part_size: int = _opt(8 << 20, _size, "Multipart part size floor (raised for huge files; S3 needs >= 5MiB).",
+                          example='"8MiB"')
+    multipart_threshold: int = _opt(16 << 20, _size, "Files of at least this size go up as multipart uploads.",
+                                    example='"16MiB"')
+    max_concurrency: int = _opt(8, _int(1, 1024), "Ceiling of the adaptive (AIMD) request concurrency.")
+    min_concurrency: int = _opt(1, _int(1, 1024), "Floor of the adaptive request concurrency.")
+    requests_per_second: float = _opt(0.0, _float(0.0), "Token bucket on S3 requests; 0 = unlimited.")
+    bytes_per_second: int = _opt(0, _size, 'Token bucket on uploaded bytes ("200MB" per second); 0 = unlimited.',
+                                 example="0")
+    burst: float = _opt(1.0, _duration, "Token bucket depth, as seconds of rate.", example='"1s"')
+    backoff_base: float = _opt(0.2, _duration, "First retry delay (exponential backoff with full jitter).",
+                               example='"200ms"')
+    backoff_max: float = _opt(30.0, _duration, "Longest retry delay.", example='"30s"')
+    poll_interval: float = _opt(0.5, _duration, "How often newly eligible files are looked for.", example='"500ms"')
+    readahead_chunk: int = _opt(8 << 20, _size, "Read-through fetch size and alignment.", example='"8MiB"')
+    readahead_chunks: int = _opt(2, _int(0, 64), "Chunks fetched ahead for sequential readers.")
+    abort_orphan_uploads: bool = _opt(True, _bool, "At start, abort multipart uploads under the prefix that "
+                                      "no file refers to.")
+
+
+@dataclass(frozen=True)
+class ExportSettings:
+    path: str = _opt("/checkpoints", _export_path, "Path clients mount (gateway:/checkpoints).")
+    networks: tuple = _opt(("127.0.0.0/8", "::1/128"), _networks, "Client networks allowed (CIDR). The "
+                           "default admits loopback only.", example='["127.0.0.0/8", "::1/128"]')
+    access: str = _opt("rw", _choice("rw", "ro"), "Read-write or read-only.")
+    squash: str = _opt("root", _choice("none", "root", "all"), '"root": uid 0 becomes anon_uid; "all": '
+                       'everyone does; "none": trust client uids.')
+    anon_uid: int = _opt(65534, _int(0, 2**32 - 1), "uid squashed requests run as.")
+    anon_gid: int = _opt(65534, _int(0, 2**32 - 1), "gid squashed requests run as.")
+
+
+@dataclass(frozen=True)
+class Transition:
+    after: float = _opt(None, _duration, "Age of an object at which it moves.", example='"30d"', required=True)
+    storage_class: str = _opt(None, _storage_class, "S3 storage class it moves to.", example='"GLACIER_IR"',
+                              required=True)
+
+
+@dataclass(frozen=True)
+class SeriesRule:
+    """A checkpoint series: which paths belong to it and how long its steps live."""
+    name: str = _opt(None, _str, "Name of the series (in plans and logs).", example='"llama-pretrain"',
+                     required=True)
+    pattern: str = _opt(None, _str, 'Glob on export-relative paths; "{step}" marks the step number.',
+                        example='"runs/llama/step-{step}/**"', required=True)
+    keep_last: int = _opt(3, _int(0), "Always keep the newest N steps.")
+    keep_every: int = _opt(0, _int(0), "Also keep every step divisible by N (0: none).")
+    min_age: float = _opt(3600.0, _duration, "Never delete a step younger than this.", example='"1h"')
+    expire_after: float | None = _opt(None, _opt_duration, 'Delete steps not kept above after this age '
+                                      '("never": no expiry).', example='"never"')
+    stale_tmp_after: float | None = _opt(86400.0, _opt_duration, "Delete temp files of an unfinished save "
+                                         "(*.tmp, .tmp*) older than this.", example='"1d"')
+    transitions: tuple = field(default=(), metadata={"doc": "Storage class moves by age: "
+                               '[{after = "30d", storage_class = "GLACIER_IR"}]', "table_array": Transition,
+                               "example": "[]"})
+
+
+@dataclass(frozen=True)
+class RetentionSettings:
+    series: tuple = field(default=(), metadata={"doc": "[[retention.series]] rules", "table_array": SeriesRule})
+
+
+@dataclass(frozen=True)
+class Config:
+    server: ServerSettings = ServerSettings()
+    admin: AdminSettings = AdminSettings()
+    metrics: MetricsSettings = MetricsSettings()
+    log: LogSettings = LogSettings()
+    s3: S3Config = S3Config()
+    upload: UploadConfig = UploadConfig()
+    exports: tuple = (ExportSettings(),)
+    retention: RetentionSettings = RetentionSettings()
+    source: str | None = None            # the file it came from (None: defaults + flags)
+
+    # -- derived values ------------------------------------------------------------
+    @property
+    def embedded_s3(self) -> bool:
+        return self.s3.endpoint is None
+
+    def listen_address(self) -> tuple[str, int]:
+        if self.server.listen:
+            return self.server.listen
+        return ("127.0.0.1", NFS_PORT if _may_bind_low_ports() else UNPRIVILEGED_NFS_PORT)
+
+    def admin_socket_path(self) -> str:
+        if self.admin.socket:
+            return self.admin.socket
+        if os.environ.get("NOTIFY_SOCKET") and os.environ.get("INVOCATION_ID"):
+            return SERVICE_ADMIN_SOCKET          # started by systemd: RuntimeDirectory=ckptgw
+        return os.path.join(self.server.cache_dir, "admin.sock")
+
+    def admin_token(self) -> str | None:
+        if self.admin.token:
+            return self.admin.token
+        if self.admin.token_file:
+            with open(self.admin.token_file, encoding="utf-8") as f:
+                return f.readline().strip() or None
+        return None
+
+    def s3_settings(self, endpoint: str | None = None, credentials: tuple | None = None):
+        """uploader.settings.S3Settings for this config (endpoint/credentials of the embedded S3)."""
+        from uploader.settings import S3Settings
+        s3 = self.s3
+        ak, sk, st = credentials or (s3.access_key, s3.secret_key, s3.session_token)
+        return S3Settings(bucket=s3.bucket, endpoint_url=endpoint or s3.endpoint, region=s3.region,
+                          prefix=s3.prefix, addressing_style=s3.addressing_style, access_key=ak,
+                          secret_key=sk, session_token=st, checksum_algorithm=s3.checksum_algorithm,
+                          connect_timeout=s3.connect_timeout, read_timeout=s3.read_timeout)
+
+    def upload_settings(self):
+        from uploader.settings import UploadSettings
+        u = self.upload
+        return UploadSettings(settle_seconds=u.settle, part_size_min=u.part_size,
+                              multipart_threshold=u.multipart_threshold, max_concurrency=u.max_concurrency,
+                              min_concurrency=u.min_concurrency, requests_per_second=u.requests_per_second,
+                              bytes_per_second=float(u.bytes_per_second), burst_seconds=u.burst,
+                              backoff_base=u.backoff_base, backoff_max=u.backoff_max,
+                              poll_interval=u.poll_interval, readahead_chunk=u.readahead_chunk,
+                              readahead_chunks=u.readahead_chunks, evict_interval=self.server.evict_interval,
+                              abort_orphan_uploads=u.abort_orphan_uploads)
+
+
+SECTIONS = {"server": ServerSettings, "admin": AdminSettings, "metrics": MetricsSettings,
+            "log": LogSettings, "s3": S3Config, "upload": UploadConfig}
+
+
+def _may_bind_low_ports() -> bool:
+    if os.geteuid() == 0:
+        return True
+    try:      # CAP_NET_BIND_SERVICE (bit 10) in the effective set, e.g. from systemd AmbientCapabilities
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) & (1 << 10))
+    except OSError:
+        pass
+    return False
+
+
+# ---- locating keys in the TOML text -------------------------------------------------
+
+_HEADER = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(?:#.*)?$")
+_KEYLINE = re.compile(r"""^\s*((?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)\s*=""")
+
+
+def _split_key(text: str) -> list[str]:
+    return [p.strip().strip("\"'") for p in re.findall(r"""[A-Za-z0-9_-]+|"[^"]*"|'[^']*'""", text)]
+
+
+class _LineIndex:
+    """Line numbers of tables and keys, by resolved path: ("exports", 0, "path")."""
+
+    def __init__(self, text: str):
+        self.lines: dict[tuple, int] = {}
+        arrays: dict[tuple, int] = {}
+        table: tuple = ()
+        in_multiline: str | None = None
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if in_multiline:                     # inside a ''' or """ string: no keys here
+                if line.count(in_multiline) % 2 == 1:
+                    in_multiline = None
+                continue
+            m = _HEADER.match(line)
+            if m and not _KEYLINE.match(line):
+                parts = _split_key(m.group(2))
+                resolved: tuple = ()
+                for part in parts[:-1]:
+                    resolved += (part,)
+                    if resolved in arrays:
+                        resolved += (arrays[resolved] - 1,)
+                resolved += (parts[-1],)
+                if m.group(1) == "[[":
+                    arrays[resolved] = arrays.get(resolved, 0) + 1
+                    resolved += (arrays[resolved] - 1,)
+                table = resolved
+                self.lines.setdefault(table, lineno)
+                continue
+            m = _KEYLINE.match(line)
+            if m:
+                path = table + tuple(_split_key(m.group(1)))
+                for i in range(len(table) + 1, len(path)):      # dotted keys define their tables
+                    self.lines.setdefault(path[:i], lineno)
+                self.lines.setdefault(path, lineno)
+                rest = line[m.end():]
+                for q in ('"""', "'''"):
+                    if rest.count(q) % 2 == 1:
+                        in_multiline = q
+
+    def line_of(self, path: tuple) -> int | None:
+        """The key's own line, else its nearest enclosing table's."""
+        while path:
+            if path in self.lines:
+                return self.lines[path]
+            path = path[:-1]
+        return None
+
+
+def _dotted(path: tuple) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
+
+
+# ---- the loader ----------------------------------------------------------------------
+
+class _Source:
+    """Where values came from, to word errors: file lines, or command-line flags."""
+
+    def __init__(self, filename: str | None, text: str | None, flags: dict[tuple, str]):
+        self.filename = filename
+        self.index = _LineIndex(text) if text is not None else None
+        self.flags = flags          # path -> flag name, for values given on the command line
+
+    def where(self, path: tuple) -> str | None:
+        if path in self.flags:
+            return self.flags[path]
+        if self.index is not None:
+            line = self.index.line_of(path)
+            return f"{self.filename}:{line}" if line else self.filename
+        return None
+
+    def error(self, path: tuple, expected: str) -> ConfigError:
+        where = self.where(path)
+        key = _dotted(path)
+        if where and where.startswith("--"):
+            key = f"{key} ({where})"
+            where = None
+        return ConfigError(where, key, expected)
+
+
+def _unknown_key(src: _Source, path: tuple, known: list[str]) -> ConfigError:
+    hint = difflib.get_close_matches(str(path[-1]), known, n=1)
+    expected = "unknown key" + (f" (did you mean {hint[0]!r}?)" if hint
+                                else f"; expected one of: {', '.join(known)}")
+    return src.error(path, expected)
+
+
+def _build(cls, raw: Any, path: tuple, src: _Source):
+    if not isinstance(raw, dict):
+        raise src.error(path, f"expected a table, got {_describe(raw)}")
+    known = [f.name for f in fields(cls)]
+    for key in raw:
+        if key not in known:
+            raise _unknown_key(src, path + (key,), known)
+    values = {}
+    for f in fields(cls):
+        meta = f.metadata
+        if f.name not in raw:
+            if meta.get("required"):
+                raise src.error(path + (f.name,), "required key is missing")
+            continue
+        value = raw[f.name]
+        if "table_array" in meta:
+            if not isinstance(value, list):
+                raise src.error(path + (f.name,), f"expected an array of tables, got {_describe(value)}")
+            values[f.name] = tuple(_build(meta["table_array"], item, path + (f.name, i), src)
+                                   for i, item in enumerate(value))
+            continue
+        try:
+            values[f.name] = meta["parse"](value)
+        except ValueError as e:
+            raise src.error(path + (f.name,), str(e)) from None
+    return cls(**values)
+
+
+def _check(cfg: Config, src: _Source) -> None:
+    """Rules across keys."""
+    s = cfg.server
+    if not s.low_watermark < s.high_watermark:
+        raise src.error(("server", "low_watermark"),
+                        f"expected below high_watermark ({s.high_watermark}), got {s.low_watermark}")
+    if cfg.admin.listen and not (cfg.admin.token or cfg.admin.token_file):
+        raise src.error(("admin", "listen"), "the admin API over TCP needs `token` or `token_file` set")
+    if cfg.admin.token and cfg.admin.token_file:
+        raise src.error(("admin", "token_file"), "give either `token` or `token_file`, not both")
+    if cfg.upload.part_size < 5 << 20:
+        raise src.error(("upload", "part_size"), f"expected at least 5MiB (an S3 limit), got {cfg.upload.part_size}")
+    if cfg.upload.min_concurrency > cfg.upload.max_concurrency:
+        raise src.error(("upload", "min_concurrency"), "expected at most max_concurrency")
+    if (cfg.s3.access_key is None) != (cfg.s3.secret_key is None):
+        raise src.error(("s3", "access_key"), "expected access_key and secret_key together (or neither)")
+    seen = {}
+    for i, e in enumerate(cfg.exports):
+        if e.path in seen:
+            raise src.error(("exports", i, "path"), f"expected a unique path; {e.path!r} is already export "
+                            f"{seen[e.path]}")
+        seen[e.path] = i
+        for j, other in enumerate(cfg.exports[:i]):
+            if e.path.startswith(other.path.rstrip("/") + "/") or other.path.startswith(e.path.rstrip("/") + "/"):
+                raise src.error(("exports", i, "path"), f"expected exports not nested in each other; "
+                                f"{e.path!r} and {other.path!r} are")
+    names = set()
+    for i, rule in enumerate(cfg.retention.series):
+        if rule.name in names:
+            raise src.error(("retention", "series", i, "name"), f"expected a unique series name, {rule.name!r} repeats")
+        names.add(rule.name)
+    # the uploader's own settings checks, so nothing it would refuse gets past check-config
+    try:
+        cfg.s3_settings(endpoint=cfg.s3.endpoint or "http://127.0.0.1:1")
+        cfg.upload_settings()
+    except ImportError:
+        pass
+    except ValueError as e:
+        section = "s3" if str(e).startswith("s3") else "upload"
+        raise src.error((section,), str(e)) from None
+
+
+def load(path: str | None, overrides: dict[tuple, tuple[str, Any]] | None = None) -> Config:
+    """Read `path` (None: defaults only), apply command-line `overrides`
+    ({("server", "listen"): ("--listen", "0.0.0.0:2049"), ("exports",): ("--export", [...])}),
+    validate, and return the Config. Raises ConfigError."""
+    text = None
+    raw: dict = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise ConfigError(path, "file", f"cannot be read: {e.strerror}") from None
+        try:
+            text = data.decode("utf-8")
+            raw = tomllib.loads(text)
+        except UnicodeDecodeError as e:
+            raise ConfigError(path, "file", f"expected UTF-8 text ({e.reason} at byte {e.start})") from None
+        except tomllib.TOMLDecodeError as e:
+            line = re.search(r"line (\d+)", str(e))
+            where = f"{path}:{line.group(1)}" if line else path
+            raise ConfigError(where, "syntax", f"not valid TOML: {e}") from None
+    flags: dict[tuple, str] = {}
+    for key_path, (flag, value) in (overrides or {}).items():
+        node = raw
+        for part in key_path[:-1]:
+            node = node.setdefault(part, {})
+        node[key_path[-1]] = value
+        flags[key_path] = flag
+        if key_path == ("exports",):
+            for i, item in enumerate(value):
+                for k in item:
+                    flags[("exports", i, k)] = flag
+    src = _Source(path, text, flags)
+    known = list(SECTIONS) + ["exports", "retention"]
+    for key in raw:
+        if key not in known:
+            raise _unknown_key(src, (key,), known)
+    kwargs: dict[str, Any] = {"source": path}
+    for name, cls in SECTIONS.items():
+        if name in raw:
+            kwargs[name] = _build(cls, raw[name], (name,), src)
+    if "exports" in raw:
+        if not isinstance(raw["exports"], list) or not raw["exports"]:
+            raise src.error(("exports",), "expected one or more [[exports]] tables")
+        kwargs["exports"] = tuple(_build(ExportSettings, item, ("exports", i), src)
+                                  for i, item in enumerate(raw["exports"]))
+    if "retention" in raw:
+        kwargs["retention"] = _build(RetentionSettings, raw["retention"], ("retention",), src)
+    cfg = Config(**kwargs)
+    _check(cfg, src)
+    return cfg
+
+
+def default_config_path() -> str | None:
+    return DEFAULT_CONFIG_PATH if os.path.exists(DEFAULT_CONFIG_PATH) else None
+
+
+# ---- command-line flags --------------------------------------------------------------
+
+def flag_options() -> list[tuple[str, tuple, str]]:
+    """(flag, key path, help) for every scalar option: --KEY for [server], --TABLE-KEY otherwise."""
+    out = []
+    for section, cls in SECTIONS.items():
+        for f in fields(cls):
+            name = f.name.replace("_", "-")
+            flag = f"--{name}" if section == "server" else f"--{section}-{name}"
+            out.append((flag, (section, f.name), f.metadata["doc"]))
+    return out
+
+
+def parse_export_flag(text: str) -> dict:
+    """--export PATH[:NETWORKS[:rw|ro[:SQUASH]]], NETWORKS comma-separated:
+    "/checkpoints:10.0.0.0/8,127.0.0.1:rw:root"."""
+    parts = text.split(":")
+    if len(parts) > 4:
+        # IPv6 networks contain ':' too: then NETWORKS must be last-but-two... keep it simple:
+        raise ConfigError(None, f"--export {text!r}", "expected PATH[:NETWORKS[:rw|ro[:none|root|all]]] "
+                          "(IPv6 networks: use the config file)")
+    item: dict[str, Any] = {"path": parts[0]}
+    if len(parts) > 1 and parts[1]:
+        item["networks"] = parts[1]
+    if len(parts) > 2 and parts[2]:
+        item["access"] = parts[2]
+    if len(parts) > 3 and parts[3]:
+        item["squash"] = parts[3]
+    return item
+
+
+def with_exports(cfg: Config, exports: tuple) -> Config:
+    return replace(cfg, exports=exports)

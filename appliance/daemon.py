@@ -1,0 +1,433 @@
+"""`ckptgw serve`: open the store, start the NFS server, the uploader, the admin API and the
+metrics endpoint; handle signals; tell systemd.
+
+Start order (each step needs the one before): embedded S3 (try-out mode only) -> store (crash
+recovery) -> try-out re-upload check -> uploader -> NFS server -> admin API -> metrics ->
+READY=1. Stop order is the reverse of what accepts work: NFS server (stop accepting, finish
+in-flight requests) -> uploader (persist progress) -> store.close() (everything acknowledged
+is durable) -> admin, metrics, embedded S3 -> exit 0.
+
+SIGTERM/SIGINT stop; SIGHUP re-reads the config file and applies exports, retention rules
+and the log level without dropping a client (other changes are reported as needing a restart).
+"""
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import signal
+import sys
+import time
+import zlib
+from dataclasses import asdict
+
+import structlog
+
+from cache.api import ROOT_INO, DataState, FileType, StoreError
+
+from . import config as configmod
+from . import logs, sdnotify, tree
+from .admin import AdminServer
+from .commands import Commands
+from .embedded_s3 import CREDENTIALS as EMBEDDED_CREDENTIALS, EmbeddedS3
+from .metrics import MetricsServer, OpStats
+
+log = structlog.get_logger(__name__)
+
+VERSION = "0.1.0"
+RESTART_ONLY = ("server.listen", "server.cache_dir", "server.capacity", "server.reserve", "s3", "upload",
+                "admin", "metrics", "server.lease_time")
+
+
+class StartupError(Exception):
+    """The daemon cannot start; the message says why in one sentence."""
+
+
+def export_id(path: str) -> int:
+    """Stable export id (goes into file handles): the same path gives the same id on every start."""
+    return zlib.crc32(path.encode()) % 0xFFFF + 1
+
+
+def build_exports(cfg: configmod.Config, store):
+    """nfsd.exports.Exports for the configured exports. One export serves the whole store; with
+    several, each is the store directory of the same path (created if missing)."""
+    from nfsd.exports import Export, Exports
+    ids: dict[int, str] = {}
+    out = []
+    for e in cfg.exports:
+        eid = export_id(e.path)
+        if eid in ids:
+            raise StartupError(f"exports {ids[eid]!r} and {e.path!r} hash to the same export id; rename one")
+        ids[eid] = e.path
+        root = ROOT_INO if len(cfg.exports) == 1 else _ensure_dir(store, e.path.strip("/"))
+        out.append(Export(eid, e.path, networks=tuple(e.networks), rw=e.access == "rw",
+                          root_squash=e.squash in ("root", "all"), all_squash=e.squash == "all",
+                          anonuid=e.anon_uid, anongid=e.anon_gid, root_ino=root))
+    return Exports(out)
+
+
+def _ensure_dir(store, rel: str) -> int:
+    ino = ROOT_INO
+    for name in [p for p in rel.split("/") if p]:
+        try:
+            attr = store.lookup(ino, name.encode())
+        except StoreError as e:
+            if e.errno != errno.ENOENT:
+                raise
+            attr, _ = store.mkdir(ino, name.encode(), 0o755, 0, 0)
+        if attr.type != FileType.DIR:
+            raise StartupError(f"export directory {rel!r} exists in the cache but is not a directory")
+        ino = attr.ino
+    store.sync()
+    return ino
+
+
+class Daemon:
+    def __init__(self, cfg: configmod.Config, overrides: dict | None = None):
+        self.config = cfg
+        self.overrides = overrides or {}
+        self.ops = OpStats()
+        self.store = None
+        self.uploader = None
+        self.object_client = None
+        self.nfs = None
+        self.embedded: EmbeddedS3 | None = None
+        self.admin: AdminServer | None = None
+        self.metrics: MetricsServer | None = None
+        self.commands = Commands(self)
+        self.started = time.time()
+        self.listen: tuple | None = None
+        self.metrics_address: tuple | None = None
+        self.s3_endpoint: str | None = None
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self._reload_lock = asyncio.Lock()
+
+    @property
+    def s3_prefix(self) -> str:
+        return self.config.s3.prefix
+
+    # ---- start -------------------------------------------------------------------------
+    async def start(self) -> None:
+        cfg = self.config
+        credentials = None
+        if cfg.embedded_s3:
+            self.embedded = EmbeddedS3(cfg.s3.bucket)
+            self.s3_endpoint = await asyncio.to_thread(self.embedded.start)
+            credentials = EMBEDDED_CREDENTIALS
+        else:
+            self.s3_endpoint = cfg.s3.endpoint
+        s3_settings = cfg.s3_settings(endpoint=self.s3_endpoint, credentials=credentials)
+
+        os.makedirs(cfg.server.cache_dir, exist_ok=True)
+        from cache.store import Store
+        try:
+            self.store = await asyncio.to_thread(
+                Store.open, cfg.server.cache_dir, capacity=cfg.server.capacity, reserve=cfg.server.reserve,
+                high_watermark=cfg.server.high_watermark, low_watermark=cfg.server.low_watermark,
+                evict=not cfg.embedded_s3)
+        except StoreError as e:
+            raise StartupError(f"cannot open the cache in {cfg.server.cache_dir}: {e.strerror}") from None
+        log.info("store_open", cache_dir=os.path.abspath(cfg.server.cache_dir),
+                 capacity=cfg.server.capacity or "auto")
+
+        try:
+            from uploader.objectclient import Boto3ObjectClient
+            self.object_client = Boto3ObjectClient(s3_settings)
+        except ImportError:
+            log.warning("uploader_unavailable", reason="uploader.objectclient missing")
+        if self.embedded is not None:
+            await asyncio.to_thread(self._reupload_missing)
+        await self._start_uploader()
+        await self._start_nfs()
+        await self._start_admin()
+        self._start_metrics()
+        if not cfg.embedded_s3 and hasattr(self.store, "maybe_evict") and not self._uploader_evicts():
+            self._tasks.append(asyncio.create_task(self._evict_forever(), name="evict"))
+        sdnotify.ready(f"serving NFS on {self.listen[0]}:{self.listen[1]}" if self.listen else "serving")
+        log.info("ready", listen=_addr(self.listen), admin_socket=self.admin.socket_path if self.admin else None,
+                 metrics=_addr(self.metrics_address), s3_endpoint=self.s3_endpoint, bucket=cfg.s3.bucket,
+                 tryout=cfg.embedded_s3, pid=os.getpid())
+
+    def _uploader_evicts(self) -> bool:
+        return bool(getattr(self.uploader, "evicts", False))
+
+    def _reupload_missing(self) -> None:
+        """Try-out mode: the in-memory S3 is new and empty at every start; what the cache holds
+        as uploaded must go up again, and nothing may stay marked clean against no object."""
+        store = self.store
+        try:
+            present = {o.key[len(self.s3_prefix):] for o in self.object_client.list_objects(self.s3_prefix)} \
+                if self.object_client else set()
+        except Exception as e:        # noqa: BLE001 - a fresh moto should answer; say so if not
+            log.error("tryout_listing_failed", error=str(e))
+            return
+        requeued = lost = 0
+        for path, attr in tree.files(store, ""):
+            if attr.data_state not in (DataState.CLEAN, DataState.ABSENT):
+                continue
+            key = store.remote_info(attr.ino).key
+            if key and key in present:
+                continue
+            if attr.data_state == DataState.ABSENT:
+                lost += 1
+                log.error("tryout_object_lost", path=path, key=key,
+                          detail="the file was evicted and its object is gone with the previous in-memory S3")
+                continue
+            store.set_data_state(attr.ino, DataState.DIRTY)
+            requeued += 1
+        store.sync()
+        if requeued or lost:
+            log.warning("tryout_reupload", files=requeued, lost=lost)
+
+    async def _start_uploader(self) -> None:
+        if self.object_client is None:
+            return
+        try:
+            from uploader.service import Uploader
+        except ImportError as e:
+            log.warning("uploader_unavailable", reason=str(e))
+            return
+        self.uploader = Uploader(self.store, self.object_client, self.config.upload_settings())
+        await self.uploader.start()
+        log.info("uploader_started", bucket=self.config.s3.bucket, prefix=self.s3_prefix)
+
+    async def _start_nfs(self) -> None:
+        try:
+            from nfsd.server import NfsServer
+        except ImportError as e:
+            log.warning("nfs_server_unavailable", reason=str(e))
+            return
+        exports = await asyncio.to_thread(build_exports, self.config, self.store)
+        server = NfsServer(self.store, exports, lease_time=self.config.server.lease_time)
+        server.observer = self.ops          # called as observer(op, status, seconds, nbytes)
+        host, port = self.config.listen_address()
+        try:
+            bound = await server.start(host, port)
+        except OSError as e:
+            raise StartupError(f"cannot listen for NFS on {host}:{port}: {e.strerror}") from None
+        self.nfs = server
+        self.listen = tuple(bound[:2]) if bound else (host, port)
+        log.info("nfs_listening", listen=_addr(self.listen), exports=[e.path for e in self.config.exports])
+
+    async def _start_admin(self) -> None:
+        cfg = self.config
+        self.admin = AdminServer(self.commands.dispatch, cfg.admin_socket_path(), mode=cfg.admin.socket_mode,
+                                 group=cfg.admin.group, tcp=cfg.admin.listen, token=cfg.admin_token())
+        try:
+            await self.admin.start()
+        except OSError as e:
+            raise StartupError(f"cannot create the admin socket {cfg.admin_socket_path()}: "
+                               f"{e.strerror or e}") from None
+
+    def _start_metrics(self) -> None:
+        if not self.config.metrics.listen:
+            return
+        self.metrics = MetricsServer(self.config.metrics.listen, self.status, self.ops)
+        try:
+            self.metrics_address = self.metrics.start()
+        except OSError as e:
+            raise StartupError(f"cannot listen for metrics on {_addr(self.config.metrics.listen)}: "
+                               f"{e.strerror}") from None
+        log.info("metrics_listening", listen=_addr(self.metrics_address))
+
+    async def _evict_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.server.evict_interval)
+            try:
+                freed = await asyncio.to_thread(self.store.maybe_evict)
+                if freed:
+                    log.info("evicted_for_space", bytes=freed)
+            except Exception:         # noqa: BLE001 - keep the loop alive, the next round may succeed
+                log.exception("evict_failed")
+
+    # ---- run / stop ------------------------------------------------------------------------
+    def install_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self.request_stop, "SIGTERM")
+        loop.add_signal_handler(signal.SIGINT, self.request_stop, "SIGINT")
+        loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
+
+    def request_stop(self, why: str = "") -> None:
+        if not self._stop.is_set():
+            log.info("stopping", signal=why)
+            sdnotify.stopping()
+            self._stop.set()
+
+    async def wait(self) -> None:
+        await self._stop.wait()
+
+    async def stop(self) -> None:
+        """Stop accepting, finish in-flight requests, make everything durable."""
+        timeout = self.config.server.shutdown_timeout
+        sdnotify.stopping()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.nfs is not None:
+            await self._step("nfs_stop", self.nfs.stop(), timeout)
+        if self.uploader is not None:
+            await self._step("uploader_stop", self.uploader.stop(), timeout)
+        if self.admin is not None:
+            await self._step("admin_stop", self.admin.stop(), 5)
+        if self.metrics is not None:
+            await self._step("metrics_stop", asyncio.to_thread(self.metrics.stop), 5)
+        if self.store is not None:
+            await self._step("store_close", asyncio.to_thread(self.store.close), timeout)
+        if self.embedded is not None:
+            await self._step("embedded_s3_stop", asyncio.to_thread(self.embedded.stop), 5)
+        log.info("stopped")
+
+    async def _step(self, name: str, awaitable, timeout: float) -> None:
+        try:
+            await asyncio.wait_for(awaitable, timeout)
+        except asyncio.TimeoutError:
+            log.error("shutdown_step_timeout", step=name, timeout=timeout)
+        except Exception:             # noqa: BLE001 - go on closing the rest, the store above all
+            log.exception("shutdown_step_failed", step=name)
+
+    # ---- reload ---------------------------------------------------------------------------------
+    async def reload(self) -> dict:
+        """Re-read the config file; apply exports, retention rules and the log level."""
+        async with self._reload_lock:
+            sdnotify.reloading()
+            try:
+                return await self._reload()
+            finally:
+                sdnotify.ready("serving")
+
+    async def _reload(self) -> dict:
+        from .admin import AdminError
+        old = self.config
+        try:
+            new = configmod.load(old.source, self.overrides)
+        except configmod.ConfigError as e:
+            log.error("reload_failed", error=str(e), detail="keeping the running configuration")
+            raise AdminError("bad_request", f"reload refused, configuration unchanged: {e}") from None
+        applied, need_restart = [], []
+        for key in RESTART_ONLY:
+            if _get(asdict(old), key) != _get(asdict(new), key):
+                need_restart.append(key)
+        if new.exports != old.exports:
+            if self.nfs is not None:
+                exports = await asyncio.to_thread(build_exports, new, self.store)
+                setter = getattr(self.nfs, "set_exports", None)
+                if setter:
+                    setter(exports)
+                else:
+                    self.nfs.exports = exports
+            applied.append("exports")
+        if new.retention != old.retention:
+            applied.append("retention")
+        if new.log != old.log:
+            logs.configure(new.log.format, new.log.level)
+            applied.append("log")
+        self.config = _keep(new, old, need_restart)
+        log.info("reloaded", applied=applied, needs_restart=need_restart)
+        return {"applied": applied, "needs_restart": need_restart}
+
+    # ---- status -----------------------------------------------------------------------------------
+    def status(self) -> dict:
+        """A snapshot for `ckptgw status` and the metrics collector. Callable from any thread."""
+        cfg = self.config
+        out = {"version": VERSION, "pid": os.getpid(), "uptime_s": round(time.time() - self.started, 3),
+               "tryout": cfg.embedded_s3, "listen": _addr(self.listen),
+               "s3": {"endpoint": self.s3_endpoint, "bucket": cfg.s3.bucket, "prefix": cfg.s3.prefix},
+               "exports": [e.path for e in cfg.exports]}
+        sessions = getattr(self.nfs, "sessions", None)
+        ops = self.ops.snapshot()
+        out["nfs"] = {"running": self.nfs is not None,
+                      "clients": len(sessions.clients) if sessions is not None else 0,
+                      "ops_total": sum(ops["counts"].values()),
+                      "errors_total": sum(n for (op, st), n in ops["counts"].items() if st != "NFS4_OK"),
+                      "bytes_read": ops["bytes_read"], "bytes_written": ops["bytes_written"]}
+        out["cache"] = self._cache_status()
+        out["upload"] = self._upload_status()
+        return out
+
+    def _cache_status(self) -> dict:
+        cache = {"dir": os.path.abspath(self.config.server.cache_dir), "evicts": not self.config.embedded_s3}
+        if self.store is None:
+            return cache
+        stats = getattr(self.store, "stats", None)
+        if stats is not None:
+            s = stats()
+            s = s if isinstance(s, dict) else asdict(s)
+            cache.update(s)
+        else:
+            fs = self.store.statfs()
+            cache.update(capacity=fs.bytes_total, used=fs.bytes_total - fs.bytes_free)
+        by_state = cache.get("bytes_by_state")
+        if by_state is None:
+            by_state = {k[:-len("_bytes")]: v for k, v in cache.items()
+                        if k.endswith("_bytes") and k[:-len("_bytes")] in {s.name.lower() for s in DataState}}
+            cache["bytes_by_state"] = by_state
+        cache.setdefault("dirty_bytes", sum(v for k, v in by_state.items() if k in ("dirty", "queued", "uploading")))
+        return cache
+
+    def _upload_status(self) -> dict:
+        if self.uploader is None:
+            return {"running": False}
+        raw = dict(self.uploader.status())
+        up = {"running": True, **raw}
+        counters = raw.get("counters") if isinstance(raw.get("counters"), dict) else raw
+        aliases = {"queue_depth": ("queue_depth", "queued", "pending"),
+                   "oldest_dirty_age_s": ("oldest_dirty_age_s", "oldest_dirty_age", "oldest_dirty_seconds"),
+                   "rate_bytes_per_s": ("rate_bytes_per_s", "upload_rate", "bytes_per_second"),
+                   "uploaded_bytes": ("uploaded_bytes", "bytes_uploaded"),
+                   "retries": ("retries",), "throttles": ("throttles",),
+                   "requests": ("requests",), "errors": ("errors", "permanent_errors"),
+                   "last_errors": ("last_errors", "last_error")}
+        for name, candidates in aliases.items():
+            for c in candidates:
+                for source in (raw, counters):
+                    if c in source and source[c] is not None:
+                        up.setdefault(name, source[c])
+                        break
+                if name in up:
+                    break
+        if isinstance(up.get("last_errors"), str):
+            up["last_errors"] = [up["last_errors"]]
+        return up
+
+
+def _addr(a) -> str | None:
+    return f"{a[0]}:{a[1]}" if a else None
+
+
+def _get(d: dict, dotted: str):
+    for part in dotted.split("."):
+        d = d.get(part) if isinstance(d, dict) else None
+    return d
+
+
+def _keep(new: configmod.Config, old: configmod.Config, keys: list[str]) -> configmod.Config:
+    """The new config, but with the running values of settings that need a restart."""
+    from dataclasses import replace
+    for key in keys:
+        section, _, field = key.partition(".")
+        if field:
+            new = replace(new, **{section: replace(getattr(new, section), **{field: getattr(getattr(old, section), field)})})
+        else:
+            new = replace(new, **{section: getattr(old, section)})
+    return new
+
+
+async def serve(cfg: configmod.Config, overrides: dict | None = None) -> int:
+    """Run until SIGTERM/SIGINT; returns the process exit code."""
+    daemon = Daemon(cfg, overrides)
+    daemon.install_signals()
+    try:
+        await daemon.start()
+    except StartupError as e:
+        log.error("startup_failed", error=str(e))
+        sys.stderr.write(f"ckptgw: {e}\n")
+        await daemon.stop()
+        return 1
+    except BaseException:
+        log.exception("startup_failed")
+        await daemon.stop()
+        raise
+    await daemon.wait()
+    await daemon.stop()
+    return 0

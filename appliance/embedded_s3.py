@@ -1,0 +1,65 @@
+"""The try-out object store: moto's S3 server in this process, on loopback, in memory.
+
+Used when no S3 endpoint is configured, so `ckptgw serve` works without an AWS account.
+Everything in it is lost when the process exits; the daemon therefore never evicts in this
+mode and re-uploads at start whatever the cache holds that the (new, empty) store lacks.
+"""
+from __future__ import annotations
+
+import sys
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+# moto accepts any credentials; fixed dummies keep boto3 from searching for real ones
+CREDENTIALS = ("ckptgw-tryout", "ckptgw-tryout-secret", None)
+
+BANNER = """\
+************************************************************************
+*  ckptgw TRY-OUT MODE: no S3 endpoint configured.                     *
+*  Objects go to an EMBEDDED IN-MEMORY S3 (moto) at {endpoint:<19} *
+*  and are LOST when ckptgw stops. The cache is never evicted in this  *
+*  mode. Set [s3] endpoint and bucket for real use.                    *
+************************************************************************
+"""
+
+
+class EmbeddedS3:
+    def __init__(self, bucket: str, host: str = "127.0.0.1", port: int = 0):
+        self.bucket = bucket
+        self.host, self.port = host, port
+        self._server = None
+        self.endpoint: str | None = None
+
+    def start(self) -> str:
+        from moto.server import ThreadedMotoServer
+        self._server = ThreadedMotoServer(ip_address=self.host, port=self.port, verbose=False)
+        self._server.start()
+        host, port = self._server.get_host_and_port()
+        self.endpoint = f"http://{host}:{port}"
+        self.client().create_bucket(Bucket=self.bucket)
+        log.warning("embedded_s3_tryout_mode", endpoint=self.endpoint, bucket=self.bucket,
+                    detail="objects are kept in memory and lost at exit; the cache is never evicted")
+        sys.stderr.write(BANNER.format(endpoint=self.endpoint))
+        sys.stderr.flush()
+        return self.endpoint
+
+    def client(self):
+        import boto3
+        from botocore.config import Config
+        ak, sk, _ = CREDENTIALS
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                            aws_access_key_id=ak, aws_secret_access_key=sk,
+                            config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 2}))
+
+    def keys(self, prefix: str = "") -> set[str]:
+        out: set[str] = set()
+        for page in self.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+            out.update(o["Key"] for o in page.get("Contents", ()))
+        return out
+
+    def stop(self) -> None:
+        if self._server:
+            self._server.stop()
+            self._server = None
