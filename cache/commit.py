@@ -38,7 +38,7 @@ class GroupCommit:
                 start = self.index.write_seq      # everything applied so far is covered
                 self._cond.release()
                 try:
-                    self.index.env.sync(True)
+                    self._flush()
                 except lmdb.Error as e:
                     log.error("commit.sync_failed", error=str(e))
                     raise StoreError(errno.EIO, f"index sync failed: {e}") from None
@@ -48,3 +48,7 @@ class GroupCommit:
                     self._cond.notify_all()
                 self.syncs += 1
                 self._synced = max(self._synced, start)
+
+    def _flush(self) -> None:
+        """One durable LMDB sync (data and meta pages: fdatasync of data.mdb)."""
+        self.index.env.sync(True)

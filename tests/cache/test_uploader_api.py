@@ -1,0 +1,178 @@
+"""Uploader-facing API: upload set, states, remote info, evict/fill, import, pins, queue."""
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+
+from cache.api import DataState, RemoteInfo, ROOT_INO, StoreError
+from cache.store import Store
+
+from storehelp import crash
+
+FAR = 1 << 62
+
+
+def mkfile(s, name=b"f", data=b""):
+    ino = s.create(ROOT_INO, name, 0o644, 0, 0)[0].ino
+    if data:
+        s.write(ino, 0, data)
+    return ino
+
+
+def upload(s, ino):
+    """What the uploader does, minus S3."""
+    change = s.getattr(ino).change
+    assert s.set_data_state(ino, DataState.UPLOADING, change)
+    fd = s.open_data_fd(ino)
+    try:
+        body = os.pread(fd, s.getattr(ino).size, 0)
+    finally:
+        os.close(fd)
+    return s.mark_uploaded(ino, RemoteInfo(key=s.path_of(ino), etag="e", size=len(body),
+                                           uploaded_change=change)), body
+
+
+def test_ready_for_upload_rules(store):
+    f = mkfile(store, b"f", b"x" * 10)
+    assert store.ready_for_upload(FAR, 0) == []          # uncommitted
+    store.commit(f)
+    assert store.ready_for_upload(FAR, 0) == [f]
+    now = store.getattr(f).mtime_ns
+    assert store.ready_for_upload(now + 10, 1000) == []  # not quiet long enough
+    store.open_file(f, write=True)
+    assert store.ready_for_upload(FAR, 0) == []          # open for write
+    store.close_file(f, write=True)
+    store.set_data_state(f, DataState.QUEUED)
+    assert store.ready_for_upload(FAR, 0) == []          # the uploader has it
+    empty = mkfile(store, b"empty")
+    assert store.ready_for_upload(FAR, 0) == [empty]     # an empty new file is uploadable
+
+
+def test_upload_cycle_and_change_race(store):
+    f = mkfile(store, b"f", b"hello")
+    store.commit(f)
+    ok, body = upload(store, f)
+    assert ok and body == b"hello"
+    a = store.getattr(f)
+    assert a.data_state == DataState.CLEAN
+    assert [(e.offset, e.length, e.state) for e in store.extents(f)] == [(0, 5, DataState.CLEAN)]
+    assert store.remote_info(f).etag == "e" and store.ready_for_upload(FAR, 0) == []
+    # a write during an upload: mark_uploaded refuses, the file stays dirty
+    change = store.getattr(f).change
+    store.set_data_state(f, DataState.UPLOADING, change)
+    store.write(f, 0, b"J")
+    assert not store.set_data_state(f, DataState.QUEUED, change)
+    assert not store.mark_uploaded(f, RemoteInfo(uploaded_change=change))
+    assert store.getattr(f).data_state == DataState.DIRTY
+    with pytest.raises(StoreError) as e:
+        store.set_data_state(f, DataState.CLEAN)
+    assert e.value.errno == errno.EINVAL
+
+
+def test_evict_fill_and_read_through(store):
+    f = mkfile(store, b"f", b"0123456789" * 100)
+    store.commit(f)
+    assert upload(store, f)[0]
+    assert store.usage()["used"] == 1000 and store.usage()["dirty"] == 0
+    store.open_file(f, write=False)
+    assert store.evict(f) == 0                           # open: not evictable
+    store.close_file(f, write=False)
+    assert store.eviction_candidates(1) == [f]
+    assert store.evict(f) == 1000
+    assert store.getattr(f).data_state == DataState.ABSENT and store.usage()["used"] == 0
+    assert not os.path.exists(store.data.path(f))
+    with pytest.raises(StoreError) as e:
+        store.read(f, 10, 20)
+    assert e.value.errno == errno.EAGAIN and e.value.missing == [(10, 20)]
+    store.fill(f, 0, (b"0123456789" * 100)[:500])
+    assert store.read(f, 10, 20)[0] == b"0123456789" * 2
+    with pytest.raises(StoreError) as e:
+        store.read(f, 490, 20)
+    assert e.value.missing == [(500, 10)]
+    store.write(f, 990, b"WRITTEN!!!")                   # a local write wins over a fill
+    store.fill(f, 500, (b"0123456789" * 100)[500:])
+    data, eof = store.read(f, 0, 2000)
+    assert eof and data == (b"0123456789" * 99) + b"WRITTEN!!!"
+    assert store.getattr(f).data_state == DataState.DIRTY
+
+
+def test_import_object(store):
+    r = RemoteInfo(key="a/b/c.bin", etag="x", size=100, uploaded_change=1)
+    a = store.import_object("a/b/c.bin", 100, 0o644, 1, 2, 12345, r)
+    assert a.size == 100 and a.data_state == DataState.ABSENT and a.mtime_ns == 12345
+    assert store.path_of(a.ino) == "a/b/c.bin"
+    assert store.remote_info(a.ino).etag == "x"
+    assert store.import_object("a/b/c.bin", 5, 0o644, 1, 2, 0, r) is None
+    assert store.import_object("a/b/c.bin/d", 5, 0o644, 1, 2, 0, r) is None
+    with pytest.raises(StoreError) as e:
+        store.read(a.ino, 0, 100)
+    assert e.value.missing == [(0, 100)]
+    store.fill(a.ino, 0, b"z" * 100)
+    assert store.getattr(a.ino).data_state == DataState.CLEAN
+    assert store.read(a.ino, 0, 200) == (b"z" * 100, True)
+    assert store.queue_list() == []                     # imports are not journaled
+    with pytest.raises(StoreError):
+        store.import_object("a/../x", 1, 0o644, 0, 0, 0, r)
+
+
+def test_pins_block_eviction(store):
+    f = mkfile(store, b"f", b"x" * 100)
+    store.commit(f)
+    upload(store, f)
+    store.set_pinned(f, True, "release-1")
+    assert store.getattr(f).pinned and store.pinned() == {f: "release-1"}
+    assert store.evict(f) == 0 and store.eviction_candidates(1) == []
+    store.set_pinned(f, False)
+    assert store.eviction_candidates(1) == [f]
+
+
+def test_lru_order_and_maybe_evict(store_dir):
+    s = Store.open(store_dir, capacity=10_000, high_watermark=0.5, low_watermark=0.2)
+    inos = []
+    for i in range(4):
+        f = mkfile(s, b"f%d" % i, b"x" * 1500)
+        s.commit(f)
+        upload(s, f)
+        inos.append(f)
+    assert s.eviction_candidates(2000) == inos[:2]
+    assert s.maybe_evict() == 4500                      # 6000 used > 5000: down to <= 2000
+    assert [s.getattr(i).data_state for i in inos] == [DataState.ABSENT] * 3 + [DataState.CLEAN]
+    assert s.maybe_evict() == 0
+    assert s.check() == []
+    s.close()
+
+
+def test_queue(store_dir):
+    s = Store.open(store_dir)
+    a = s.queue_put({"kind": "put", "ino": 5})
+    b = s.queue_put({"kind": "copy", "n": [1, 2]})
+    assert b > a and s.queue_list() == [(a, {"kind": "put", "ino": 5}),
+                                        (b, {"kind": "copy", "n": [1, 2]})]
+    s.queue_update(a, {"kind": "put", "ino": 5, "upload_id": "u"})
+    s.queue_done(b)
+    with pytest.raises(StoreError) as e:
+        s.queue_update(b, {})
+    assert e.value.errno == errno.ENOENT
+    s.sync()
+    crash(s)
+    s = Store.open(store_dir)
+    assert s.queue_list() == [(a, {"kind": "put", "ino": 5, "upload_id": "u"})]
+    assert s.queue_put({}) > b                           # ids never reused
+    s.close()
+
+
+def test_remote_info_and_requeue_after_crash(store_dir):
+    s = Store.open(store_dir)
+    f = mkfile(s, b"f", b"data")
+    s.commit(f)
+    s.set_data_state(f, DataState.UPLOADING)
+    s.set_remote_info(f, RemoteInfo(key="f", upload_id="U1", parts=[(1, "e1", "c1")]))
+    crash(s)
+    s = Store.open(store_dir)
+    assert s.getattr(f).data_state == DataState.DIRTY
+    assert s.ready_for_upload(FAR, 0) == [f]
+    r = s.remote_info(f)
+    assert r.upload_id == "U1" and r.parts == [(1, "e1", "c1")]
+    s.close()
