@@ -1,0 +1,30 @@
+"""NFSv4.0/4.1/4.2 protocol types and constants (RFC 7863), built from nfs4_prot.x at import.
+
+Every type and constant of the RFC 7863 XDR is a module attribute under its exact RFC
+name (COMPOUND4args, nfs_argop4, stateid4, fattr4, NFS4_OK, OP_READ, FATTR4_SIZE, ...),
+plus the program constants rpcgen would define (NFS4_PROGRAM=100003, NFS_V4=4,
+NFSPROC4_NULL=0, NFSPROC4_COMPOUND=1, NFS4_CALLBACK, NFS_CB, CB_NULL, CB_COMPOUND) and
+the int typedefs (int32_t, uint32_t, int64_t, uint64_t).  See nfsd/xdr/core.py for the
+Python representation of each XDR kind.
+
+Zero copy: WRITE4args.data decodes to a memoryview slice of the input buffer (not
+bytes), so a 1 MiB WRITE is not copied by decoding.  The slice keeps the receive
+buffer alive; copy it (bytes(...)) if it must outlive the request.
+
+The spec refers to RFC 5531 names (authsys_parms, AUTH_NONE, AUTH_SYS, RPCSEC_GSS);
+they are taken from nfsd.xdr.rpc and also re-exported here for convenience.
+"""
+from __future__ import annotations
+
+from . import rpc as _rpc
+from ._loader import load_package_spec
+
+# Fields that decode to memoryview slices of the input instead of bytes (see above).
+ZERO_COPY_FIELDS = frozenset({("WRITE4args", "data")})
+
+_imports = {name: getattr(_rpc, name) for name in ("authsys_parms", "AUTH_NONE", "AUTH_SYS",
+                                                    "RPCSEC_GSS")}
+_ns = load_package_spec("nfs4_prot.x", imports=_imports, zero_copy=ZERO_COPY_FIELDS)
+_ns.update(_imports)
+globals().update(_ns)
+__all__ = sorted(_ns)
