@@ -236,8 +236,8 @@ def _opt(default, parse: Callable, doc: str, *, example: str | None = None, requ
 @dataclass(frozen=True)
 class ServerSettings:
     listen: tuple | None = _opt(None, _address, "NFS listen address. Default 127.0.0.1:2049 when run as root "
-                                "(or with CAP_NET_BIND_SERVICE under systemd), else 127.0.0.1:12049.",
-                                example='"0.0.0.0:2049"')
+                                "(or with CAP_NET_BIND_SERVICE under systemd), else 127.0.0.1:12049. "
+                                'Clients on other hosts need e.g. "0.0.0.0:2049".', example='""')
     cache_dir: str = _opt("./ckptgw-data", _str, "Local cache (extent store + LMDB index). Put it on NVMe.")
     capacity: int | None = _opt(None, _opt_size, '"auto" (filesystem size less reserve) or a size: the most '
                                 'the cache may hold.', example='"auto"')
@@ -268,8 +268,8 @@ class AdminSettings:
 
 @dataclass(frozen=True)
 class MetricsSettings:
-    listen: tuple | None = _opt(None, _address, "Prometheus metrics HTTP endpoint (/metrics). Off unless set.",
-                                example='"127.0.0.1:9464"')
+    listen: tuple | None = _opt(None, _address, 'Prometheus metrics HTTP endpoint (/metrics), e.g. '
+                                '"127.0.0.1:9464". Off unless set.', example='""')
 
 
 @dataclass(frozen=True)

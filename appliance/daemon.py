@@ -203,11 +203,11 @@ class Daemon:
         server.observer = self.ops          # called as observer(op, status, seconds, nbytes)
         host, port = self.config.listen_address()
         try:
-            bound = await server.start(host, port)
+            await server.start(host, port)
         except OSError as e:
             raise StartupError(f"cannot listen for NFS on {host}:{port}: {e.strerror}") from None
         self.nfs = server
-        self.listen = tuple(bound[:2]) if bound else (host, port)
+        self.listen = tuple(server.address[:2])
         log.info("nfs_listening", listen=_addr(self.listen), exports=[e.path for e in self.config.exports])
 
     async def _start_admin(self) -> None:
@@ -265,7 +265,7 @@ class Daemon:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.nfs is not None:
-            await self._step("nfs_stop", self.nfs.stop(), timeout)
+            await self._step("nfs_stop", self.nfs.stop(drain_seconds=timeout), timeout + 5)
         if self.uploader is not None:
             await self._step("uploader_stop", self.uploader.stop(), timeout)
         if self.admin is not None:
@@ -349,20 +349,11 @@ class Daemon:
         cache = {"dir": os.path.abspath(self.config.server.cache_dir), "evicts": not self.config.embedded_s3}
         if self.store is None:
             return cache
-        stats = getattr(self.store, "stats", None)
-        if stats is not None:
-            s = stats()
-            s = s if isinstance(s, dict) else asdict(s)
-            cache.update(s)
-        else:
-            fs = self.store.statfs()
-            cache.update(capacity=fs.bytes_total, used=fs.bytes_total - fs.bytes_free)
-        by_state = cache.get("bytes_by_state")
-        if by_state is None:
-            by_state = {k[:-len("_bytes")]: v for k, v in cache.items()
-                        if k.endswith("_bytes") and k[:-len("_bytes")] in {s.name.lower() for s in DataState}}
-            cache["bytes_by_state"] = by_state
-        cache.setdefault("dirty_bytes", sum(v for k, v in by_state.items() if k in ("dirty", "queued", "uploading")))
+        usage = self.store.usage()          # capacity, used (local bytes), dirty
+        used, dirty = usage.get("used", 0), usage.get("dirty", 0)
+        cache.update(capacity=usage.get("capacity"), used=used, dirty_bytes=dirty,
+                     high_watermark=usage.get("high"), low_watermark=usage.get("low"),
+                     bytes_by_state={"dirty": dirty, "clean": max(used - dirty, 0)})
         return cache
 
     def _upload_status(self) -> dict:

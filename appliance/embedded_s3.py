@@ -15,14 +15,19 @@ log = structlog.get_logger(__name__)
 # moto accepts any credentials; fixed dummies keep boto3 from searching for real ones
 CREDENTIALS = ("ckptgw-tryout", "ckptgw-tryout-secret", None)
 
-BANNER = """\
-************************************************************************
-*  ckptgw TRY-OUT MODE: no S3 endpoint configured.                     *
-*  Objects go to an EMBEDDED IN-MEMORY S3 (moto) at {endpoint:<19} *
-*  and are LOST when ckptgw stops. The cache is never evicted in this  *
-*  mode. Set [s3] endpoint and bucket for real use.                    *
-************************************************************************
-"""
+BANNER_LINES = (
+    "ckptgw TRY-OUT MODE: no S3 endpoint is configured.",
+    "Objects go to an EMBEDDED IN-MEMORY S3 (moto) at {endpoint}",
+    "and are LOST when ckptgw stops. The cache is never evicted in this mode.",
+    "Set [s3] endpoint and bucket (or --s3-endpoint/--s3-bucket) for real use.",
+)
+
+
+def banner(endpoint: str) -> str:
+    lines = [line.format(endpoint=endpoint) for line in BANNER_LINES]
+    width = max(len(line) for line in lines)
+    rule = "*" * (width + 6)
+    return "\n".join([rule, *(f"*  {line.ljust(width)}  *" for line in lines), rule]) + "\n"
 
 
 class EmbeddedS3:
@@ -41,7 +46,7 @@ class EmbeddedS3:
         self.client().create_bucket(Bucket=self.bucket)
         log.warning("embedded_s3_tryout_mode", endpoint=self.endpoint, bucket=self.bucket,
                     detail="objects are kept in memory and lost at exit; the cache is never evicted")
-        sys.stderr.write(BANNER.format(endpoint=self.endpoint))
+        sys.stderr.write(banner(self.endpoint))
         sys.stderr.flush()
         return self.endpoint
 

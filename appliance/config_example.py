@@ -1,0 +1,85 @@
+"""Render docs/config.example.toml from the option declarations in appliance.config, so the
+example always lists every option with its default and its comment.
+
+    python -m appliance.config_example > docs/config.example.toml
+"""
+from __future__ import annotations
+
+import textwrap
+from dataclasses import MISSING, fields
+
+from . import config as c
+
+INTRO = """\
+# ckptgw configuration: every option with its default.
+#
+# Install as /etc/ckptgw/config.toml (`ckptgw serve` reads it when present; --config PATH
+# names another). Check a file with `ckptgw check-config PATH` (exit 0: good). Every option is
+# also a flag of `ckptgw serve`: [server] keys as --KEY (--listen, --cache-dir), the others as
+# --TABLE-KEY (--s3-endpoint, --metrics-listen, --upload-settle); exports as repeatable
+# --export PATH[:NETWORKS[:rw|ro[:SQUASH]]].
+#
+# Sizes: bytes, or "512KiB" "8MiB" "500GiB" (binary) / "10GB" (decimal).
+# Durations: seconds, or "500ms" "90s" "5m" "2h" "30d" "1w".
+# SIGHUP (systemctl reload ckptgw) re-reads this file: exports, retention and [log] apply at
+# once; other changes are logged as needing a restart.
+"""
+
+SECTION_INTROS = {
+    "server": "The NFS server and the local cache.",
+    "admin": "The admin API used by the `ckptgw` commands. Nothing admin is reachable over the network\n"
+             "unless `listen` and a token are set.",
+    "metrics": "Prometheus metrics (text format at http://LISTEN/metrics).",
+    "log": "Logs go to stderr (the journal under systemd), one event per line.",
+    "s3": "Where checkpoints go. With `endpoint` empty, ckptgw runs in TRY-OUT mode on an embedded\n"
+          "in-memory S3: nothing in it survives a restart.",
+    "upload": "When and how fast the uploader sends data.",
+}
+
+
+def _toml(value) -> str:
+    if value is None:
+        return '""'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    raise TypeError(value)
+
+
+def _comment(text: str, prefix: str = "# ") -> list[str]:
+    return [prefix + line for line in textwrap.wrap(text, 96 - len(prefix))]
+
+
+def _fields(cls, commented: bool = False) -> list[str]:
+    out = []
+    lead = "# " if commented else ""
+    for f in fields(cls):
+        meta = f.metadata
+        out += _comment(meta["doc"])
+        value = meta.get("example") or _toml(f.default if f.default is not MISSING else None)
+        out.append(f"{lead}{f.name} = {value}")
+    return out
+
+
+def render() -> str:
+    out = [INTRO]
+    for name, cls in c.SECTIONS.items():
+        out += [""] + _comment(SECTION_INTROS[name]).copy() + [f"[{name}]"] + _fields(cls) + [""]
+    out += ["", "# Exports: one [[exports]] table each. With one export the whole cache is served at its",
+            "# path; with several, each is the cache directory of the same name (and S3 keys start with it).",
+            "[[exports]]"] + _fields(c.ExportSettings) + [""]
+    out += ["", "# Retention: checkpoint series and how long their steps live (used by `ckptgw retention`",
+            "# and `ckptgw lifecycle`). None by default; an example series with every key:",
+            "# [[retention.series]]"] + _fields(c.SeriesRule, commented=True)
+    out += ["# [[retention.series.transitions]]   (or inline: transitions = [{after = \"30d\", ...}])"]
+    out += _fields(c.Transition, commented=True)
+    return "\n".join(out).rstrip() + "\n"
+
+
+if __name__ == "__main__":
+    print(render(), end="")
