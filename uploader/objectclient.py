@@ -216,12 +216,19 @@ class Boto3ObjectClient:
     def _checksum_args(self, checksum: str) -> dict:
         return {"ChecksumAlgorithm": self.checksum_algorithm, f"Checksum{self.checksum_algorithm}": checksum}
 
+    @staticmethod
+    def _verify(what: str, stored: str | None, sent: str) -> None:
+        # S3 rejects a mismatch itself (BadDigest); a server that stores anyway but reports
+        # its own checksum (moto) is caught here. Either way: retry the upload.
+        if stored is not None and stored != sent:
+            raise TransientError("BadDigest", f"{what}: stored checksum {stored} != sent {sent}")
+
     def put_object(self, key, body, *, metadata, checksum, content_type=None) -> PutResult:
         extra = {"ContentType": content_type} if content_type else {}
         resp = self._call("put_object", Key=key, Body=bytes(body), Metadata=metadata,
                           **self._checksum_args(checksum), **extra)
-        return PutResult(resp["ETag"], _checksum_from(resp, self.checksum_algorithm)
-                         or f"{self.checksum_algorithm.lower()}:{checksum}")
+        self._verify(key, resp.get(f"Checksum{self.checksum_algorithm}"), checksum)
+        return PutResult(resp["ETag"], f"{self.checksum_algorithm.lower()}:{checksum}")
 
     def create_multipart_upload(self, key, *, metadata) -> str:
         resp = self._call("create_multipart_upload", Key=key, Metadata=metadata,
@@ -231,8 +238,8 @@ class Boto3ObjectClient:
     def upload_part(self, key, upload_id, part_number, body, *, checksum) -> PartInfo:
         resp = self._call("upload_part", Key=key, UploadId=upload_id, PartNumber=part_number,
                           Body=bytes(body), **self._checksum_args(checksum))
-        return PartInfo(part_number, resp["ETag"], len(body),
-                        resp.get(f"Checksum{self.checksum_algorithm}") or checksum)
+        self._verify(f"{key}#{part_number}", resp.get(f"Checksum{self.checksum_algorithm}"), checksum)
+        return PartInfo(part_number, resp["ETag"], len(body), checksum)
 
     def complete_multipart_upload(self, key, upload_id, parts) -> PutResult:
         algo = self.checksum_algorithm

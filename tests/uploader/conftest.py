@@ -29,3 +29,119 @@ def proxy(moto):
     p = ThreadedFaultProxy(moto.port, seed=1234)
     yield p
     p.stop()
+
+
+# ---- store + uploader helpers ----------------------------------------------------------
+import asyncio  # noqa: E402
+import hashlib  # noqa: E402
+import itertools  # noqa: E402
+
+from cache.api import ROOT_INO, StoreError  # noqa: E402
+from cache.store import Store  # noqa: E402
+from uploader.objectclient import Boto3ObjectClient  # noqa: E402
+from uploader.service import Uploader  # noqa: E402
+from uploader.settings import S3Settings, UploadSettings  # noqa: E402
+
+_bucket_seq = itertools.count()
+
+
+def uploader_settings(**over) -> UploadSettings:
+    base = dict(settle_seconds=0.3, part_size_min=SMALL_PART, allow_small_parts=True,
+                multipart_threshold=2 * SMALL_PART, max_concurrency=4, poll_interval=0.05,
+                backoff_base=0.02, backoff_max=0.5, evict_interval=0.2, readahead_chunk=SMALL_PART)
+    base.update(over)
+    return UploadSettings(**base)
+
+
+def s3_settings(endpoint: str, bucket: str, prefix: str = "gw/", **over) -> S3Settings:
+    return S3Settings(bucket=bucket, endpoint_url=endpoint, access_key="testing", secret_key="testing",
+                      addressing_style="path", prefix=prefix, read_timeout=over.pop("read_timeout", 5.0),
+                      connect_timeout=2.0, **over)
+
+
+@pytest.fixture
+def bucket(moto):
+    name = f"bkt{next(_bucket_seq)}-{os.getpid()}"
+    Boto3ObjectClient(s3_settings(moto.endpoint, name))._s3.create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store.open(str(tmp_path / "store"), capacity=1 << 30)
+    yield s
+    s.close()
+
+
+def make_uploader(store, endpoint, bucket, prefix="gw/", **over):
+    s3 = s3_settings(endpoint, bucket, prefix)
+    return Uploader(store, Boto3ObjectClient(s3), uploader_settings(**over), s3=s3)
+
+
+def mkdirs(store, path: str) -> int:
+    ino = ROOT_INO
+    for part in [p for p in path.split("/") if p]:
+        try:
+            ino = store.lookup(ino, part.encode()).ino
+        except StoreError:
+            ino = store.mkdir(ino, part.encode(), 0o755, 1000, 1000)[0].ino
+    return ino
+
+
+def write_file(store, path: str, data: bytes, *, chunk: int = 1 << 20) -> int:
+    """Create (or truncate) a file, write, commit, close: one save as a client does it."""
+    head, _, name = path.rpartition("/")
+    parent = mkdirs(store, head)
+    attr, _, _ = store.create(parent, name.encode(), 0o640, 1000, 1000)
+    from cache.api import SetAttr
+    store.open_file(attr.ino, True)
+    store.setattr(attr.ino, SetAttr(size=0))
+    for off in range(0, len(data), chunk):
+        store.write(attr.ino, off, data[off:off + chunk])
+    store.commit(attr.ino)
+    store.close_file(attr.ino, True)
+    store.sync()
+    return attr.ino
+
+
+def rename(store, old: str, new: str) -> None:
+    oh, _, on = old.rpartition("/")
+    nh, _, nn = new.rpartition("/")
+    store.rename(mkdirs(store, oh), on.encode(), mkdirs(store, nh), nn.encode())
+    store.sync()
+
+
+def remove(store, path: str) -> None:
+    head, _, name = path.rpartition("/")
+    store.remove(mkdirs(store, head), name.encode())
+    store.sync()
+
+
+def objects(client: Boto3ObjectClient, prefix: str = "") -> dict[str, int]:
+    return {o.key: o.size for o in client.list_objects(prefix)}
+
+
+def object_sha(client: Boto3ObjectClient, key: str) -> str:
+    body = client._s3.get_object(Bucket=client.bucket, Key=key)["Body"].read()
+    return hashlib.sha256(body).hexdigest()
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def payload(n: int, seed: int = 0) -> bytes:
+    import random
+    return random.Random(seed).randbytes(n)
+
+
+async def wait_for(pred, timeout: float = 30.0, interval: float = 0.05):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if loop.time() > deadline:
+            raise AssertionError("condition not reached within %.0f s" % timeout)
+        await asyncio.sleep(interval)

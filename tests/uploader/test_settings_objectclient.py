@@ -55,3 +55,35 @@ def test_settings_validate():
     assert UploadSettings(part_size_min=1 << 18, allow_small_parts=True).part_size_min == 1 << 18
     with pytest.raises(ValueError, match="concurrency"):
         UploadSettings(max_concurrency=0)
+
+
+def test_keymap_and_metadata_roundtrip():
+    from types import SimpleNamespace
+
+    from uploader.keys import KeyMap, attrs_from_metadata, object_metadata
+    km = KeyMap("ckpt/")
+    assert km.file_key("run/a.pt") == "ckpt/run/a.pt" and km.dir_key("run") == "ckpt/run/"
+    assert km.path_of_key("ckpt/run/a.pt") == "run/a.pt"
+    assert km.path_of_key("ckpt/run/") == "run/"
+    for bad in ("other/a", "ckpt/", "ckpt/a//b", "ckpt/../x", "ckpt/./x", "ckpt/" + "n" * 256):
+        assert km.path_of_key(bad) is None, bad
+    attr = SimpleNamespace(ino=7, mode=0o640, uid=1000, gid=100, mtime_ns=1_700_000_000_123_456_789)
+    meta = object_metadata(attr, is_dir=False)
+    assert meta["mode"] == str(0o100640) and meta["mtime"] == "1700000000.123456789"
+    assert attrs_from_metadata(meta, default_mtime_ns=0) == (0o640, 1000, 100, attr.mtime_ns)
+    assert attrs_from_metadata({"mtime": "12"}, default_mtime_ns=5) == (0o644, 0, 0, 12_000_000_000)
+    assert attrs_from_metadata({"mode": "junk"}, default_mtime_ns=5) == (0o644, 0, 0, 5)
+
+
+def test_part_plan():
+    from uploader.keys import part_ranges, part_size_for
+    MiB = 1 << 20
+    assert part_size_for(100 * MiB, 8 * MiB) == 8 * MiB
+    big = 200 * (1 << 30)                         # 200 GiB needs > 8 MiB parts
+    p = part_size_for(big, 8 * MiB)
+    assert p % MiB == 0 and -(-big // p) <= 10_000 and p > 8 * MiB
+    ranges = part_ranges(10 * MiB + 5, 4 * MiB)
+    assert [r[0] for r in ranges] == [1, 2, 3]
+    assert sum(r[2] for r in ranges) == 10 * MiB + 5 and ranges[-1] == (3, 8 * MiB, 2 * MiB + 5)
+    with pytest.raises(ValueError):
+        part_size_for(6 * (1 << 40), 8 * MiB)

@@ -1,0 +1,57 @@
+"""Uploads against moto: single PUT, multipart, metadata, markers, flush, status."""
+import asyncio
+import stat
+
+from cache.api import DataState
+from conftest import (SMALL_PART, make_uploader, mkdirs, object_sha, objects, payload, sha, wait_for,
+                      write_file)
+
+
+def test_small_and_multipart_upload_with_metadata(moto, bucket, store):
+    small, big = payload(1000, 1), payload(5 * SMALL_PART + 123, 2)
+
+    async def main():
+        up = make_uploader(store, moto.endpoint, bucket)
+        await up.start()
+        try:
+            i1 = write_file(store, "run/small.bin", small)
+            i2 = write_file(store, "run/big.bin", big)
+            assert await up.flush("run", timeout=60)
+            return up, i1, i2, up.status(), up.file_state(i2)
+        finally:
+            await up.stop()
+
+    up, i1, i2, status, fstate = asyncio.run(main())
+    c = up.client
+    objs = objects(c, "gw/")
+    assert objs["gw/run/small.bin"] == len(small) and objs["gw/run/big.bin"] == len(big)
+    assert object_sha(c, "gw/run/small.bin") == sha(small)
+    assert object_sha(c, "gw/run/big.bin") == sha(big)
+    head = c.head_object("gw/run/big.bin")
+    assert int(head.metadata["mode"]) == stat.S_IFREG | 0o640
+    assert head.metadata["uid"] == "1000" and head.metadata["gid"] == "1000"
+    assert head.etag.endswith('-6"')                     # 6 parts of 256 KiB (+123 bytes)
+    assert store.getattr(i2).data_state == DataState.CLEAN
+    assert fstate["state"] == "clean" and fstate["etag"] == head.etag and fstate["checksum"]
+    assert status["bytes_uploaded"] == len(small) + len(big)
+    assert status["requests"]["UploadPart"] == 6 and status["requests"]["PutObject"] >= 1
+    assert status["queue_depth"] == 0 and status["permanent_error"] is None
+
+
+def test_empty_directory_marker_and_settle_window(moto, bucket, store):
+    async def main():
+        up = make_uploader(store, moto.endpoint, bucket, settle_seconds=0.5)
+        await up.start()
+        try:
+            mkdirs(store, "empty/sub")
+            store.sync()
+            write_file(store, "f", b"hello")
+            await wait_for(lambda: "gw/f" in objects(up.client, "gw/"), timeout=30)
+            await wait_for(lambda: "gw/empty/sub/" in objects(up.client, "gw/"), timeout=30)
+            return up
+        finally:
+            await up.stop()
+
+    up = asyncio.run(main())
+    head = up.client.head_object("gw/empty/sub/")
+    assert stat.S_ISDIR(int(head.metadata["mode"]))

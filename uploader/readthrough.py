@@ -1,0 +1,155 @@
+"""Read-through: fetch ABSENT ranges of a file from S3 into the store as clean cache.
+
+The NFS server calls `fetch_missing(ino, ranges)` when store.read raised EAGAIN with
+`.missing`, then retries the read. Fetches are ranged GETs aligned to `readahead_chunk`
+(8 MiB by default) so neighbouring small reads share one request; readers of the same
+chunk share one in-flight fetch; a reader that continues where the last fetch of that file
+ended gets `readahead_chunks` more chunks fetched in the background. store.fill writes only
+what is still ABSENT, so bytes a client wrote meanwhile always win.
+
+Reads have their own RequestGate (own concurrency, retries), so a reader never queues
+behind a checkpoint's worth of upload parts.
+"""
+from __future__ import annotations
+
+import asyncio
+import errno
+from dataclasses import replace
+
+import structlog
+
+from cache.api import ROOT_INO, DataState, FileType, StoreError
+
+from .gate import RequestGate
+from .keys import KeyMap
+from .objectclient import NotFoundError, ObjectClient
+from .settings import UploadSettings
+from .stats import Counters
+
+log = structlog.get_logger(__name__)
+
+
+class ReadThrough:
+    def __init__(self, store, client: ObjectClient, keys: KeyMap, settings: UploadSettings, counters: Counters):
+        self.store = store
+        self.client = client
+        self.keys = keys
+        self.chunk = settings.readahead_chunk
+        self.ahead = settings.readahead_chunks
+        self.counters = counters
+        self.gate = RequestGate(replace(settings, bytes_per_second=0.0), counters,
+                                pool_size=settings.max_concurrency + 2)
+        self._inflight: dict[tuple[int, int], asyncio.Task] = {}
+        self._last_end: dict[int, int] = {}          # ino -> end of the last demand fetch
+        self._background: set[asyncio.Task] = set()
+
+    async def close(self) -> None:
+        for t in list(self._background) + list(self._inflight.values()):
+            t.cancel()
+        await asyncio.gather(*self._background, *self._inflight.values(), return_exceptions=True)
+        self.gate.close()
+
+    # ---- demand fetches ------------------------------------------------------------
+    async def fetch_missing(self, ino: int, ranges) -> None:
+        """Make every byte of `ranges` [(offset, length)] local. Raises StoreError(EIO) when
+        the object cannot be found in S3 (reported, not retried forever)."""
+        attr = self.store.getattr(ino)
+        chunks: set[int] = set()
+        last_end = 0
+        for off, length in ranges:
+            end = min(off + length, attr.size)
+            if end <= off:
+                continue
+            chunks.update(range(off // self.chunk, (end - 1) // self.chunk + 1))
+            last_end = max(last_end, end)
+        if not chunks:
+            return
+        first = min(chunks) * self.chunk
+        sequential = self._last_end.get(ino) is not None and first <= self._last_end[ino] <= first + self.chunk
+        await asyncio.gather(*(self._chunk_task(ino, c) for c in sorted(chunks)))
+        self._last_end[ino] = max(c for c in chunks) * self.chunk + self.chunk
+        if sequential or min(chunks) == 0:
+            top = max(chunks)
+            for c in range(top + 1, top + 1 + self.ahead):
+                if c * self.chunk < attr.size and (ino, c) not in self._inflight:
+                    t = self._chunk_task(ino, c)
+                    self._background.add(t)
+                    t.add_done_callback(self._background_done)
+
+    def _background_done(self, t: asyncio.Task) -> None:
+        self._background.discard(t)
+        if not t.cancelled() and t.exception() is not None:
+            log.warning("readahead_failed", error=str(t.exception()))
+
+    def _chunk_task(self, ino: int, index: int) -> asyncio.Task:
+        key = (ino, index)
+        task = self._inflight.get(key)
+        if task is None:
+            task = asyncio.create_task(self._fetch_chunk(ino, index))
+            self._inflight[key] = task
+            task.add_done_callback(lambda _t, key=key: self._inflight.pop(key, None))
+        return task
+
+    async def _fetch_chunk(self, ino: int, index: int) -> int:
+        attr = self.store.getattr(ino)
+        start = index * self.chunk
+        end = min(start + self.chunk, attr.size)
+        holes = [e for e in self.store.extents(ino)
+                 if e.state == DataState.ABSENT and e.offset < end and e.offset + e.length > start]
+        if not holes:
+            return 0
+        lo = max(start, min(e.offset for e in holes))
+        hi = min(end, max(e.offset + e.length for e in holes))
+        data = await self._get(ino, lo, hi - lo)
+        if len(data) != hi - lo:
+            raise StoreError(errno.EIO, f"short read from S3 for ino {ino}: {len(data)} of {hi - lo} bytes")
+        await asyncio.to_thread(self.store.fill, ino, lo, data)
+        self.counters.bytes_fetched += len(data)
+        return len(data)
+
+    async def _get(self, ino: int, offset: int, length: int) -> bytes:
+        """GET the range from where the object is: RemoteInfo.key, else the current path (a
+        move may be on its way)."""
+        tried = []
+        for _ in range(2):
+            candidates = [self.store.remote_info(ino).key, self.store.path_of(ino)]
+            for path in candidates:
+                if path is None or path in tried:
+                    continue
+                tried.append(path)
+                key = self.keys.file_key(path)
+                try:
+                    return await self.gate.call("GetObject", lambda: self.client.get_range(key, offset, length),
+                                                nbytes=0, what=key)
+                except NotFoundError:
+                    continue
+            await asyncio.sleep(0.5)
+            tried.clear()
+        log.error("readthrough_missing_object", ino=ino, tried=tried)
+        raise StoreError(errno.EIO, f"object of ino {ino} not found in S3")
+
+    # ---- warmup --------------------------------------------------------------------------
+    def resolve(self, path: str):
+        """Attr of an export-relative path (ENOENT if a component is missing)."""
+        attr = self.store.getattr(ROOT_INO)
+        for part in [p for p in path.split("/") if p]:
+            attr = self.store.lookup(attr.ino, part.encode("utf-8", "surrogateescape"))
+        return attr
+
+    async def warmup(self, path: str) -> int:
+        """Fetch every ABSENT byte of the file, or of every file below the directory."""
+        root = self.resolve(path)
+        files = []
+        stack = [root]
+        while stack:
+            a = stack.pop()
+            if a.type == FileType.REG:
+                files.append(a.ino)
+            elif a.type == FileType.DIR:
+                stack.extend(e.attr for e in self.store.readdir(a.ino))
+        before = self.counters.bytes_fetched
+        for ino in files:
+            holes = [(e.offset, e.length) for e in self.store.extents(ino) if e.state == DataState.ABSENT]
+            if holes:
+                await self.fetch_missing(ino, holes)
+        return self.counters.bytes_fetched - before

@@ -1,0 +1,392 @@
+"""The uploader: drains committed files to S3 and mirrors the namespace, in the background.
+
+    up = Uploader(store, Boto3ObjectClient(s3_settings), UploadSettings(), s3=s3_settings)
+    await up.start(); ...; await up.flush("run1"); up.status(); await up.stop()
+
+One scheduler task does all bookkeeping on the event loop:
+  1. enqueue: files the store reports ready (closed, committed, quiet for the settle window,
+     or at once under a flush) get a durable upload job (store queue) and state QUEUED;
+  2. dispatch: jobs of the store's durable queue (uploads and the store's namespace
+     journal) start in the order rules of uploader.jobs; each runs as its own task and its
+     S3 requests pass the RequestGate (rate buckets, AIMD concurrency, endless retries);
+  3. a finished job leaves the queue; a failed one stays (permanent errors are logged
+     loudly, shown in status() and retried after `permanent_retry_seconds`).
+A crash loses nothing: the queue and multipart progress (RemoteInfo) are in the store;
+start() aborts multipart uploads under our prefix that no job knows, and resumes the rest.
+"""
+from __future__ import annotations
+
+import asyncio
+import errno
+import time
+
+import structlog
+
+from cache.api import DataState, FileType, StoreError
+
+from .gate import RequestGate
+from .jobs import NS, UPLOAD, KeyRef, KeysAhead, ns_keys
+from .keys import KeyMap
+from .objectclient import ObjectClient, ObjectClientError, PermanentError
+from .readthrough import ReadThrough
+from .settings import UploadSettings
+from .stats import Counters
+from .worker import Restart, UploadProgress, Worker
+
+log = structlog.get_logger(__name__)
+
+QUEUE_WINDOW = 1000          # jobs considered per scheduling pass (the oldest ones)
+PERMANENT_RETRY_SECONDS = 60.0
+
+
+def _under(path: str, prefix: str | None) -> bool:
+    if not prefix:
+        return True
+    return path == prefix or path.startswith(prefix + "/")
+
+
+class Uploader:
+    def __init__(self, store, object_client: ObjectClient, settings: UploadSettings | None = None, *,
+                 prefix: str | None = None, s3=None):
+        """`prefix` (or `s3.prefix` of an S3Settings) is the bucket prefix keys start with."""
+        self.store = store
+        self.client = object_client
+        self.settings = settings or UploadSettings()
+        self.keys = KeyMap(prefix if prefix is not None else (s3.prefix if s3 is not None else ""))
+        self.counters = Counters()
+        self.gate = RequestGate(self.settings, self.counters)
+        self.worker = Worker(store, object_client, self.gate, self.keys, self.settings, self.counters)
+        self.readthrough = ReadThrough(store, object_client, self.keys, self.settings, self.counters)
+        self.permanent_retry_seconds = PERMANENT_RETRY_SECONDS
+        self._running: dict[int, asyncio.Task] = {}
+        self._running_jobs: dict[int, dict] = {}
+        self._progress: dict[int, UploadProgress] = {}
+        self._upload_inos: set[int] = set()
+        self._not_before: dict[int, float] = {}
+        self._notified: set[int] = set()
+        self._flush_prefixes: list[str | None] = []
+        self._last_jobs: list[tuple[int, dict]] = []
+        self._kick = asyncio.Event()
+        self._pass_done = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self._started = False
+        self.permanent_error: str | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------
+    async def start(self) -> None:
+        jobs = await asyncio.to_thread(self.store.queue_list, 1 << 30)
+        self._upload_inos = {j["ino"] for _, j in jobs if j.get("kind") == UPLOAD}
+        if self.settings.abort_orphan_uploads:
+            await self._abort_orphans(jobs)
+        self._started = True
+        self._tasks = [asyncio.create_task(self._scheduler(), name="uploader-scheduler"),
+                       asyncio.create_task(self._evictor(), name="uploader-evictor")]
+        log.info("uploader_started", queued=len(jobs), prefix=self.keys.prefix)
+
+    async def stop(self) -> None:
+        """Stop at once; unfinished work stays queued (multipart progress is durable)."""
+        self._started = False
+        for t in self._tasks + list(self._running.values()):
+            t.cancel()
+        await asyncio.gather(*self._tasks, *self._running.values(), return_exceptions=True)
+        self._tasks.clear()
+        await self.readthrough.close()
+        self.gate.close()
+        log.info("uploader_stopped")
+
+    async def _abort_orphans(self, jobs) -> None:
+        known = set()
+        for _, job in jobs:
+            if job.get("upload_id"):
+                known.add(job["upload_id"])
+            if job.get("kind") == UPLOAD:
+                try:
+                    rid = self.store.remote_info(job["ino"]).upload_id
+                except StoreError:
+                    rid = None
+                if rid:
+                    known.add(rid)
+        uploads = await self.gate.call("ListMultipartUploads",
+                                       lambda: self.client.list_multipart_uploads(self.keys.prefix),
+                                       what=self.keys.prefix)
+        for u in uploads:
+            if u.upload_id in known:
+                continue
+            try:
+                await self.gate.call("AbortMultipartUpload",
+                                     lambda u=u: self.client.abort_multipart_upload(u.key, u.upload_id), what=u.key)
+            except ObjectClientError as e:
+                log.warning("orphan_abort_failed", key=u.key, upload_id=u.upload_id, error=str(e))
+                continue
+            self.counters.orphans_aborted += 1
+            log.info("orphan_upload_aborted", key=u.key, upload_id=u.upload_id)
+
+    # ---- scheduling ------------------------------------------------------------------
+    def kick(self) -> None:
+        self._kick.set()
+
+    async def _scheduler(self) -> None:
+        while True:
+            try:
+                await self._enqueue_ready()
+                await self._dispatch()
+            except asyncio.CancelledError:
+                raise
+            except Exception:            # noqa: BLE001 - a bad pass must not stop the uploader
+                log.exception("uploader_pass_failed")
+            self._pass_done.set()
+            self._pass_done = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._kick.wait(), self.settings.poll_interval)
+            except asyncio.TimeoutError:
+                pass
+            self._kick.clear()
+
+    async def _enqueue_ready(self) -> None:
+        now = time.time_ns()
+        ready = self.store.ready_for_upload(now, int(self.settings.settle_seconds * 1e9), 1000)
+        if self._flush_prefixes:
+            # a flush skips the settle window for the files under its path
+            for ino in self.store.ready_for_upload(now, 0, 1 << 30):
+                try:
+                    path = self.store.path_of(ino)
+                except StoreError:
+                    continue
+                if path is not None and any(_under(path, p) for p in self._flush_prefixes):
+                    ready.append(ino)
+        for ino in ready:
+            if ino in self._upload_inos:
+                continue
+            try:
+                attr = self.store.getattr(ino)
+            except StoreError:
+                continue
+            job = {"kind": UPLOAD, "ino": ino, "change": attr.change, "t": time.time()}
+            self.store.queue_put(job)
+            self.store.set_data_state(ino, DataState.QUEUED, attr.change)
+            self._upload_inos.add(ino)
+
+    def _upload_path(self, ino: int) -> str | None:
+        try:
+            return self.store.path_of(ino)
+        except StoreError:
+            return None
+
+    async def _dispatch(self) -> None:
+        jobs = self.store.queue_list(QUEUE_WINDOW)
+        self._last_jobs = jobs
+        now = time.monotonic()
+        all_ns = KeysAhead()              # every pending namespace job (blocks uploads)
+        for _, job in jobs:
+            if job.get("kind") == NS:
+                all_ns.add(ns_keys(job))
+        uploading = KeysAhead()           # paths of running uploads
+        for jid, job in self._running_jobs.items():
+            if job.get("kind") == UPLOAD and job.get("_path"):
+                uploading.add([KeyRef(job["_path"])])
+        ahead = KeysAhead()               # earlier namespace jobs in this pass
+        max_jobs = self.settings.max_concurrency * 4
+        for job_id, job in jobs:
+            kind = job.get("kind")
+            if kind == NS:
+                keys = ns_keys(job)
+                if job_id not in self._running:
+                    blocked = ahead.blocks(keys) or uploading.blocks(keys)
+                    if uploading.blocks(keys):
+                        self._notify_running_upload(job_id, job)
+                    if (not blocked and len(self._running) < max_jobs
+                            and self._not_before.get(job_id, 0) <= now):
+                        self._start(job_id, job)
+                ahead.add(keys)
+            elif kind == UPLOAD:
+                if job_id in self._running or len(self._running) >= max_jobs:
+                    continue
+                if self._not_before.get(job_id, 0) > now:
+                    continue
+                path = self._upload_path(job["ino"])
+                keys = [KeyRef(path)] if path is not None else []
+                if all_ns.blocks(keys) or uploading.blocks(keys):
+                    continue
+                job["_path"] = path
+                uploading.add(keys)
+                self._start(job_id, job)
+            else:
+                log.warning("unknown_queue_job", job_id=job_id, job=job)
+                self.store.queue_done(job_id)
+
+    def _notify_running_upload(self, job_id: int, job: dict) -> None:
+        if job_id in self._notified or job.get("op") not in ("rename", "unlink"):
+            return
+        prog = self._progress.get(job.get("ino"))
+        if prog is None:
+            return
+        self._notified.add(job_id)
+        decision = prog.on_namespace_change(job["op"])
+        log.info("upload_namespace_change", ino=prog.ino, op=job["op"], decision=decision,
+                 bytes_done=prog.bytes_done, size=prog.size)
+
+    def _start(self, job_id: int, job: dict) -> None:
+        self._running_jobs[job_id] = job
+        self._running[job_id] = asyncio.create_task(self._run(job_id, job), name=f"uploader-job-{job_id}")
+
+    async def _run(self, job_id: int, job: dict) -> None:
+        kind = job.get("kind")
+        ino = job.get("ino")
+        try:
+            if kind == UPLOAD:
+                outcome = await self.worker.upload(job_id, {k: v for k, v in job.items() if k != "_path"},
+                                                   lambda p: self._progress.__setitem__(ino, p))
+            else:
+                outcome = await self.worker.namespace(job)
+        except Restart as e:
+            log.info("job_restart", job_id=job_id, ino=ino, reason=str(e))
+        except PermanentError as e:
+            self.counters.permanent_errors += 1
+            self.counters.last_error = self.permanent_error = f"{e.code}: {e}"
+            self._not_before[job_id] = time.monotonic() + self.permanent_retry_seconds
+            log.error("s3_permanent_error", job_id=job_id, kind=kind, op=job.get("op"), ino=ino,
+                      code=e.code, error=str(e), retry_in=self.permanent_retry_seconds)
+            if kind == UPLOAD:
+                self._set_dirty(ino)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:           # noqa: BLE001 - keep the job, say why loudly
+            self.counters.last_error = f"{type(e).__name__}: {e}"
+            self._not_before[job_id] = time.monotonic() + self.settings.backoff_max
+            log.exception("job_failed", job_id=job_id, kind=kind, op=job.get("op"), ino=ino)
+        else:
+            self.store.queue_done(job_id)
+            self._not_before.pop(job_id, None)
+            self._notified.discard(job_id)
+            if kind == UPLOAD:
+                self._upload_inos.discard(ino)
+            if self.permanent_error and outcome not in ("gone", "unlinked"):
+                self.permanent_error = None      # S3 accepts our work again
+            log.debug("job_done", job_id=job_id, kind=kind, op=job.get("op"), ino=ino, outcome=outcome)
+        finally:
+            self._running.pop(job_id, None)
+            self._running_jobs.pop(job_id, None)
+            if kind == UPLOAD:
+                self._progress.pop(ino, None)
+            self._kick.set()
+
+    def _set_dirty(self, ino: int) -> None:
+        try:
+            self.store.set_data_state(ino, DataState.DIRTY)
+        except StoreError:
+            pass
+
+    async def _evictor(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.evict_interval)
+            try:
+                freed = await asyncio.to_thread(self.store.maybe_evict)
+            except asyncio.CancelledError:
+                raise
+            except Exception:            # noqa: BLE001
+                log.exception("evict_failed")
+                continue
+            if freed:
+                self.counters.evicted_bytes += freed
+                log.info("evicted", bytes=freed)
+
+    # ---- API -----------------------------------------------------------------------------
+    async def fetch_missing(self, ino: int, ranges) -> None:
+        """Read-through hook for the NFS server (store.read raised EAGAIN with .missing)."""
+        await self.readthrough.fetch_missing(ino, ranges)
+
+    async def warmup(self, path: str) -> int:
+        """Fetch every absent byte of the file or tree at `path`; returns bytes fetched."""
+        return await self.readthrough.warmup(path)
+
+    async def flush(self, path_prefix: str | None = None, wait: bool = True,
+                    timeout: float | None = None) -> bool:
+        """Upload the files under `path_prefix` (export-relative; None: all) without waiting
+        for their settle window. With wait: return True once every file there is clean and
+        no queued job touches the path, False on timeout. Files still open for write are
+        not eligible, so a flush waits for their close."""
+        prefix = path_prefix.strip("/") if path_prefix else None
+        self._flush_prefixes.append(prefix)
+        try:
+            self.kick()
+            await self._pass_done.wait()        # at least one enqueue pass saw the flush
+            if not wait:
+                return self._flushed(prefix)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                if await asyncio.to_thread(self._flushed, prefix):
+                    return True
+                if deadline is not None and time.monotonic() >= deadline:
+                    return False
+                self.kick()
+                try:
+                    await asyncio.wait_for(self._pass_done.wait(), 0.5)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            self._flush_prefixes.remove(prefix)
+
+    def _flushed(self, prefix: str | None) -> bool:
+        for _, job in self.store.queue_list(QUEUE_WINDOW):
+            if job.get("kind") == UPLOAD:
+                path = self._upload_path(job["ino"])
+                if path is not None and _under(path, prefix):
+                    return False
+            elif any(_under(k.path.rstrip("/"), prefix) or (k.is_prefix and prefix and prefix.startswith(k.path))
+                     for k in ns_keys(job)):
+                return False
+        return all(st in (DataState.CLEAN, DataState.ABSENT) for _, st in self._walk(prefix))
+
+    def _walk(self, prefix: str | None):
+        """(ino, data_state) of every regular file under prefix (a file or a directory)."""
+        try:
+            attr = self.readthrough.resolve(prefix or "")
+        except StoreError as e:
+            if e.errno == errno.ENOENT:
+                return
+            raise
+        if attr.type == FileType.REG:
+            yield attr.ino, attr.data_state
+            return
+        stack = [attr.ino]
+        while stack:
+            for ent in self.store.readdir(stack.pop()):
+                if ent.attr.type == FileType.DIR:
+                    stack.append(ent.attr.ino)
+                elif ent.attr.type == FileType.REG:
+                    yield ent.attr.ino, ent.attr.data_state
+
+    def file_state(self, ino: int) -> dict:
+        """State of one file: dirty | queued | uploading (bytes_done) | clean (etag) | absent."""
+        attr = self.store.getattr(ino)
+        remote = self.store.remote_info(ino)
+        out = {"ino": ino, "path": self.store.path_of(ino), "state": attr.data_state.name.lower(),
+               "size": attr.size, "etag": remote.etag, "checksum": remote.checksum, "key": remote.key}
+        prog = self._progress.get(ino)
+        if prog is not None:
+            out.update(state="uploading", bytes_done=prog.bytes_done, bytes_in_flight=prog.bytes_in_flight,
+                       multipart=prog.multipart)
+        return out
+
+    def status(self) -> dict:
+        """Everything an operator or the metrics exporter wants, as plain data."""
+        jobs = self._last_jobs
+        now = time.time()
+        upload_ts = [j.get("t", now) for _, j in jobs if j.get("kind") == UPLOAD]
+        usage = self.store.usage() if hasattr(self.store, "usage") else {}
+        return {
+            "running": self._started,
+            "queue_depth": len(jobs),
+            "queued_uploads": sum(1 for _, j in jobs if j.get("kind") == UPLOAD),
+            "queued_namespace_ops": sum(1 for _, j in jobs if j.get("kind") == NS),
+            "jobs_running": len(self._running),
+            "oldest_dirty_age_seconds": round(now - min(upload_ts), 3) if upload_ts else 0.0,
+            "dirty_bytes": usage.get("dirty"),
+            "uploading": [{"ino": p.ino, "path": p.path, "size": p.size, "bytes_done": p.bytes_done}
+                          for p in self._progress.values()],
+            "concurrency_limit": round(self.gate.limiter.limit, 2),
+            "requests_in_flight": self.gate.limiter.in_flight,
+            "requests_waiting_retry": self.gate.waiting_retry,
+            "permanent_error": self.permanent_error,
+            **self.counters.as_dict(),
+        }

@@ -1,0 +1,478 @@
+"""What one job does in S3: upload a file (PUT or multipart with resume), mirror a rename
+(server-side copy + delete), delete, and keep directory markers.
+
+Every S3 request goes through the RequestGate; every store call that syncs runs in a
+thread. Object locations come from the store's RemoteInfo (key relative to the prefix).
+A move first makes sure the source is our object (RemoteInfo.key, else the object's
+ckptgw-ino metadata), so replaying an old rename never moves somebody else's object.
+"""
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import time
+from dataclasses import dataclass, field
+
+import structlog
+
+from cache.api import DataState, FileType, RemoteInfo, StoreError
+
+from .gate import RequestGate
+from .keys import DIR_CONTENT_TYPE, INO_META, KeyMap, object_metadata, part_ranges, part_size_for
+from .objectclient import NotFoundError, ObjectClient, PartInfo, PutResult, checksum_b64
+from .settings import S3_MAX_COPY, UploadSettings
+from .stats import Counters
+
+log = structlog.get_logger(__name__)
+
+COPY_PART = 1 << 30          # UploadPartCopy piece size for objects above 5 GiB
+
+
+class Restart(Exception):
+    """The upload stopped (aborted for a rename, or its multipart upload vanished):
+    run the same job again from the start."""
+
+
+@dataclass
+class UploadProgress:
+    """A running upload, visible in status() and told about renames/unlinks of its file."""
+    ino: int
+    path: str
+    size: int
+    multipart: bool
+    started: float = field(default_factory=time.time)
+    bytes_done: int = 0           # confirmed by S3
+    bytes_in_flight: int = 0
+    abort_requested: bool = False
+    finish_after_rename: bool = False
+
+    def on_namespace_change(self, op: str) -> str:
+        """A rename or unlink of this file arrived while it is uploading.
+
+        unlink: abort (the object is not wanted). rename: finishing costs the remaining
+        bytes (then a server-side copy, which crosses no network link of ours); aborting
+        and starting again under the new name costs all of them. So finish once any byte
+        is sent or in flight, abort while nothing has left yet."""
+        if op == "unlink" or (self.bytes_done + self.bytes_in_flight == 0):
+            self.abort_requested = True
+            return "abort"
+        self.finish_after_rename = True
+        return "finish"
+
+
+def _pread_exact(fd: int, offset: int, length: int) -> bytearray:
+    buf = bytearray(length)
+    view = memoryview(buf)
+    got = 0
+    while got < length:
+        n = os.preadv(fd, [view[got:]], offset + got)
+        if n == 0:          # file shorter than its recorded size (truncated meanwhile)
+            del view
+            return buf[:got]
+        got += n
+    return buf
+
+
+class Worker:
+    def __init__(self, store, client: ObjectClient, gate: RequestGate, keys: KeyMap,
+                 settings: UploadSettings, counters: Counters):
+        self.store = store
+        self.client = client
+        self.gate = gate
+        self.keys = keys
+        self.settings = settings
+        self.counters = counters
+        self.store_id = getattr(store, "instance_id", b"").hex()
+        self.algorithm = client.checksum_algorithm
+
+    async def _store(self, fn, *args):
+        return await asyncio.to_thread(fn, *args)
+
+    def _remote(self, ino: int) -> RemoteInfo | None:
+        try:
+            return self.store.remote_info(ino)
+        except StoreError as e:
+            if e.errno in (errno.ESTALE, errno.ENOENT):
+                return None
+            raise
+
+    # ---- upload ------------------------------------------------------------------------
+    async def upload(self, job_id: int, job: dict, progress_cb) -> str:
+        """Upload the file of an upload job. Returns what happened (for logs/tests)."""
+        ino = job["ino"]
+        try:
+            attr = self.store.getattr(ino)
+        except StoreError as e:
+            if e.errno in (errno.ESTALE, errno.ENOENT):
+                await self._abort_recorded_upload(job, None)
+                return "gone"
+            raise
+        path = self.store.path_of(ino)
+        if path is None:                       # unlinked since it was queued
+            await self._abort_recorded_upload(job, self._remote(ino))
+            return "unlinked"
+        if attr.type != FileType.REG:
+            return "not-a-file"
+        remote = self._remote(ino) or RemoteInfo()
+        if attr.data_state in (DataState.CLEAN, DataState.ABSENT) and remote.uploaded_change == attr.change:
+            return "already-clean"
+        change = attr.change
+        if not self.store.set_data_state(ino, DataState.UPLOADING, change):
+            # written again since: it becomes eligible again after its next settle
+            self.store.set_data_state(ino, DataState.DIRTY)
+            return "changed"
+        multipart = attr.size >= self.settings.multipart_threshold
+        prog = UploadProgress(ino, path, attr.size, multipart)
+        progress_cb(prog)
+        key = self.keys.file_key(path)
+        meta = object_metadata(attr, is_dir=False, store_id=self.store_id)
+        try:
+            if multipart:
+                result = await self._multipart(job_id, job, attr, key, path, remote, meta, prog)
+            else:
+                result = await self._put(attr, key, meta, prog)
+        except BaseException:
+            # leave it eligible again (the job stays queued and will retry or restart)
+            self.store.set_data_state(ino, DataState.QUEUED, change)
+            raise
+        info = RemoteInfo(key=path, etag=result.etag, checksum=result.checksum, uploaded_change=change,
+                          size=attr.size, upload_id=None, parts=[])
+        clean = await self._store(self.store.mark_uploaded, ino, info)
+        self.counters.uploads_done += 1
+        log.info("uploaded", ino=ino, path=path, size=attr.size, etag=result.etag,
+                 checksum=result.checksum, clean=clean, multipart=multipart)
+        return "uploaded" if clean else "uploaded-stale"
+
+    async def _put(self, attr, key: str, meta: dict, prog: UploadProgress) -> PutResult:
+        ino, size = attr.ino, attr.size
+
+        def send() -> PutResult:
+            fd = self.store.open_data_fd(ino)
+            try:
+                data = _pread_exact(fd, 0, size)
+            finally:
+                os.close(fd)
+            return self.client.put_object(key, data, metadata=meta,
+                                          checksum=checksum_b64(self.algorithm, data))
+
+        prog.bytes_in_flight = size
+        try:
+            result = await self.gate.call("PutObject", send, nbytes=size, what=key)
+        finally:
+            prog.bytes_in_flight = 0
+        prog.bytes_done = size
+        self.counters.bytes_uploaded += size
+        return result
+
+    async def _multipart(self, job_id: int, job: dict, attr, key: str, path: str, remote: RemoteInfo,
+                         meta: dict, prog: UploadProgress) -> PutResult:
+        ino, size, change = attr.ino, attr.size, attr.change
+        part_size = part_size_for(size, self.settings.part_size_min)
+        ranges = part_ranges(size, part_size)
+        done: dict[int, PartInfo] = {}
+        upload_id = None
+        if remote.upload_id:
+            same = (job.get("upload_id") == remote.upload_id and job.get("key") == key
+                    and job.get("upload_change") == change and job.get("part_size") == part_size)
+            if same:
+                done = await self._resumable_parts(key, remote, ranges)
+                if done is not None:
+                    upload_id = remote.upload_id
+                    self.counters.parts_resumed += len(done)
+                    log.info("multipart_resume", ino=ino, key=key, upload_id=upload_id,
+                             parts_kept=len(done), parts_total=len(ranges))
+                else:
+                    done = {}
+            if upload_id is None:
+                await self._abort_recorded_upload(job, remote)
+        if upload_id is None:
+            upload_id = await self.gate.call(
+                "CreateMultipartUpload", lambda: self.client.create_multipart_upload(key, metadata=meta), what=key)
+            job.update(key=key, upload_id=upload_id, upload_change=change, part_size=part_size)
+            await self._store(self.store.queue_update, job_id, job)
+            remote.upload_id, remote.parts = upload_id, []
+            await self._store(self.store.set_remote_info, ino, remote)
+            log.info("multipart_start", ino=ino, key=key, upload_id=upload_id, size=size,
+                     part_size=part_size, parts=len(ranges))
+        prog.bytes_done = sum(p.size for p in done.values())
+        pending = [r for r in ranges if r[0] not in done]
+        record_lock = asyncio.Lock()
+        fd = self.store.open_data_fd(ino)
+
+        async def send_part(number: int, offset: int, length: int) -> None:
+            def send() -> PartInfo:
+                data = _pread_exact(fd, offset, length)
+                return self.client.upload_part(key, upload_id, number, data,
+                                               checksum=checksum_b64(self.algorithm, data))
+            prog.bytes_in_flight += length
+            try:
+                part = await self.gate.call("UploadPart", send, nbytes=length, what=f"{key}#{number}")
+            finally:
+                prog.bytes_in_flight -= length
+            prog.bytes_done += part.size
+            self.counters.bytes_uploaded += part.size
+            async with record_lock:
+                done[number] = part
+                remote.parts = [(p.part_number, p.etag, p.checksum) for p in done.values()]
+                await self._store(self.store.set_remote_info, ino, remote)
+
+        async def part_worker() -> None:
+            while pending and not prog.abort_requested:
+                await send_part(*pending.pop(0))
+
+        workers = [asyncio.create_task(part_worker())
+                   for _ in range(min(len(pending), self.settings.max_concurrency))]
+        try:
+            while workers:
+                finished, running = await asyncio.wait(workers, timeout=0.2, return_when=asyncio.FIRST_EXCEPTION)
+                for t in finished:
+                    t.result()           # re-raise a part's error
+                workers = list(running)
+                if prog.abort_requested:
+                    for t in workers:
+                        t.cancel()
+                    await asyncio.gather(*workers, return_exceptions=True)
+                    workers = []
+        except NotFoundError:
+            # the upload id is gone (aborted elsewhere, or expired by a lifecycle rule)
+            await self._forget_upload(job_id, job, ino, remote)
+            raise Restart("multipart upload vanished")
+        finally:
+            for t in workers:
+                t.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+            os.close(fd)
+        if prog.abort_requested:
+            await self._abort_recorded_upload(job, remote)
+            self.counters.uploads_aborted += 1
+            raise Restart("aborted for a namespace change")
+        parts = [done[n] for n, _, _ in ranges]
+        try:
+            return await self.gate.call(
+                "CompleteMultipartUpload",
+                lambda: self.client.complete_multipart_upload(key, upload_id, parts), what=key)
+        except NotFoundError:
+            await self._forget_upload(job_id, job, ino, remote)
+            raise Restart("multipart upload vanished before completion")
+
+    async def _resumable_parts(self, key: str, remote: RemoteInfo, ranges) -> dict[int, PartInfo] | None:
+        """Parts S3 holds that match what we recorded after verifying them (ETag, size,
+        checksum); None if the upload id is unknown to S3."""
+        try:
+            listed = await self.gate.call("ListParts", lambda: self.client.list_parts(key, remote.upload_id),
+                                          what=key)
+        except NotFoundError:
+            return None
+        recorded = {int(n): (etag, ck) for n, etag, ck in remote.parts}
+        lengths = {n: length for n, _, length in ranges}
+        keep: dict[int, PartInfo] = {}
+        for p in listed:
+            rec = recorded.get(p.part_number)
+            if (rec and rec[0] == p.etag and p.size == lengths.get(p.part_number)
+                    and (p.checksum is None or p.checksum == rec[1])):
+                keep[p.part_number] = PartInfo(p.part_number, p.etag, p.size, rec[1])
+        return keep
+
+    async def _forget_upload(self, job_id: int, job: dict, ino: int, remote: RemoteInfo) -> None:
+        for k in ("key", "upload_id", "upload_change", "part_size"):
+            job.pop(k, None)
+        await self._store(self.store.queue_update, job_id, job)
+        remote.upload_id, remote.parts = None, []
+        try:
+            await self._store(self.store.set_remote_info, ino, remote)
+        except StoreError:
+            pass
+
+    async def _abort_recorded_upload(self, job: dict, remote: RemoteInfo | None) -> None:
+        upload_id = job.get("upload_id") or (remote.upload_id if remote else None)
+        key = job.get("key")
+        if not upload_id or not key:
+            return
+        try:
+            await self.gate.call("AbortMultipartUpload",
+                                 lambda: self.client.abort_multipart_upload(key, upload_id), what=key)
+        except NotFoundError:
+            pass
+        log.info("multipart_abort", key=key, upload_id=upload_id)
+        for k in ("key", "upload_id", "upload_change", "part_size"):
+            job.pop(k, None)
+        if remote is not None:
+            remote.upload_id, remote.parts = None, []
+            try:
+                await self._store(self.store.set_remote_info, job["ino"], remote)
+            except StoreError:
+                pass
+
+    # ---- namespace mirroring -------------------------------------------------------
+    async def namespace(self, job: dict) -> str:
+        op = job.get("op")
+        if op == "rename":
+            if job.get("type") == "dir":
+                return await self._move_dir(job)
+            return await self._move_file(job)
+        if op == "unlink":
+            return await self._delete_file(job)
+        if op in ("link", "symlink"):
+            # a hard link shares the object of the first name; symlinks are not mirrored
+            return "nothing-to-do"
+        if op == "mkdir":
+            return await self._put_dir_marker(job)
+        if op == "rmdir":
+            key = self.keys.dir_key(job.get("old_path") or job["new_path"])
+            await self.gate.call("DeleteObject", lambda: self.client.delete_object(key), what=key)
+            self.counters.deletes_done += 1
+            return "marker-deleted"
+        log.warning("unknown_job", job=job)
+        return "ignored"
+
+    async def _is_ours(self, path: str, ino: int, remote: RemoteInfo | None):
+        """The object at `path` if it holds this inode's data, else None."""
+        key = self.keys.file_key(path)
+        info = await self.gate.call("HeadObject", lambda: self.client.head_object(key), what=key)
+        if info is None:
+            return None
+        owner = info.metadata.get(INO_META)
+        if owner == str(ino):
+            return info
+        # an imported object (written by someone else) carries no inode: match by ETag
+        if owner is None and remote is not None and remote.etag and info.etag == remote.etag:
+            return info
+        return None
+
+    async def _copy(self, src: str, dst: str, size: int) -> PutResult:
+        if size <= S3_MAX_COPY:
+            res = await self.gate.call("CopyObject", lambda: self.client.copy_object(src, dst), what=dst)
+        else:
+            res = await self._copy_multipart(src, dst, size)
+        self.counters.bytes_copied += size
+        return res
+
+    async def _copy_multipart(self, src: str, dst: str, size: int) -> PutResult:
+        """UploadPartCopy for objects above CopyObject's 5 GiB limit (metadata carried over
+        from a HEAD of the source, since multipart copies do not copy it)."""
+        info = await self.gate.call("HeadObject", lambda: self.client.head_object(src), what=src)
+        meta = info.metadata if info else {}
+        upload_id = await self.gate.call(
+            "CreateMultipartUpload", lambda: self.client.create_multipart_upload(dst, metadata=meta), what=dst)
+        piece = max(COPY_PART, part_size_for(size, COPY_PART))
+        try:
+            parts = await asyncio.gather(*(
+                self.gate.call("UploadPartCopy", lambda n=n, o=o, ln=ln: self.client.upload_part_copy(
+                    src, dst, upload_id, n, o, o + ln - 1), what=f"{dst}#{n}")
+                for n, o, ln in part_ranges(size, piece)))
+            return await self.gate.call(
+                "CompleteMultipartUpload",
+                lambda: self.client.complete_multipart_upload(dst, upload_id, list(parts)), what=dst)
+        except BaseException:
+            await self.gate.call("AbortMultipartUpload",
+                                 lambda: self.client.abort_multipart_upload(dst, upload_id), what=dst)
+            raise
+
+    async def _move_file(self, job: dict) -> str:
+        ino, old, new = job["ino"], job["old_path"], job["new_path"]
+        remote = self._remote(ino)
+        if remote is not None and (not remote.etag or remote.key == new):
+            return "nothing-to-move"      # never uploaded, or already uploaded under the new name
+        size = remote.size if remote else 0
+        if remote is None or remote.key != old:
+            info = await self._is_ours(old, ino, remote)
+            if info is None:
+                return "not-ours"
+            size = info.size
+        src, dst = self.keys.file_key(old), self.keys.file_key(new)
+        try:
+            res = await self._copy(src, dst, size)
+        except NotFoundError:
+            return "source-missing"
+        await self.gate.call("DeleteObject", lambda: self.client.delete_object(src), what=src)
+        self.counters.moves_done += 1
+        if remote is not None:
+            remote.key, remote.etag, remote.checksum = new, res.etag, res.checksum or remote.checksum
+            try:
+                await self._store(self.store.set_remote_info, ino, remote)
+            except StoreError as e:
+                if e.errno not in (errno.ESTALE, errno.ENOENT):
+                    raise
+        log.info("moved", ino=ino, src=src, dst=dst, size=size)
+        return "moved"
+
+    async def _move_dir(self, job: dict) -> str:
+        old, new = job["old_path"].rstrip("/"), job["new_path"].rstrip("/")
+        old_prefix, new_prefix = self.keys.dir_prefix(old), self.keys.dir_prefix(new)
+        objects = await self.gate.call("ListObjectsV2", lambda: list(self.client.list_objects(old_prefix)),
+                                       what=old_prefix)
+        moved: dict[str, tuple[str, PutResult]] = {}
+
+        async def move_one(obj) -> None:
+            dst = new_prefix + obj.key[len(old_prefix):]
+            try:
+                res = await self._copy(obj.key, dst, obj.size)
+            except NotFoundError:
+                return
+            await self.gate.call("DeleteObject", lambda: self.client.delete_object(obj.key), what=obj.key)
+            self.counters.moves_done += 1
+            moved[obj.key[len(self.keys.prefix):]] = (dst[len(self.keys.prefix):], res)
+
+        await asyncio.gather(*(move_one(o) for o in objects))
+        await self._store(self._rekey_subtree, job.get("ino"), moved)
+        log.info("moved_dir", src=old_prefix, dst=new_prefix, objects=len(moved))
+        return "moved-dir"
+
+    def _rekey_subtree(self, dir_ino: int | None, moved: dict) -> None:
+        """Point the RemoteInfo of files still under the moved directory at their new keys."""
+        if not moved or dir_ino is None:
+            return
+        stack = [dir_ino]
+        while stack:
+            d = stack.pop()
+            try:
+                entries = list(self.store.readdir(d))
+            except StoreError:
+                continue
+            for ent in entries:
+                if ent.attr.type == FileType.DIR:
+                    stack.append(ent.attr.ino)
+                    continue
+                remote = self._remote(ent.attr.ino)
+                if remote is not None and remote.key in moved:
+                    remote.key, res = moved[remote.key]
+                    remote.etag, remote.checksum = res.etag, res.checksum or remote.checksum
+                    self.store.set_remote_info(ent.attr.ino, remote)
+
+    async def _delete_file(self, job: dict) -> str:
+        ino, old = job["ino"], job["old_path"]
+        remote = self._remote(ino)
+        if remote is not None and not remote.etag:
+            return "never-uploaded"
+        if remote is None or remote.key != old:
+            if await self._is_ours(old, ino, remote) is None:
+                return "not-ours"
+        key = self.keys.file_key(old)
+        await self.gate.call("DeleteObject", lambda: self.client.delete_object(key), what=key)
+        self.counters.deletes_done += 1
+        if remote is not None and remote.key == old and not job.get("last_link", True):
+            # another name still links the file: upload it again under that name
+            remote.key, remote.etag = None, None
+            try:
+                await self._store(self.store.set_remote_info, ino, remote)
+                self.store.set_data_state(ino, DataState.DIRTY)
+            except StoreError:
+                pass
+        log.info("deleted", ino=ino, key=key)
+        return "deleted"
+
+    async def _put_dir_marker(self, job: dict) -> str:
+        path = job.get("new_path") or job.get("old_path")
+        try:
+            attr = self.store.getattr(job["ino"])
+        except StoreError as e:
+            if e.errno in (errno.ESTALE, errno.ENOENT):
+                return "gone"
+            raise
+        key = self.keys.dir_key(path)
+        meta = object_metadata(attr, is_dir=True, store_id=self.store_id)
+        await self.gate.call("PutObject", lambda: self.client.put_object(
+            key, b"", metadata=meta, checksum=checksum_b64(self.algorithm, b""),
+            content_type=DIR_CONTENT_TYPE), what=key)
+        return "marker-put"
