@@ -1,0 +1,47 @@
+"""The NFSv4 op dispatch table: every op module's HANDLERS merged into one dict.
+
+One module per op family (the NFS-Ganesha shape: find an op by its family name);
+each exports `HANDLERS = {OP_X: async handler(ctx, args) -> X4res}`.
+"""
+from __future__ import annotations
+
+import importlib
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+OP_MODULES = (
+    "nfsd.ops.session",      # EXCHANGE_ID CREATE_SESSION DESTROY_* BIND_CONN_TO_SESSION RECLAIM_COMPLETE
+    "nfsd.ops.filehandle",   # PUTFH PUTROOTFH PUTPUBFH GETFH SAVEFH RESTOREFH LOOKUP LOOKUPP
+    "nfsd.ops.attrs",        # GETATTR SETATTR ACCESS VERIFY NVERIFY
+    "nfsd.ops.namespace",    # CREATE LINK REMOVE RENAME READLINK
+    "nfsd.ops.readdir",      # READDIR
+    "nfsd.ops.open",         # OPEN OPEN_DOWNGRADE CLOSE DELEGRETURN
+    "nfsd.ops.io",           # READ WRITE COMMIT
+    "nfsd.ops.secinfo",      # SECINFO SECINFO_NO_NAME
+    "nfsd.ops.stateid",      # TEST_STATEID FREE_STATEID
+)
+
+
+def load_handlers(modules=OP_MODULES) -> dict:
+    """Import the op modules and merge their tables. A module that is missing (only
+    while the project is being built) is skipped with a warning; a module that
+    fails to import for any other reason is an error."""
+    handlers: dict = {}
+    for name in modules:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            log.warning("op_module_missing", module=name)
+            continue
+        for opnum, handler in module.HANDLERS.items():
+            if opnum in handlers:
+                raise RuntimeError(f"op {opnum} handled by two modules ({name})")
+            handlers[opnum] = handler
+    return handlers
+
+
+HANDLERS = load_handlers()

@@ -1,0 +1,66 @@
+"""Dev entry point: python -m nfsd --listen 127.0.0.1:PORT --cache-dir DIR --export /checkpoints
+
+Runs in the foreground; SIGTERM/SIGINT stop it cleanly (stop accepting, finish
+in-flight calls, close the store).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+import structlog
+
+from cache.store import Store
+from nfsd.exports import Exports
+from nfsd.server import NfsServer
+from nfsd.state import DEFAULT_LEASE_TIME
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m nfsd", description=__doc__.splitlines()[0])
+    p.add_argument("--listen", type=parse_listen, default=("127.0.0.1", 2049),
+                   help="HOST:PORT to listen on (default 127.0.0.1:2049)")
+    p.add_argument("--cache-dir", required=True, help="the store's directory")
+    p.add_argument("--export", default="/checkpoints", help="export path (default /checkpoints)")
+    p.add_argument("--lease-time", type=float, default=DEFAULT_LEASE_TIME,
+                   help="NFSv4 lease time in seconds (default 90)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return p
+
+
+async def run(args) -> None:
+    store = Store.open(args.cache_dir)
+    try:
+        server = NfsServer(store, Exports.single(args.export), args.lease_time)
+        await server.start(*args.listen)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        structlog.get_logger("nfsd").info("nfsd_stopping")
+        await server.stop()
+    finally:
+        await asyncio.to_thread(store.close)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(
+        getattr(logging, args.log_level.upper())))
+    asyncio.run(run(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

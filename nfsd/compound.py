@@ -1,0 +1,342 @@
+"""The COMPOUND procedure (RFC 8881 sections 2.10.6, 15.2, 16.2): decode, sequence, dispatch.
+
+`run_compound` decodes a COMPOUND4args from the call's buffer, applies the session
+rules of NFSv4.1/4.2 (SEQUENCE first, its slot and reply cache), runs the ops in
+order until one fails, and encodes the COMPOUND4res straight after the RPC reply
+header in the caller's buffer. Op handlers come from nfsd/ops (one module per
+family); they return their op's result or raise NfsError.
+"""
+from __future__ import annotations
+
+import struct
+import time
+from dataclasses import dataclass
+
+import structlog
+
+import nfsd.xdr.nfs4 as nfs4
+from nfsd.context import CompoundContext
+from nfsd.errors import NfsError
+from nfsd.ops import session as session_ops
+from nfsd.xdr.core import XdrError
+from nfsd.xdr.nfs4 import (
+    ILLEGAL4res, NFS4_OK, NFS4ERR_MINOR_VERS_MISMATCH, NFS4ERR_NOENT, NFS4ERR_NOTSUPP,
+    NFS4ERR_NOT_ONLY_OP, NFS4ERR_OP_ILLEGAL, NFS4ERR_OP_NOT_IN_SESSION, NFS4ERR_REP_TOO_BIG,
+    NFS4ERR_RESOURCE, NFS4ERR_RETRY_UNCACHED_REP, NFS4ERR_SEQUENCE_POS, NFS4ERR_SERVERFAULT,
+    NFS4ERR_TOO_MANY_OPS, OP_BIND_CONN_TO_SESSION, OP_CREATE_SESSION, OP_DESTROY_CLIENTID,
+    OP_DESTROY_SESSION, OP_EXCHANGE_ID, OP_ILLEGAL, OP_SEQUENCE, nfs_argop4, nfs_resop4,
+    utf8str_cs,
+)
+
+log = structlog.get_logger(__name__)
+
+_U32 = struct.Struct(">I")
+
+OP_NAMES = {getattr(nfs4, n): n[3:] for n in dir(nfs4)
+            if n.startswith("OP_") and isinstance(getattr(nfs4, n), int)}
+STATUS_NAMES = {getattr(nfs4, n): n for n in dir(nfs4)
+                if (n.startswith("NFS4ERR_") or n == "NFS4_OK") and isinstance(getattr(nfs4, n), int)}
+
+# Op numbers per minor version (RFC 7530, RFC 8881, RFC 7862 + RFC 8276 xattrs).
+LAST_OP = {0: 39, 1: 58, 2: 75}
+SUPPORTED_MINOR_VERSIONS = (0, 1, 2)
+# NFSv4.0 ops that NFSv4.1 servers MUST NOT implement (RFC 8881 section 18: "MNI").
+V40_ONLY_OPS = frozenset(getattr(nfs4, n) for n in (
+    "OP_OPEN_CONFIRM", "OP_RENEW", "OP_SETCLIENTID", "OP_SETCLIENTID_CONFIRM",
+    "OP_RELEASE_LOCKOWNER"))
+# May start a COMPOUND without SEQUENCE, as its only op (RFC 8881 section 2.6.3.1.1.x).
+SESSIONLESS_OPS = frozenset({OP_EXCHANGE_ID, OP_CREATE_SESSION, OP_DESTROY_SESSION,
+                             OP_DESTROY_CLIENTID, OP_BIND_CONN_TO_SESSION})
+# More ops than this in one COMPOUND are refused before decoding (each needs >= 4 bytes).
+MAX_DECODED_OPS = 4096
+# Errors that are the normal answer to a question (LOOKUP of a missing name): debug only.
+ROUTINE_ERRORS = frozenset({NFS4ERR_NOENT})
+
+
+class GarbageArgs(Exception):
+    """The COMPOUND4args cannot be decoded: the RPC layer answers GARBAGE_ARGS."""
+
+
+def op_name(opnum: int) -> str:
+    return OP_NAMES.get(opnum, f"op{opnum}")
+
+
+def status_name(status: int) -> str:
+    return STATUS_NAMES.get(status, str(status))
+
+
+# ---- op results -------------------------------------------------------------------
+
+_RESULT_TYPES: dict[int, type] = {}
+
+
+def result_type(opnum: int):
+    t = _RESULT_TYPES.get(opnum)
+    if t is None:
+        t = getattr(nfs4, OP_NAMES[opnum] + "4res")
+        _RESULT_TYPES[opnum] = t
+    return t
+
+
+def _zero_value(t):
+    kind = getattr(t, "xdr_kind", None)
+    if kind in ("varray", "farray"):
+        return []
+    if kind in ("vopaque", "fopaque", "string"):
+        return b""
+    if kind == "bool":
+        return False
+    return 0
+
+
+def error_result(opnum: int, status: int) -> nfs_resop4:
+    """The op's result carrying only an error status. Most results are unions whose
+    error arms are void; some are structs (status first, e.g. SETATTR4res: status +
+    attrsset, which is empty on error)."""
+    if opnum not in OP_NAMES or opnum == OP_ILLEGAL:
+        return nfs_resop4(OP_ILLEGAL, ILLEGAL4res(status))
+    t = result_type(opnum)
+    if t.xdr_kind == "struct":
+        extra = [_zero_value(ft) for _name, ft in t.xdr_fields[1:]]
+        return nfs_resop4(opnum, t(status, *extra))
+    return nfs_resop4(opnum, t(status))
+
+
+def result_status(res) -> int:
+    if res.xdr_kind == "struct":
+        return getattr(res, res.__slots__[0])
+    return res.tag
+
+
+# ---- decoding ---------------------------------------------------------------------
+
+@dataclass(slots=True)
+class CompoundArgs:
+    tag: bytes
+    minorversion: int
+    ops: list               # nfs_argop4 values
+    illegal_opnum: int | None = None   # an unknown op ended decoding here
+
+
+def decode_compound(buf: memoryview) -> CompoundArgs:
+    """COMPOUND4args, op by op, so an unknown op number can be answered with
+    OP_ILLEGAL after the ops before it (RFC 8881 section 15.2) rather than
+    failing the whole call. Anything else malformed raises GarbageArgs."""
+    try:
+        tag, pos = utf8str_cs.unpack(buf, 0)
+        if pos + 8 > len(buf):
+            raise GarbageArgs("COMPOUND4args: truncated header")
+        minorversion, count = struct.unpack_from(">II", buf, pos)
+        pos += 8
+        args = CompoundArgs(bytes(tag), minorversion, [])
+        if minorversion not in SUPPORTED_MINOR_VERSIONS:
+            return args          # the ops may belong to a version we do not know
+        if count > MAX_DECODED_OPS:
+            args.illegal_opnum = -1
+            return args
+        for _ in range(count):
+            if pos + 4 > len(buf):
+                raise GarbageArgs("COMPOUND4args: truncated op array")
+            (opnum,) = _U32.unpack_from(buf, pos)
+            if opnum not in OP_NAMES or opnum == OP_ILLEGAL:
+                args.illegal_opnum = opnum
+                return args
+            op, pos = nfs_argop4.unpack(buf, pos)
+            args.ops.append(op)
+        if pos != len(buf):
+            raise GarbageArgs(f"COMPOUND4args: {len(buf) - pos} bytes after the last op")
+        return args
+    except XdrError as exc:
+        raise GarbageArgs(str(exc)) from None
+
+
+# ---- the loop ---------------------------------------------------------------------
+
+@dataclass(slots=True)
+class CompoundOutcome:
+    status: int
+    opnums: list
+    replayed: bool = False
+
+
+class _Results:
+    """COMPOUND4res encoded as it grows: status and count are patched at the end."""
+
+    def __init__(self, out: bytearray, tag: bytes, limit: int):
+        self.out = out
+        self.start = len(out)
+        self.limit = limit
+        out += b"\0\0\0\0"                      # status, patched
+        utf8str_cs.pack(tag, out)
+        self.count_at = len(out)
+        out += b"\0\0\0\0"                      # resarray length, patched
+        self.count = 0
+        self.status = NFS4_OK
+        self.opnums: list = []
+
+    def add(self, resop) -> int:
+        """Encode one op result; returns its status. A result that cannot be encoded
+        (a handler bug) becomes NFS4ERR_SERVERFAULT; one that makes the reply larger
+        than the session allows becomes NFS4ERR_REP_TOO_BIG (RFC 8881 18.46.3)."""
+        mark = len(self.out)
+        try:
+            nfs_resop4.pack(resop, self.out)
+        except XdrError as exc:
+            del self.out[mark:]
+            log.error("op_result_unencodable", op=op_name(resop.tag), error=str(exc))
+            resop = error_result(resop.tag, NFS4ERR_SERVERFAULT)
+            nfs_resop4.pack(resop, self.out)
+        if len(self.out) - self.start > self.limit:
+            del self.out[mark:]
+            resop = error_result(resop.tag, NFS4ERR_REP_TOO_BIG)
+            nfs_resop4.pack(resop, self.out)
+        self.count += 1
+        self.opnums.append(resop.tag)
+        self.status = result_status(resop.value)
+        return self.status
+
+    def finish(self) -> None:
+        _U32.pack_into(self.out, self.start, self.status)
+        _U32.pack_into(self.out, self.count_at, self.count)
+
+
+async def run_compound(server, cred, peer, conn, args_buf: memoryview,
+                       out: bytearray) -> CompoundOutcome:
+    """Run one COMPOUND; append the encoded COMPOUND4res to `out`.
+    Raises GarbageArgs when the arguments cannot be decoded."""
+    started = time.monotonic()
+    args = decode_compound(args_buf)
+    ctx = CompoundContext(server=server, cred=cred, peer=peer, conn=conn,
+                          minorversion=args.minorversion, tag=args.tag)
+    body_start = len(out)
+    limit = session_ops.MAX_RESPONSE_SIZE
+    results = _Results(out, args.tag, limit)
+    outcome = CompoundOutcome(NFS4_OK, results.opnums)
+    slot = None
+    cachethis = False
+    try:
+        if args.minorversion not in SUPPORTED_MINOR_VERSIONS:
+            results.status = NFS4ERR_MINOR_VERS_MISMATCH          # no results (16.2.3)
+        elif args.illegal_opnum == -1:
+            results.status = (NFS4ERR_RESOURCE if args.minorversion == 0
+                              else NFS4ERR_TOO_MANY_OPS)
+        else:
+            ops = args.ops
+            first = 0
+            if args.minorversion >= 1 and ops:
+                first, slot, replay = _start_session_part(ctx, args, results, len(args_buf))
+                if replay is not None:
+                    del out[body_start:]
+                    out += replay
+                    outcome.replayed = True
+                    outcome.status = _U32.unpack_from(replay, 0)[0]
+                    return outcome
+                if slot is not None:
+                    cachethis = bool(ops[0].value.sa_cachethis)
+                    results.limit = ctx.session.fore.maxresponsesize
+            if first is not None:
+                await _run_ops(ctx, args, ops, first, results)
+        results.finish()
+        outcome.status = results.status
+        if slot is not None:
+            session_ops.store_reply(slot, out[body_start:], cachethis)
+            slot = None
+        return outcome
+    finally:
+        if slot is not None:         # cancelled or crashed: free the slot, keep nothing
+            slot.in_progress = False
+        _log_compound(ctx, args, outcome, started)
+
+
+def _start_session_part(ctx, args, results: _Results, request_size: int):
+    """The 4.1 rules for the first op (RFC 8881 2.6.3.1, 18.46). Returns
+    (index of the next op to run or None to stop, slot to cache into, replay bytes)."""
+    ops = args.ops
+    op0 = ops[0]
+    if op0.tag != OP_SEQUENCE:
+        if op0.tag in SESSIONLESS_OPS:
+            if len(ops) > 1 or args.illegal_opnum is not None:
+                results.add(error_result(op0.tag, NFS4ERR_NOT_ONLY_OP))
+                return None, None, None
+            return 0, None, None
+        status = NFS4ERR_OP_NOT_IN_SESSION
+        if not _op_in_version(op0.tag, args.minorversion):
+            status = NFS4ERR_OP_ILLEGAL
+        results.add(error_result(op0.tag, status))
+        return None, None, None
+    nops = len(ops) + (1 if args.illegal_opnum is not None else 0)
+    try:
+        seq = session_ops.sequence(ctx, op0.value, request_size, nops)
+    except NfsError as err:
+        _log_op_error(ctx, op0.tag, err)
+        results.add(error_result(OP_SEQUENCE, err.status))
+        return None, None, None
+    if seq.replay is not None:
+        return None, None, seq.replay
+    results.add(nfs_resop4(OP_SEQUENCE, seq.result))
+    if seq.uncached_retry:
+        # RFC 8881 2.10.6.1.3: SEQUENCE succeeds, the next op says the reply is gone.
+        if len(ops) > 1:
+            results.add(error_result(ops[1].tag, NFS4ERR_RETRY_UNCACHED_REP))
+        return None, None, None
+    return 1, seq.slot, None
+
+
+def _op_in_version(opnum: int, minorversion: int) -> bool:
+    return 3 <= opnum <= LAST_OP[minorversion]
+
+
+async def _run_ops(ctx, args: CompoundArgs, ops: list, first: int, results: _Results) -> None:
+    handlers = ctx.server.handlers
+    last = len(ops) - 1
+    for i in range(first, len(ops)):
+        op = ops[i]
+        opnum = op.tag
+        ctx.extra["last_op"] = i == last and args.illegal_opnum is None
+        if not _op_in_version(opnum, ctx.minorversion):
+            results.add(error_result(OP_ILLEGAL, NFS4ERR_OP_ILLEGAL))
+            return
+        if ctx.minorversion >= 1 and opnum == OP_SEQUENCE:
+            results.add(error_result(opnum, NFS4ERR_SEQUENCE_POS))
+            return
+        if ctx.minorversion >= 1 and opnum in V40_ONLY_OPS:
+            results.add(error_result(opnum, NFS4ERR_NOTSUPP))
+            return
+        handler = handlers.get(opnum)
+        if handler is None:        # pNFS, delegations, locks, 4.2 extras: not offered
+            results.add(error_result(opnum, NFS4ERR_NOTSUPP))
+            return
+        try:
+            res = await handler(ctx, op.value)
+            resop = nfs_resop4(opnum, res)
+        except NfsError as err:
+            _log_op_error(ctx, opnum, err)
+            resop = error_result(opnum, err.status)
+        except Exception:
+            log.exception("op_failed", op=op_name(opnum), client=_client_name(ctx))
+            resop = error_result(opnum, NFS4ERR_SERVERFAULT)
+        if results.add(resop) != NFS4_OK:
+            return
+    if args.illegal_opnum is not None:
+        results.add(error_result(OP_ILLEGAL, NFS4ERR_OP_ILLEGAL))
+
+
+# ---- logging ----------------------------------------------------------------------
+
+def _client_name(ctx) -> str:
+    if ctx.client is not None:
+        return ctx.client.name
+    return ctx.peer[0] if ctx.peer else "?"
+
+
+def _log_op_error(ctx, opnum: int, err: NfsError) -> None:
+    level = log.debug if err.status in ROUTINE_ERRORS else log.info
+    level("op_error", client=_client_name(ctx), op=op_name(opnum),
+          status=status_name(err.status), detail=err.detail or None)
+
+
+def _log_compound(ctx, args: CompoundArgs, outcome: CompoundOutcome, started: float) -> None:
+    log.debug("compound", client=_client_name(ctx), minorversion=args.minorversion,
+              ops=[op_name(op.tag) for op in args.ops], status=status_name(outcome.status),
+              replayed=outcome.replayed or None,
+              ms=round((time.monotonic() - started) * 1000, 3))

@@ -1,0 +1,343 @@
+"""NFSv4.1 client and session operations (RFC 8881 sections 18.34-18.37, 18.46, 18.50, 18.51).
+
+EXCHANGE_ID, CREATE_SESSION, DESTROY_SESSION, DESTROY_CLIENTID, SEQUENCE,
+BIND_CONN_TO_SESSION, RECLAIM_COMPLETE. The bookkeeping objects live in nfsd/state.py;
+SEQUENCE's slot/replay logic is driven by the COMPOUND loop (nfsd/compound.py),
+which calls `sequence()` here. We offer SP4_NONE only, no pNFS, and never send
+callbacks (so never grant delegations): a back channel the client asks for is
+accepted and stays silent.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import structlog
+
+from nfsd.errors import NfsError
+from nfsd.state import ChannelAttrs, Client, Session, Slot, next_seqid
+from nfsd.xdr.nfs4 import (
+    BIND_CONN_TO_SESSION4res, BIND_CONN_TO_SESSION4resok, CDFC4_BACK, CDFC4_BACK_OR_BOTH,
+    CDFC4_FORE, CDFC4_FORE_OR_BOTH, CDFS4_BACK, CDFS4_BOTH, CDFS4_FORE,
+    CREATE_SESSION4_FLAG_CONN_BACK_CHAN, CREATE_SESSION4res, CREATE_SESSION4resok,
+    DESTROY_CLIENTID4res, DESTROY_SESSION4res, EXCHANGE_ID4res, EXCHANGE_ID4resok,
+    EXCHGID4_FLAG_BIND_PRINC_STATEID, EXCHGID4_FLAG_CONFIRMED_R, EXCHGID4_FLAG_SUPP_MOVED_MIGR,
+    EXCHGID4_FLAG_SUPP_MOVED_REFER, EXCHGID4_FLAG_UPD_CONFIRMED_REC_A,
+    EXCHGID4_FLAG_USE_NON_PNFS, EXCHGID4_FLAG_USE_PNFS_DS, EXCHGID4_FLAG_USE_PNFS_MDS,
+    NFS4_OK, NFS4ERR_BADSESSION, NFS4ERR_BADSLOT, NFS4ERR_CLID_INUSE,
+    NFS4ERR_CLIENTID_BUSY, NFS4ERR_COMPLETE_ALREADY, NFS4ERR_DELAY, NFS4ERR_INVAL,
+    NFS4ERR_NOENT, NFS4ERR_NOT_ONLY_OP, NFS4ERR_NOT_SAME, NFS4ERR_NOTSUPP, NFS4ERR_PERM,
+    NFS4ERR_RESOURCE, NFS4ERR_SEQ_MISORDERED, NFS4ERR_STALE_CLIENTID, NFS4ERR_TOOSMALL,
+    NFS4ERR_TOO_MANY_OPS, NFS4ERR_REQ_TOO_BIG,
+    OP_BIND_CONN_TO_SESSION, OP_CREATE_SESSION, OP_DESTROY_CLIENTID, OP_DESTROY_SESSION,
+    OP_EXCHANGE_ID, OP_RECLAIM_COMPLETE, RECLAIM_COMPLETE4res, SEQUENCE4res,
+    SEQUENCE4resok, SP4_NONE, channel_attrs4, nfs_impl_id4, nfstime4, server_owner4,
+    state_protect4_r,
+)
+
+log = structlog.get_logger(__name__)
+
+# Flags a client may send in eia_flags (RFC 8881 18.35.3); anything else is NFS4ERR_INVAL.
+EXCHGID4_FLAG_MASK_A = (EXCHGID4_FLAG_SUPP_MOVED_REFER | EXCHGID4_FLAG_SUPP_MOVED_MIGR
+                        | 0x4  # EXCHGID4_FLAG_SUPP_FENCE_OPS (RFC 7862)
+                        | EXCHGID4_FLAG_BIND_PRINC_STATEID | EXCHGID4_FLAG_USE_NON_PNFS
+                        | EXCHGID4_FLAG_USE_PNFS_MDS | EXCHGID4_FLAG_USE_PNFS_DS
+                        | EXCHGID4_FLAG_UPD_CONFIRMED_REC_A)
+
+# Our fore channel limits: a 1 MiB READ/WRITE plus generous room for the other ops of
+# the COMPOUND and its headers. The RPC record limit (nfsd/rpc.py) is above this.
+MAX_IO_SIZE = 1024 * 1024
+MAX_REQUEST_SIZE = MAX_IO_SIZE + 64 * 1024
+MAX_RESPONSE_SIZE = MAX_IO_SIZE + 64 * 1024
+MAX_OPERATIONS = 256
+MAX_SLOTS = 64
+# Replies up to this size are kept in the slot whatever sa_cachethis says, so a
+# retransmission is answered exactly (READ data is the only thing usually bigger).
+REPLY_CACHE_LIMIT = 64 * 1024
+MIN_REQUEST_SIZE = 1024            # below this no useful COMPOUND fits (NFS4ERR_TOOSMALL)
+
+SERVER_IMPL = nfs_impl_id4(nii_domain=b"ckptgw.invalid", nii_name=b"ckptgw nfsd",
+                           nii_date=nfstime4(seconds=0, nseconds=0))
+
+
+def principal_of(cred) -> tuple:
+    """Who is asking, for the client-record rules of EXCHANGE_ID (RFC 8881 2.4.3)."""
+    return (cred.flavor, cred.uid)
+
+
+# ---- EXCHANGE_ID (RFC 8881 18.35) -------------------------------------------------
+
+async def op_exchange_id(ctx, args) -> EXCHANGE_ID4res:
+    mgr = ctx.server.sessions
+    flags = args.eia_flags
+    if flags & ~EXCHGID4_FLAG_MASK_A:
+        raise NfsError(NFS4ERR_INVAL, f"eia_flags {flags:#x}")
+    if args.eia_state_protect.tag != SP4_NONE:
+        # SP4_MACH_CRED / SP4_SSV need RPCSEC_GSS, which we do not offer.
+        raise NfsError(NFS4ERR_NOTSUPP, "state protection other than SP4_NONE")
+    owner = bytes(args.eia_clientowner.co_ownerid)
+    verifier = bytes(args.eia_clientowner.co_verifier)
+    principal = principal_of(ctx.cred)
+    update = bool(flags & EXCHGID4_FLAG_UPD_CONFIRMED_REC_A)
+
+    conf = mgr.find_by_owner(owner, confirmed=True)
+    client: Client | None = None
+    if conf is not None:
+        same_principal = conf.principal == principal
+        same_verifier = conf.verifier == verifier
+        if update:
+            if not same_verifier:
+                raise NfsError(NFS4ERR_NOT_SAME, "update with another verifier")   # case 8
+            if not same_principal:
+                raise NfsError(NFS4ERR_PERM, "update by another principal")          # case 9
+            client = conf                                                           # case 6
+        elif not same_principal:                                                    # case 3
+            if conf.sessions:
+                raise NfsError(NFS4ERR_CLID_INUSE, "owner in use by another principal")
+            mgr.remove_client(conf, "owner taken over by another principal")
+        elif same_verifier:
+            client = conf                                                           # case 2
+        # else case 5: the client rebooted; the old record goes when the new one is
+        # confirmed by CREATE_SESSION.
+    elif update:
+        raise NfsError(NFS4ERR_NOENT, "update of an unknown client")                # case 7
+    if client is None:
+        unconf = mgr.find_by_owner(owner, confirmed=False)
+        if unconf is not None:                                                      # case 4
+            mgr.remove_client(unconf, "replaced by a new EXCHANGE_ID")
+        if len(mgr.clients) >= mgr.max_clients:
+            mgr.expire_idle()
+            if len(mgr.clients) >= mgr.max_clients:
+                raise NfsError(NFS4ERR_RESOURCE, "too many clients")
+        client = mgr.new_client(owner, verifier, principal, ctx.minorversion, ctx.peer)
+        log.info("client_new", client=client.name, peer=ctx.peer[0] if ctx.peer else None,
+                 owner=owner[:64].decode("utf-8", "replace"))
+    client.renew()
+    out_flags = EXCHGID4_FLAG_USE_NON_PNFS
+    if client.confirmed:
+        out_flags |= EXCHGID4_FLAG_CONFIRMED_R
+    server = ctx.server
+    return EXCHANGE_ID4res(NFS4_OK, EXCHANGE_ID4resok(
+        eir_clientid=client.clientid,
+        eir_sequenceid=next_seqid(client.cs_seqid),
+        eir_flags=out_flags,
+        eir_state_protect=state_protect4_r(SP4_NONE),
+        eir_server_owner=server4_owner(server),
+        eir_server_scope=server.server_scope,
+        eir_server_impl_id=[SERVER_IMPL],
+    ))
+
+
+def server4_owner(server) -> server_owner4:
+    # One server instance = one owner: trunking detection (RFC 8881 2.10.5) sees all
+    # our addresses as the same server with the same state.
+    return server_owner4(so_minor_id=0, so_major_id=server.server_owner)
+
+
+# ---- CREATE_SESSION (RFC 8881 18.36) -----------------------------------------------
+
+def negotiate_fore(attrs) -> ChannelAttrs:
+    if attrs.ca_maxrequestsize < MIN_REQUEST_SIZE or attrs.ca_maxresponsesize < MIN_REQUEST_SIZE:
+        raise NfsError(NFS4ERR_TOOSMALL, "fore channel sizes too small")
+    if attrs.ca_maxrequests == 0:
+        raise NfsError(NFS4ERR_INVAL, "zero slots")
+    return ChannelAttrs(
+        headerpadsize=0,
+        maxrequestsize=min(attrs.ca_maxrequestsize, MAX_REQUEST_SIZE),
+        maxresponsesize=min(attrs.ca_maxresponsesize, MAX_RESPONSE_SIZE),
+        maxresponsesize_cached=min(attrs.ca_maxresponsesize_cached, REPLY_CACHE_LIMIT),
+        # The Linux client refuses fewer operations than it asked for.
+        maxoperations=min(attrs.ca_maxoperations, MAX_OPERATIONS) or MAX_OPERATIONS,
+        maxrequests=min(attrs.ca_maxrequests, MAX_SLOTS),
+    )
+
+
+def accept_back(attrs) -> ChannelAttrs:
+    # We never call back, so whatever the client can take is fine: echo it (the
+    # Linux client checks the reply against what it sent).
+    return ChannelAttrs(0, attrs.ca_maxrequestsize, attrs.ca_maxresponsesize,
+                        attrs.ca_maxresponsesize_cached, attrs.ca_maxoperations,
+                        attrs.ca_maxrequests)
+
+
+def channel_attrs_xdr(ca: ChannelAttrs) -> channel_attrs4:
+    return channel_attrs4(
+        ca_headerpadsize=ca.headerpadsize, ca_maxrequestsize=ca.maxrequestsize,
+        ca_maxresponsesize=ca.maxresponsesize, ca_maxresponsesize_cached=ca.maxresponsesize_cached,
+        ca_maxoperations=ca.maxoperations, ca_maxrequests=ca.maxrequests, ca_rdma_ird=[])
+
+
+async def op_create_session(ctx, args) -> CREATE_SESSION4res:
+    mgr = ctx.server.sessions
+    client = mgr.clients.get(args.csa_clientid)
+    if client is None or client.expired:
+        raise NfsError(NFS4ERR_STALE_CLIENTID, f"clientid {args.csa_clientid:#x}")
+    # CREATE_SESSION has its own one-slot replay cache per client (18.36.4).
+    if args.csa_sequence == client.cs_seqid and client.cs_reply is not None:
+        log.info("create_session_replay", client=client.name)
+        return client.cs_reply
+    if args.csa_sequence != next_seqid(client.cs_seqid):
+        raise NfsError(NFS4ERR_SEQ_MISORDERED,
+                       f"csa_sequence {args.csa_sequence}, expected {next_seqid(client.cs_seqid)}")
+    fore = negotiate_fore(args.csa_fore_chan_attrs)
+    back = accept_back(args.csa_back_chan_attrs)
+    if not client.confirmed:
+        # Confirming a rebooted client's new record releases the old one (18.35.4 case 5).
+        old = mgr.find_by_owner(client.owner, confirmed=True)
+        if old is not None and old is not client:
+            mgr.remove_client(old, "client rebooted")
+        client.confirmed = True
+    flags = args.csa_flags & CREATE_SESSION4_FLAG_CONN_BACK_CHAN   # no persistence, no RDMA
+    session = mgr.new_session(client, flags, fore, back, args.csa_cb_program)
+    mgr.bind_connection(session, ctx.conn)
+    client.renew()
+    res = CREATE_SESSION4res(NFS4_OK, CREATE_SESSION4resok(
+        csr_sessionid=session.sessionid, csr_sequence=args.csa_sequence, csr_flags=flags,
+        csr_fore_chan_attrs=channel_attrs_xdr(fore), csr_back_chan_attrs=channel_attrs_xdr(back)))
+    client.cs_seqid = args.csa_sequence
+    client.cs_reply = res
+    log.info("session_created", client=client.name, session=session.sessionid.hex(),
+             slots=fore.maxrequests, maxrequestsize=fore.maxrequestsize,
+             back_channel=bool(flags))
+    return res
+
+
+# ---- DESTROY_SESSION / DESTROY_CLIENTID (18.37, 18.50) --------------------------
+
+async def op_destroy_session(ctx, args) -> DESTROY_SESSION4res:
+    mgr = ctx.server.sessions
+    session = mgr.sessions.get(bytes(args.dsa_sessionid))
+    if session is None:
+        raise NfsError(NFS4ERR_BADSESSION)
+    if ctx.session is session and not ctx.extra.get("last_op", False):
+        # Destroying the session this COMPOUND runs in must be its last op.
+        raise NfsError(NFS4ERR_NOT_ONLY_OP, "DESTROY_SESSION of the current session not last")
+    if session is not ctx.session and session.in_flight():
+        raise NfsError(NFS4ERR_DELAY, "session has requests in progress")
+    mgr.destroy_session(session)
+    session.client.renew()
+    return DESTROY_SESSION4res(NFS4_OK)
+
+
+async def op_destroy_clientid(ctx, args) -> DESTROY_CLIENTID4res:
+    mgr = ctx.server.sessions
+    client = mgr.clients.get(args.dca_clientid)
+    if client is None or client.expired:
+        raise NfsError(NFS4ERR_STALE_CLIENTID)
+    if client.sessions:
+        raise NfsError(NFS4ERR_CLIENTID_BUSY, "client still has sessions")
+    mgr.remove_client(client, "DESTROY_CLIENTID")
+    return DESTROY_CLIENTID4res(NFS4_OK)
+
+
+# ---- BIND_CONN_TO_SESSION (18.34) -----------------------------------------------
+
+_BIND_DIRECTION = {CDFC4_FORE: CDFS4_FORE, CDFC4_BACK: CDFS4_BACK,
+                   CDFC4_FORE_OR_BOTH: CDFS4_BOTH, CDFC4_BACK_OR_BOTH: CDFS4_BOTH}
+
+
+async def op_bind_conn_to_session(ctx, args) -> BIND_CONN_TO_SESSION4res:
+    mgr = ctx.server.sessions
+    session = mgr.sessions.get(bytes(args.bctsa_sessid))
+    if session is None:
+        raise NfsError(NFS4ERR_BADSESSION)
+    direction = _BIND_DIRECTION.get(args.bctsa_dir)
+    if direction is None:
+        raise NfsError(NFS4ERR_INVAL, f"bctsa_dir {args.bctsa_dir}")
+    mgr.bind_connection(session, ctx.conn)
+    session.client.renew()
+    return BIND_CONN_TO_SESSION4res(NFS4_OK, BIND_CONN_TO_SESSION4resok(
+        bctsr_sessid=session.sessionid, bctsr_dir=direction, bctsr_use_conn_in_rdma_mode=False))
+
+
+# ---- RECLAIM_COMPLETE (18.51) ----------------------------------------------------
+
+async def op_reclaim_complete(ctx, args) -> RECLAIM_COMPLETE4res:
+    # We keep no reclaimable state across restarts, so there is never a grace period:
+    # the first global RECLAIM_COMPLETE is accepted, a second is an error.
+    if args.rca_one_fs:
+        return RECLAIM_COMPLETE4res(NFS4_OK)
+    client = ctx.client
+    if client.reclaim_complete:
+        raise NfsError(NFS4ERR_COMPLETE_ALREADY)
+    client.reclaim_complete = True
+    return RECLAIM_COMPLETE4res(NFS4_OK)
+
+
+# ---- SEQUENCE (18.46, slot semantics 2.10.6) -------------------------------------
+
+@dataclass(slots=True)
+class SequenceOutcome:
+    """What the COMPOUND loop must do after SEQUENCE."""
+    result: SEQUENCE4res
+    slot: Slot | None = None          # a new request on this slot: cache its reply
+    replay: bytes | None = None       # a retransmission: send these cached bytes
+    uncached_retry: bool = False      # a retransmission whose reply was not kept
+
+
+def sequence(ctx, args, request_size: int, nops: int) -> SequenceOutcome:
+    mgr = ctx.server.sessions
+    session: Session | None = mgr.sessions.get(bytes(args.sa_sessionid))
+    if session is None:
+        raise NfsError(NFS4ERR_BADSESSION)
+    if args.sa_slotid >= len(session.slots):
+        raise NfsError(NFS4ERR_BADSLOT, f"slot {args.sa_slotid} of {len(session.slots)}")
+    slot = session.slots[args.sa_slotid]
+    client = session.client
+    if args.sa_sequenceid == slot.seqid:
+        # A retransmission (2.10.6.1.3); the original may still be running.
+        if slot.in_progress:
+            raise NfsError(NFS4ERR_DELAY, "retry while the original is in progress")
+        ctx.session, ctx.client = session, client
+        client.renew()
+        result = _sequence_ok(session, args)
+        if slot.cached and slot.reply is not None:
+            return SequenceOutcome(result, replay=slot.reply)
+        return SequenceOutcome(result, uncached_retry=True)
+    if args.sa_sequenceid != next_seqid(slot.seqid):
+        raise NfsError(NFS4ERR_SEQ_MISORDERED,
+                       f"slot {args.sa_slotid} seqid {args.sa_sequenceid}, last {slot.seqid}")
+    if nops > session.fore.maxoperations:
+        raise NfsError(NFS4ERR_TOO_MANY_OPS, f"{nops} ops")
+    if request_size > session.fore.maxrequestsize:
+        raise NfsError(NFS4ERR_REQ_TOO_BIG, f"{request_size} bytes")
+    slot.seqid = args.sa_sequenceid
+    slot.reply = None
+    slot.cached = False
+    slot.in_progress = True
+    # A SEQUENCE on an unbound connection binds it (SP4_NONE, 2.10.3.1).
+    if ctx.conn is not None and ctx.conn not in session.connections:
+        mgr.bind_connection(session, ctx.conn)
+    ctx.session, ctx.client = session, client
+    client.renew()
+    return SequenceOutcome(_sequence_ok(session, args), slot=slot)
+
+
+def _sequence_ok(session: Session, args) -> SEQUENCE4res:
+    return SEQUENCE4res(NFS4_OK, SEQUENCE4resok(
+        sr_sessionid=session.sessionid, sr_sequenceid=args.sa_sequenceid,
+        sr_slotid=args.sa_slotid, sr_highest_slotid=session.highest_slotid,
+        sr_target_highest_slotid=session.highest_slotid,
+        # Nothing to report: no callbacks are ever needed (no delegations), leases are
+        # renewed by this very request, and there is no reclaimable state.
+        sr_status_flags=0))
+
+
+def store_reply(slot: Slot, reply: bytes, cachethis: bool) -> None:
+    """Keep a finished request's reply in its slot (2.10.6.1)."""
+    if len(reply) <= REPLY_CACHE_LIMIT:
+        slot.reply, slot.cached = bytes(reply), True
+    else:
+        slot.reply, slot.cached = None, False
+        if cachethis:
+            log.warning("reply_too_big_to_cache", size=len(reply))
+    slot.in_progress = False
+
+
+HANDLERS = {
+    OP_EXCHANGE_ID: op_exchange_id,
+    OP_CREATE_SESSION: op_create_session,
+    OP_DESTROY_SESSION: op_destroy_session,
+    OP_DESTROY_CLIENTID: op_destroy_clientid,
+    OP_BIND_CONN_TO_SESSION: op_bind_conn_to_session,
+    OP_RECLAIM_COMPLETE: op_reclaim_complete,
+}

@@ -1,0 +1,166 @@
+"""The NFSv4 server: wires the store, exports, session state and the transport.
+
+    server = NfsServer(store, exports)
+    await server.start("0.0.0.0", 2049)
+    ...
+    await server.stop()          # stop accepting, finish in-flight calls, close connections
+
+The store is the caller's: `stop()` does not close it.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import structlog
+
+from nfsd.compound import GarbageArgs, run_compound
+from nfsd.rpc import (
+    DEFAULT_MAX_RECORD, Program, auth_error_reply, finish_reply, garbage_args_reply,
+    start_success_reply, system_err_reply,
+)
+from nfsd.state import DEFAULT_LEASE_TIME, SessionManager
+from nfsd.transport import NfsConnection
+from nfsd.xdr.rpc import AUTH_TOOWEAK
+
+log = structlog.get_logger(__name__)
+
+NFS_PROGRAM = 100003
+NFS_V4 = 4
+PROC_NULL = 0
+PROC_COMPOUND = 1
+SHUTDOWN_DRAIN_SECONDS = 30.0
+
+
+class NfsServer:
+    def __init__(self, store, exports, lease_time: float = DEFAULT_LEASE_TIME, *,
+                 handlers: dict | None = None, opens=None, max_record: int = DEFAULT_MAX_RECORD,
+                 blocking_threads: int = 4):
+        self.store = store
+        self.exports = exports
+        self.lease_time = lease_time
+        self.write_verifier = store.write_verifier
+        # RFC 8881 2.10.5: owner and scope identify this server's state; the store's
+        # instance id is stable for the store's lifetime, as the state's meaning is.
+        self.server_owner = bytes(store.instance_id)
+        self.server_scope = bytes(store.instance_id)
+        self.sessions = SessionManager(lease_time)
+        if handlers is None:
+            from nfsd.ops import HANDLERS as handlers
+        self.handlers = handlers
+        if opens is None:
+            from nfsd.openstate import OpenStateTable
+            opens = OpenStateTable(store)
+        self.opens = opens
+        attach = getattr(opens, "attach", None)
+        if attach is not None:
+            attach(self.sessions)
+        self.max_record = max_record
+        self.programs = {NFS_PROGRAM: Program(NFS_PROGRAM, NFS_V4, NFS_V4,
+                                              frozenset({PROC_NULL, PROC_COMPOUND}))}
+        self.log = log
+        self.connections: set[NfsConnection] = set()
+        self._executor = ThreadPoolExecutor(blocking_threads, thread_name_prefix="nfsd-blocking")
+        self._listener: asyncio.base_events.Server | None = None
+        self.address: tuple | None = None
+
+    # ---- lifecycle --------------------------------------------------------------
+    async def start(self, host: str = "127.0.0.1", port: int = 2049) -> None:
+        loop = asyncio.get_running_loop()
+        self._listener = await loop.create_server(
+            lambda: NfsConnection(self), host, port, reuse_address=True, backlog=256)
+        self.address = self._listener.sockets[0].getsockname()[:2]
+        self.sessions.start_reaper()
+        log.info("nfsd_listening", host=self.address[0], port=self.address[1],
+                 lease_time=self.lease_time)
+
+    @property
+    def port(self) -> int:
+        return self.address[1] if self.address else 0
+
+    async def stop(self, drain_seconds: float = SHUTDOWN_DRAIN_SECONDS) -> None:
+        """Stop accepting, let in-flight calls finish (bounded), close connections."""
+        if self._listener is not None:
+            self._listener.close()
+        conns = list(self.connections)
+        for conn in conns:
+            conn.stop_reading()
+        pending = [c.drain_calls() for c in conns]
+        if pending:
+            try:
+                await asyncio.wait_for(asyncio.gather(*pending), drain_seconds)
+            except asyncio.TimeoutError:
+                log.warning("nfsd_stop_calls_unfinished",
+                            calls=sum(c.inflight for c in conns))
+        for conn in conns:
+            conn.close()
+        if self._listener is not None:
+            await self._listener.wait_closed()
+            self._listener = None
+        await self.sessions.stop_reaper()
+        await asyncio.get_running_loop().run_in_executor(
+            None, functools.partial(self._executor.shutdown, wait=True))
+        log.info("nfsd_stopped")
+
+    # ---- blocking work ---------------------------------------------------------
+    def run_blocking(self, fn, *args):
+        """Run a blocking call (fsync, LMDB sync) on the server's own thread pool;
+        returns an awaitable. Keeps the event loop free while disks are slow."""
+        loop = asyncio.get_running_loop()
+        return loop.run_in_executor(self._executor, functools.partial(fn, *args))
+
+    # ---- connections -----------------------------------------------------------
+    def client_allowed(self, ip: str) -> bool:
+        check = getattr(self.exports, "client_allowed", None)
+        allowed = True if check is None else bool(check(ip))
+        if not allowed:
+            log.warning("client_refused", peer=ip, reason="no export admits this address")
+        return allowed
+
+    def connection_made(self, conn: NfsConnection) -> None:
+        self.connections.add(conn)
+
+    def connection_lost(self, conn: NfsConnection) -> None:
+        self.connections.discard(conn)
+        self.sessions.connection_lost(conn)
+
+    # ---- RPC dispatch ------------------------------------------------------------
+    async def handle_call(self, call, conn) -> bytes | bytearray | None:
+        """Answer one well-formed RPC call to NFSv4 (NULL or COMPOUND): the framed
+        reply. Never raises: an unexpected failure is SYSTEM_ERR for this call only."""
+        xid = call.xid
+        if not conn.allowed:
+            return auth_error_reply(xid, AUTH_TOOWEAK)
+        if call.proc == PROC_NULL:
+            return finish_reply(start_success_reply(xid))
+        out = start_success_reply(xid)
+        try:
+            await run_compound(self, call.cred, conn.peer, conn, call.args, out)
+        except GarbageArgs as exc:
+            log.info("rpc_garbage_args", peer=conn.peer[0], xid=xid, error=str(exc))
+            return garbage_args_reply(xid)
+        except Exception:
+            log.exception("compound_failed", peer=conn.peer[0], xid=xid)
+            return system_err_reply(xid)
+        return finish_reply(out)
+
+
+async def serve(store, exports, host: str, port: int, *, stop_event: asyncio.Event | None = None,
+                lease_time: float = DEFAULT_LEASE_TIME, started=None) -> None:
+    """Run an NFS server until `stop_event` is set (or the task is cancelled), then
+    stop it cleanly. `started(server)` is called once it listens."""
+    server = NfsServer(store, exports, lease_time)
+    await server.start(host, port)
+    if started is not None:
+        started(server)
+    try:
+        if stop_event is None:
+            await asyncio.Event().wait()
+        else:
+            await stop_event.wait()
+    finally:
+        t0 = time.monotonic()
+        await asyncio.shield(server.stop())
+        log.debug("nfsd_serve_done", stop_s=round(time.monotonic() - t0, 3))

@@ -1,0 +1,227 @@
+"""Client records, sessions, slot tables with their reply cache, and leases (RFC 8881).
+
+Protocol-free bookkeeping: the ops in nfsd/ops/session.py implement the RFC rules
+on top of these objects. The shape also fits NFSv4.0 (RFC 7530), which adds
+SETCLIENTID/SETCLIENTID_CONFIRM and RENEW: a Client without sessions whose lease is
+renewed by any stateful op; `Client.minorversion` tells them apart.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_LEASE_TIME = 90
+SEQID_MOD = 1 << 32
+
+
+def next_seqid(seqid: int) -> int:
+    """Sequence ids wrap at 2**32 (RFC 8881 section 2.10.6.1)."""
+    return (seqid + 1) % SEQID_MOD
+
+
+@dataclass(slots=True)
+class ChannelAttrs:
+    """channel_attrs4 as negotiated (RFC 8881 section 18.36)."""
+    headerpadsize: int
+    maxrequestsize: int
+    maxresponsesize: int
+    maxresponsesize_cached: int
+    maxoperations: int
+    maxrequests: int
+
+
+class Slot:
+    """One slot of a session's fore channel with its reply cache (RFC 8881 2.10.6)."""
+    __slots__ = ("seqid", "reply", "cached", "in_progress")
+
+    def __init__(self) -> None:
+        self.seqid = 0             # the last sequence id seen; the first request uses 1
+        self.reply: bytes | None = None   # the encoded COMPOUND4res of the last request
+        self.cached = False        # False: the last reply was not kept (sa_cachethis unset)
+        self.in_progress = False
+
+
+class Session:
+    def __init__(self, sessionid: bytes, client: "Client", flags: int, fore: ChannelAttrs,
+                 back: ChannelAttrs, cb_program: int):
+        self.sessionid = sessionid
+        self.client = client
+        self.flags = flags
+        self.fore = fore
+        self.back = back
+        self.cb_program = cb_program
+        self.slots = [Slot() for _ in range(fore.maxrequests)]
+        self.connections: set = set()      # transport connections bound to this session
+        self.destroyed = False
+
+    @property
+    def highest_slotid(self) -> int:
+        return len(self.slots) - 1
+
+    def in_flight(self) -> bool:
+        return any(slot.in_progress for slot in self.slots)
+
+
+@dataclass(eq=False)
+class Client:
+    """A client record (RFC 8881 section 2.4): identified by its owner, versioned by
+    its verifier; `clientid` is ours. `principal` is who created it (flavor, uid)."""
+    clientid: int
+    owner: bytes
+    verifier: bytes
+    principal: tuple
+    minorversion: int
+    confirmed: bool = False
+    # CREATE_SESSION's own single-slot sequence (RFC 8881 18.36.4): last seqid + reply
+    cs_seqid: int = 0
+    cs_reply: object = None
+    reclaim_complete: bool = False
+    last_renew: float = field(default_factory=time.monotonic)
+    expired: bool = False
+    sessions: dict = field(default_factory=dict)    # sessionid -> Session
+    peer: tuple = ()
+
+    def renew(self) -> None:
+        self.last_renew = time.monotonic()
+
+    def busy(self) -> bool:
+        return any(s.in_flight() for s in self.sessions.values())
+
+    @property
+    def name(self) -> str:
+        return f"{self.clientid:016x}"
+
+
+class SessionManager:
+    """All client records and sessions of one server instance."""
+
+    def __init__(self, lease_time: float = DEFAULT_LEASE_TIME, *, boot_time: int | None = None,
+                 max_clients: int = 4096):
+        self.lease_time = lease_time
+        # Clients idle longer than lease_time + grace are expired; the grace absorbs a
+        # client's renewal arriving late on a loaded network.
+        self.expiry_grace = min(lease_time / 2, 15.0)
+        self.max_clients = max_clients
+        # clientids (RFC 8881 2.4): boot epoch in the high half, so ids from an earlier
+        # server instance are recognisably stale (NFS4ERR_STALE_CLIENTID).
+        self.boot_epoch = (boot_time if boot_time is not None else int(time.time())) & 0xFFFFFFFF
+        self._counter = itertools.count(1)
+        self._session_salt = os.urandom(4)
+        self.clients: dict[int, Client] = {}
+        self.sessions: dict[bytes, Session] = {}
+        self.on_client_expired: list[Callable[[Client], None]] = []
+        self._reaper: asyncio.Task | None = None
+
+    # ---- clients ----------------------------------------------------------------
+    def new_client(self, owner: bytes, verifier: bytes, principal: tuple, minorversion: int,
+                   peer: tuple = ()) -> Client:
+        clientid = (self.boot_epoch << 32) | (next(self._counter) & 0xFFFFFFFF)
+        client = Client(clientid, owner, verifier, principal, minorversion, peer=peer)
+        self.clients[clientid] = client
+        return client
+
+    def is_stale_clientid(self, clientid: int) -> bool:
+        return (clientid >> 32) != self.boot_epoch
+
+    def find_by_owner(self, owner: bytes, confirmed: bool) -> Client | None:
+        for client in self.clients.values():
+            if client.owner == owner and client.confirmed == confirmed and not client.expired:
+                return client
+        return None
+
+    def remove_client(self, client: Client, reason: str) -> None:
+        """Forget a client and everything it holds; other rooms drop their state
+        through `on_client_expired` (N2's open state closes its files there)."""
+        if client.expired:
+            return
+        client.expired = True
+        for session in list(client.sessions.values()):
+            self._drop_session(session)
+        self.clients.pop(client.clientid, None)
+        for hook in list(self.on_client_expired):
+            try:
+                hook(client)
+            except Exception:       # one room's bug must not keep others' state alive
+                log.exception("client_expiry_hook_failed", client=client.name, hook=repr(hook))
+        log.info("client_removed", client=client.name, reason=reason,
+                 owner=client.owner[:64].hex())
+
+    # ---- sessions ---------------------------------------------------------------
+    def new_session(self, client: Client, flags: int, fore: ChannelAttrs, back: ChannelAttrs,
+                    cb_program: int) -> Session:
+        sessionid = struct.pack(">QI", client.clientid, next(self._counter) & 0xFFFFFFFF) \
+            + self._session_salt
+        session = Session(sessionid, client, flags, fore, back, cb_program)
+        self.sessions[sessionid] = session
+        client.sessions[sessionid] = session
+        return session
+
+    def destroy_session(self, session: Session) -> None:
+        self._drop_session(session)
+        log.info("session_destroyed", client=session.client.name, session=session.sessionid.hex())
+
+    def _drop_session(self, session: Session) -> None:
+        session.destroyed = True
+        self.sessions.pop(session.sessionid, None)
+        session.client.sessions.pop(session.sessionid, None)
+        for conn in list(session.connections):
+            unbind = getattr(conn, "sessions", None)
+            if unbind is not None:
+                unbind.discard(session)
+        session.connections.clear()
+
+    def bind_connection(self, session: Session, conn) -> None:
+        if conn is None:
+            return
+        session.connections.add(conn)
+        bound = getattr(conn, "sessions", None)
+        if bound is not None:
+            bound.add(session)
+
+    def connection_lost(self, conn) -> None:
+        for session in list(getattr(conn, "sessions", ())):
+            session.connections.discard(conn)
+
+    # ---- leases -----------------------------------------------------------------
+    def expire_idle(self, now: float | None = None) -> list[Client]:
+        """Expire clients whose lease ran out (RFC 8881 section 8.3). A client with a
+        request in progress is never expired under it."""
+        now = time.monotonic() if now is None else now
+        limit = self.lease_time + self.expiry_grace
+        expired = [c for c in self.clients.values()
+                   if now - c.last_renew > limit and not c.busy()]
+        for client in expired:
+            self.remove_client(client, "lease expired")
+        return expired
+
+    def start_reaper(self) -> None:
+        if self._reaper is None:
+            self._reaper = asyncio.get_running_loop().create_task(self._reap_forever(),
+                                                                 name="nfsd-lease-reaper")
+
+    async def stop_reaper(self) -> None:
+        task, self._reaper = self._reaper, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+
+    async def _reap_forever(self) -> None:
+        interval = max(0.05, min(self.lease_time / 4, 10.0))
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.expire_idle()
+            except Exception:
+                log.exception("lease_reaper_failed")

@@ -1,0 +1,130 @@
+"""asyncio TCP transport for the NFS server: the only module that touches sockets.
+
+One `NfsConnection` (an asyncio.BufferedProtocol) per client connection. The
+kernel receives straight into the buffer `nfsd.rpc.RpcConnection.get_buffer` hands
+out (a large WRITE lands in its own record buffer, no further copy). Every complete
+call becomes a task, so the many requests the Linux client pipelines on one
+connection run concurrently; each reply is written as soon as it is ready
+(RFC 5531 allows replies in any order, matched by xid).
+
+Backpressure: at most `max_inflight` calls per connection run at once, and a
+client that does not read its replies (the transport's write buffer is full)
+stops being read; both resume on their own.
+"""
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import structlog
+
+from nfsd.rpc import CallReceived, ConnectionError as RpcConnectionError, RpcConnection, SendReply
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_MAX_INFLIGHT = 128
+
+
+class NfsConnection(asyncio.BufferedProtocol):
+    def __init__(self, server, max_inflight: int = DEFAULT_MAX_INFLIGHT):
+        self.server = server
+        self.rpc = RpcConnection(server.programs, server.max_record)
+        self.max_inflight = max_inflight
+        self.transport: asyncio.Transport | None = None
+        self.peer: tuple = ()
+        self.sessions: set = set()          # NFSv4.1 sessions this connection is bound to
+        self.allowed = True                 # export network check, once per connection
+        self.closed = False
+        self._inflight: set[asyncio.Task] = set()
+        self._reading_paused = False
+        self._writing_paused = False
+
+    # ---- asyncio callbacks ----------------------------------------------------------
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = tuple(peer[:2]) if peer else ("?", 0)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.allowed = self.server.client_allowed(self.peer[0])
+        self.server.connection_made(self)
+        log.debug("connection_open", peer=self.peer[0], port=self.peer[1])
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.rpc.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        for event in self.rpc.buffer_updated(nbytes):
+            if isinstance(event, CallReceived):
+                task = asyncio.get_running_loop().create_task(self._serve(event))
+                self._inflight.add(task)
+                task.add_done_callback(self._call_done)
+            elif isinstance(event, SendReply):
+                if event.data:
+                    self.transport.write(event.data)
+                log.info("rpc_rejected", peer=self.peer[0], xid=event.xid, reason=event.reason)
+            elif isinstance(event, RpcConnectionError):
+                log.warning("rpc_stream_error", peer=self.peer[0], reason=event.reason)
+                self.transport.abort()
+                return
+        if len(self._inflight) >= self.max_inflight:
+            self._pause_reading()
+
+    def eof_received(self) -> bool:
+        return False                      # close our side; in-flight replies are dropped
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        self.server.connection_lost(self)
+        log.debug("connection_closed", peer=self.peer[0], inflight=len(self._inflight),
+                  error=str(exc) if exc else None)
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+        self._pause_reading()
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._maybe_resume_reading()
+
+    # ---- calls --------------------------------------------------------------------
+    async def _serve(self, call: CallReceived) -> None:
+        reply = await self.server.handle_call(call, self)
+        if reply and not self.closed:
+            self.transport.write(reply)
+
+    def _call_done(self, task: asyncio.Task) -> None:
+        self._inflight.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("call_task_failed", peer=self.peer[0], error=repr(task.exception()))
+        self._maybe_resume_reading()
+
+    def _pause_reading(self) -> None:
+        if not self._reading_paused and not self.closed:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def _maybe_resume_reading(self) -> None:
+        if (self._reading_paused and not self._writing_paused and not self.closed
+                and len(self._inflight) < self.max_inflight):
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    # ---- server side --------------------------------------------------------------
+    @property
+    def inflight(self) -> int:
+        return len(self._inflight)
+
+    async def drain_calls(self) -> None:
+        """Wait for this connection's calls to finish (server shutdown)."""
+        if self._inflight:
+            await asyncio.gather(*list(self._inflight), return_exceptions=True)
+
+    def stop_reading(self) -> None:
+        """Take no new calls (server shutdown); replies still go out."""
+        self._pause_reading()
+
+    def close(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.close()

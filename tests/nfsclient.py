@@ -1,0 +1,380 @@
+"""A small async NFSv4.1 client built on our own codec, for tests.
+
+    c = await NfsClient.connect("127.0.0.1", port, minorversion=1)
+    await c.setup_session()                       # EXCHANGE_ID, CREATE_SESSION, RECLAIM_COMPLETE
+    res = await c.compound([nfs_argop4(OP_PUTROOTFH, None), nfs_argop4(OP_GETFH, None)])
+    # res: COMPOUND4res; res.resarray[i] answers ops[i] (the SEQUENCE result that
+    # compound() prepends is kept in c.last_sequence, not in resarray)
+
+Calls are pipelined: any number may be in flight on one connection; replies are
+matched by xid. Low-level pieces (`call`, `compound_raw`, `send_raw`) let tests
+build exactly the bytes they want (retransmissions, bad slots, garbage).
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import struct
+
+from nfsd.context import Cred
+from nfsd.rpc import encode_call, parse_reply
+from nfsd.xdr.core import decode, encode
+from nfsd.xdr.nfs4 import *  # noqa: F401,F403 - the protocol's names, as in the RFC
+from nfsd.xdr.rpc import AUTH_NONE, AUTH_SYS, SUCCESS
+
+NFS_PROGRAM = 100003
+NFS_V4 = 4
+
+DEFAULT_CRED = Cred(flavor=AUTH_SYS, uid=0, gid=0, gids=(0,), machinename=b"nfsclient-test")
+
+
+class RpcReplyError(Exception):
+    """The server answered the RPC call with something other than SUCCESS."""
+
+    def __init__(self, reply):
+        super().__init__(f"rpc reply accepted={reply.accepted} stat={reply.stat} {reply.detail}")
+        self.reply = reply
+
+
+class NfsStatusError(Exception):
+    def __init__(self, status: int, op: int | None = None, res=None):
+        super().__init__(f"NFS status {status} at op {op}")
+        self.status = status
+        self.op = op
+        self.res = res
+
+
+def status_of(resop) -> int:
+    v = resop.value
+    return getattr(v, v.__slots__[0]) if v.xdr_kind == "struct" else v.tag
+
+
+def check(res):
+    """Raise NfsStatusError unless the COMPOUND succeeded; returns res."""
+    if res.status != NFS4_OK:
+        failed = next((r for r in res.resarray if status_of(r) != NFS4_OK), None)
+        raise NfsStatusError(res.status, failed.tag if failed else None, res)
+    return res
+
+
+def op(opnum: int, args=None):
+    return nfs_argop4(opnum, args)
+
+
+# ---- attributes: a fixed, small set the tests need ------------------------------------
+ATTR_TYPES = {
+    FATTR4_TYPE: fattr4_type, FATTR4_CHANGE: fattr4_change, FATTR4_SIZE: fattr4_size,
+    FATTR4_FILEID: fattr4_fileid, FATTR4_MODE: fattr4_mode, FATTR4_NUMLINKS: fattr4_numlinks,
+    FATTR4_TIME_MODIFY: fattr4_time_modify,
+}
+ATTR_NAMES = {FATTR4_TYPE: "type", FATTR4_CHANGE: "change", FATTR4_SIZE: "size",
+              FATTR4_FILEID: "fileid", FATTR4_MODE: "mode", FATTR4_NUMLINKS: "numlinks",
+              FATTR4_TIME_MODIFY: "mtime"}
+BASIC_ATTRS = (FATTR4_TYPE, FATTR4_CHANGE, FATTR4_SIZE, FATTR4_FILEID, FATTR4_MODE,
+               FATTR4_NUMLINKS, FATTR4_TIME_MODIFY)
+
+
+def bitmap(*attrs: int) -> list[int]:
+    words = [0] * (max(attrs) // 32 + 1 if attrs else 0)
+    for a in attrs:
+        words[a // 32] |= 1 << (a % 32)
+    return words
+
+
+def bits(mask: list[int]) -> list[int]:
+    return [w * 32 + b for w, word in enumerate(mask) for b in range(32) if word >> b & 1]
+
+
+def encode_attrs(values: dict[int, object]) -> fattr4:
+    out = bytearray()
+    for a in sorted(values):
+        ATTR_TYPES[a].pack(values[a], out)
+    return fattr4(attrmask=bitmap(*values), attr_vals=bytes(out))
+
+
+def decode_attrs(fa) -> dict[str, object]:
+    buf = memoryview(bytes(fa.attr_vals))
+    pos = 0
+    out: dict[str, object] = {}
+    for a in bits(fa.attrmask):
+        t = ATTR_TYPES.get(a)
+        if t is None:
+            break                           # cannot skip an attribute we do not know
+        out[ATTR_NAMES[a]], pos = t.unpack(buf, pos)
+    return out
+
+
+class NfsClient:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 minorversion: int, cred: Cred | None):
+        self.reader = reader
+        self.writer = writer
+        self.minorversion = minorversion
+        self.cred = cred
+        self._xids = itertools.count(int.from_bytes(os.urandom(3), "big") << 4)
+        self._pending: dict[int, asyncio.Future] = {}
+        self._reader_task = asyncio.get_running_loop().create_task(self._read_loop())
+        self.clientid: int | None = None
+        self.sessionid: bytes | None = None
+        self.slot_seqids: list[int] = []
+        self._free_slots: asyncio.Queue | None = None
+        self.last_sequence = None
+        self.owner = b"nfsclient-" + os.urandom(8).hex().encode()
+        self.verifier = os.urandom(8)
+        self.session_attrs = None
+        self.closed = asyncio.get_running_loop().create_future()
+
+    @classmethod
+    async def connect(cls, host: str, port: int, minorversion: int = 1,
+                      cred: Cred | None = DEFAULT_CRED) -> "NfsClient":
+        reader, writer = await asyncio.open_connection(host, port)
+        return cls(reader, writer, minorversion, cred)
+
+    async def close(self) -> None:
+        self._reader_task.cancel()
+        self.writer.close()
+        try:
+            await self.writer.wait_closed()
+        except (ConnectionError, OSError):
+            pass
+
+    # ---- RPC -----------------------------------------------------------------------
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                record = bytearray()
+                while True:
+                    (mark,) = struct.unpack(">I", await self.reader.readexactly(4))
+                    record += await self.reader.readexactly(mark & 0x7FFFFFFF)
+                    if mark & 0x80000000:
+                        break
+                reply = parse_reply(record)
+                fut = self._pending.pop(reply.xid, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(reply)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
+            self._fail_all(exc)
+        except asyncio.CancelledError:
+            self._fail_all(ConnectionError("client closed"))
+            raise
+        finally:
+            if not self.closed.done():
+                self.closed.set_result(None)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(ConnectionError(f"connection lost: {exc!r}"))
+        self._pending.clear()
+
+    def next_xid(self) -> int:
+        return next(self._xids) & 0xFFFFFFFF
+
+    async def send_raw(self, data: bytes, xid: int | None = None):
+        """Send bytes as they are; if `xid` is given, wait for the reply to it."""
+        fut = None
+        if xid is not None:
+            fut = asyncio.get_running_loop().create_future()
+            self._pending[xid] = fut
+        self.writer.write(data)
+        await self.writer.drain()
+        return await fut if fut is not None else None
+
+    async def call(self, proc: int, args: bytes = b"", *, prog: int = NFS_PROGRAM,
+                   vers: int = NFS_V4, cred: Cred | None | str = "default", xid: int | None = None):
+        """One RPC call; returns nfsd.rpc.ParsedReply (whatever the accept status)."""
+        xid = self.next_xid() if xid is None else xid
+        cred = self.cred if cred == "default" else cred
+        return await self.send_raw(encode_call(xid, prog, vers, proc, cred, args), xid)
+
+    async def null(self) -> None:
+        reply = await self.call(0)
+        if not reply.accepted or reply.stat != SUCCESS:
+            raise RpcReplyError(reply)
+
+    # ---- COMPOUND ------------------------------------------------------------------
+    async def compound_raw(self, ops: list, *, minorversion: int | None = None, tag: bytes = b"",
+                           xid: int | None = None):
+        """COMPOUND exactly as given (no SEQUENCE added); returns COMPOUND4res."""
+        mv = self.minorversion if minorversion is None else minorversion
+        args = encode(COMPOUND4args, COMPOUND4args(tag=tag, minorversion=mv, argarray=ops))
+        reply = await self.call(1, args, xid=xid)
+        if not reply.accepted or reply.stat != SUCCESS:
+            raise RpcReplyError(reply)
+        return decode(COMPOUND4res, reply.body)
+
+    async def compound(self, ops: list, *, cachethis: bool = False):
+        """COMPOUND on the session (SEQUENCE prepended, slot taken and released)."""
+        if self.sessionid is None:
+            return await self.compound_raw(ops)
+        slot = await self._free_slots.get()
+        try:
+            self.slot_seqids[slot] = (self.slot_seqids[slot] + 1) & 0xFFFFFFFF
+            seq = op(OP_SEQUENCE, SEQUENCE4args(
+                sa_sessionid=self.sessionid, sa_sequenceid=self.slot_seqids[slot],
+                sa_slotid=slot, sa_highest_slotid=len(self.slot_seqids) - 1,
+                sa_cachethis=cachethis))
+            res = await self.compound_raw([seq] + list(ops))
+        finally:
+            self._free_slots.put_nowait(slot)
+        self.last_sequence = res.resarray[0] if res.resarray else None
+        if not res.resarray or status_of(res.resarray[0]) != NFS4_OK:
+            raise NfsStatusError(res.status, OP_SEQUENCE, res)
+        res.resarray = res.resarray[1:]
+        return res
+
+    # ---- session setup ---------------------------------------------------------------
+    async def exchange_id(self, *, owner: bytes | None = None, verifier: bytes | None = None,
+                          flags: int = 0):
+        args = EXCHANGE_ID4args(
+            eia_clientowner=client_owner4(co_verifier=verifier or self.verifier,
+                                          co_ownerid=owner or self.owner),
+            eia_flags=flags, eia_state_protect=state_protect4_a(SP4_NONE),
+            eia_client_impl_id=[])
+        res = await self.compound_raw([op(OP_EXCHANGE_ID, args)])
+        return res.resarray[0].value
+
+    @staticmethod
+    def channel_attrs(maxrequests: int = 16, size: int = 1024 * 1024 + 8192) -> channel_attrs4:
+        return channel_attrs4(ca_headerpadsize=0, ca_maxrequestsize=size,
+                              ca_maxresponsesize=size, ca_maxresponsesize_cached=8192,
+                              ca_maxoperations=16, ca_maxrequests=maxrequests, ca_rdma_ird=[])
+
+    async def create_session(self, clientid: int, sequence: int, *, slots: int = 16,
+                             flags: int = CREATE_SESSION4_FLAG_CONN_BACK_CHAN):
+        args = CREATE_SESSION4args(
+            csa_clientid=clientid, csa_sequence=sequence, csa_flags=flags,
+            csa_fore_chan_attrs=self.channel_attrs(slots),
+            csa_back_chan_attrs=channel_attrs4(0, 4096, 4096, 0, 2, 1, []),
+            csa_cb_program=0x40000000, csa_sec_parms=[callback_sec_parms4(AUTH_NONE)])
+        res = await self.compound_raw([op(OP_CREATE_SESSION, args)])
+        return res.resarray[0].value
+
+    def use_session(self, sessionid: bytes, nslots: int) -> None:
+        self.sessionid = sessionid
+        self.slot_seqids = [0] * nslots
+        self._free_slots = asyncio.Queue()
+        for i in range(nslots):
+            self._free_slots.put_nowait(i)
+
+    async def setup_session(self, *, slots: int = 16, reclaim_complete: bool = True) -> None:
+        eid = await self.exchange_id()
+        if eid.tag != NFS4_OK:
+            raise NfsStatusError(eid.tag, OP_EXCHANGE_ID)
+        self.clientid = eid.value.eir_clientid
+        cs = await self.create_session(self.clientid, eid.value.eir_sequenceid, slots=slots)
+        if cs.tag != NFS4_OK:
+            raise NfsStatusError(cs.tag, OP_CREATE_SESSION)
+        self.session_attrs = cs.value
+        self.use_session(cs.value.csr_sessionid, cs.value.csr_fore_chan_attrs.ca_maxrequests)
+        if reclaim_complete:
+            check(await self.compound([op(OP_RECLAIM_COMPLETE, RECLAIM_COMPLETE4args(False))]))
+
+    async def destroy_session(self) -> int:
+        res = await self.compound_raw([op(OP_DESTROY_SESSION, DESTROY_SESSION4args(self.sessionid))])
+        self.sessionid = None
+        return res.status
+
+    # ---- conveniences (need the filesystem ops) -----------------------------------------
+    async def lookup_path(self, path: str) -> bytes:
+        ops = [op(OP_PUTROOTFH)]
+        ops += [op(OP_LOOKUP, LOOKUP4args(p.encode())) for p in path.strip("/").split("/") if p]
+        ops.append(op(OP_GETFH))
+        res = check(await self.compound(ops))
+        return res.resarray[-1].value.value.object
+
+    def _owner(self) -> open_owner4:
+        return open_owner4(clientid=self.clientid, owner=b"owner-" + self.owner)
+
+    async def open_create(self, dir_fh: bytes, name: str | bytes, mode: int = 0o644,
+                          *, access: int = OPEN4_SHARE_ACCESS_BOTH):
+        """OPEN (create if missing, UNCHECKED4); returns (fh, stateid)."""
+        name = name.encode() if isinstance(name, str) else name
+        args = OPEN4args(
+            seqid=0, share_access=access, share_deny=OPEN4_SHARE_DENY_NONE, owner=self._owner(),
+            openhow=openflag4(OPEN4_CREATE, createhow4(UNCHECKED4, encode_attrs({FATTR4_MODE: mode}))),
+            claim=open_claim4(CLAIM_NULL, name))
+        res = check(await self.compound([op(OP_PUTFH, PUTFH4args(dir_fh)), op(OP_OPEN, args),
+                                         op(OP_GETFH)]))
+        return res.resarray[2].value.value.object, res.resarray[1].value.value.stateid
+
+    async def open_existing(self, dir_fh: bytes, name: str | bytes, *,
+                            access: int = OPEN4_SHARE_ACCESS_READ):
+        name = name.encode() if isinstance(name, str) else name
+        args = OPEN4args(seqid=0, share_access=access, share_deny=OPEN4_SHARE_DENY_NONE,
+                         owner=self._owner(), openhow=openflag4(OPEN4_NOCREATE),
+                         claim=open_claim4(CLAIM_NULL, name))
+        res = check(await self.compound([op(OP_PUTFH, PUTFH4args(dir_fh)), op(OP_OPEN, args),
+                                         op(OP_GETFH)]))
+        return res.resarray[2].value.value.object, res.resarray[1].value.value.stateid
+
+    async def write(self, fh: bytes, stateid, offset: int, data: bytes, stable: int = UNSTABLE4):
+        res = check(await self.compound([op(OP_PUTFH, PUTFH4args(fh)),
+                                         op(OP_WRITE, WRITE4args(stateid, offset, stable, data))]))
+        return res.resarray[1].value.value
+
+    async def read(self, fh: bytes, stateid, offset: int, count: int) -> tuple[bytes, bool]:
+        res = check(await self.compound([op(OP_PUTFH, PUTFH4args(fh)),
+                                         op(OP_READ, READ4args(stateid, offset, count))]))
+        ok = res.resarray[1].value.value
+        return bytes(ok.data), ok.eof
+
+    async def commit(self, fh: bytes, offset: int = 0, count: int = 0) -> bytes:
+        res = check(await self.compound([op(OP_PUTFH, PUTFH4args(fh)),
+                                         op(OP_COMMIT, COMMIT4args(offset, count))]))
+        return res.resarray[1].value.value.writeverf
+
+    async def close_file(self, fh: bytes, stateid):
+        res = check(await self.compound([op(OP_PUTFH, PUTFH4args(fh)),
+                                         op(OP_CLOSE, CLOSE4args(0, stateid))]))
+        return res.resarray[1].value.value
+
+    close_stateid = close_file
+
+    async def remove(self, dir_fh: bytes, name: str | bytes):
+        name = name.encode() if isinstance(name, str) else name
+        return check(await self.compound([op(OP_PUTFH, PUTFH4args(dir_fh)),
+                                          op(OP_REMOVE, REMOVE4args(name))]))
+
+    async def rename(self, src_dir: bytes, old: str | bytes, dst_dir: bytes, new: str | bytes):
+        old = old.encode() if isinstance(old, str) else old
+        new = new.encode() if isinstance(new, str) else new
+        return check(await self.compound([
+            op(OP_PUTFH, PUTFH4args(src_dir)), op(OP_SAVEFH),
+            op(OP_PUTFH, PUTFH4args(dst_dir)), op(OP_RENAME, RENAME4args(old, new))]))
+
+    async def readdir(self, dir_fh: bytes, attrs=(FATTR4_TYPE, FATTR4_FILEID)) -> list[tuple]:
+        """All entries: [(name, attrs dict, cookie)], following cookies to the end."""
+        entries: list[tuple] = []
+        cookie, verf = 0, bytes(8)
+        while True:
+            res = check(await self.compound([
+                op(OP_PUTFH, PUTFH4args(dir_fh)),
+                op(OP_READDIR, READDIR4args(cookie=cookie, cookieverf=verf, dircount=8192,
+                                            maxcount=32768, attr_request=bitmap(*attrs)))]))
+            ok = res.resarray[1].value.value
+            verf = ok.cookieverf
+            entry = ok.reply.entries
+            while entry is not None:
+                entries.append((bytes(entry.name), decode_attrs(entry.attrs), entry.cookie))
+                cookie = entry.cookie
+                entry = entry.nextentry
+            if ok.reply.eof:
+                return entries
+
+    async def getattr(self, fh: bytes, attrs=BASIC_ATTRS) -> dict:
+        res = check(await self.compound([op(OP_PUTFH, PUTFH4args(fh)),
+                                         op(OP_GETATTR, GETATTR4args(bitmap(*attrs)))]))
+        return decode_attrs(res.resarray[1].value.value.obj_attributes)
+
+
+def sequence_op(sessionid: bytes, seqid: int, slot: int, highest: int = 0, cachethis: bool = False):
+    return op(OP_SEQUENCE, SEQUENCE4args(sa_sessionid=sessionid, sa_sequenceid=seqid,
+                                         sa_slotid=slot, sa_highest_slotid=highest,
+                                         sa_cachethis=cachethis))
+
+
+__all__ = ["NfsClient", "NfsStatusError", "RpcReplyError", "check", "op", "bitmap", "bits",
+           "encode_attrs", "decode_attrs", "sequence_op", "status_of", "DEFAULT_CRED",
+           "NFS_PROGRAM", "NFS_V4", "AUTH_NONE", "AUTH_SYS"]

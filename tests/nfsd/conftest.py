@@ -1,0 +1,140 @@
+"""Fixtures for the nfsd tests.
+
+pytest-asyncio is not used: the server runs on its own event loop in a thread
+(as in production, where the client is another machine), and each test drives its
+client with `asyncio.run` — usually through the `nfs_client` fixture:
+
+    def test_something(nfs_client):
+        async def body(c):                     # c: tests.nfsclient.NfsClient, session ready
+            fh = await c.lookup_path("/checkpoints")
+            ...
+        nfs_client(body)
+
+`nfs_server.call(fn, *args)` runs fn on the server's loop (to inspect or change
+server state safely) and returns its result.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import threading
+
+import pytest
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from tests.nfsclient import NfsClient  # noqa: E402
+
+EXPORT = "/checkpoints"
+
+
+class FakeStore:
+    """What the RPC/session layer needs of a store, for tests without the real one."""
+    write_verifier = b"wverf001"
+    instance_id = b"fake-instance-id"
+
+    def close(self) -> None:
+        pass
+
+
+class ServerThread:
+    """An NfsServer on 127.0.0.1:<ephemeral> served by an event loop in a thread."""
+
+    def __init__(self, make_server):
+        self._make_server = make_server
+        self.loop = asyncio.new_event_loop()
+        self.server = None
+        self.port = 0
+        self._thread = threading.Thread(target=self.loop.run_forever, name="nfsd-test-loop",
+                                        daemon=True)
+
+    def start(self) -> "ServerThread":
+        self._thread.start()
+
+        async def boot():
+            self.server = self._make_server()
+            await self.server.start("127.0.0.1", 0)
+            self.port = self.server.port
+        self.run(boot())
+        return self
+
+    def run(self, coro, timeout: float = 30):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def call(self, fn, *args):
+        async def invoke():
+            return fn(*args)
+        return self.run(invoke())
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.run(self.server.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+
+def run_client(port: int, body, *, minorversion: int = 1, setup: bool = True, **kw):
+    async def main():
+        c = await NfsClient.connect("127.0.0.1", port, minorversion=minorversion, **kw)
+        try:
+            if setup:
+                await c.setup_session()
+            return await body(c)
+        finally:
+            await c.close()
+    return asyncio.run(main())
+
+
+@pytest.fixture
+def fake_server_factory():
+    """Start NfsServer(FakeStore(), exports=None, ...) with any handler table (RPC and
+    session tests that need no filesystem). Returns a ServerThread."""
+    started: list[ServerThread] = []
+
+    def start(handlers: dict | None = None, **kw) -> ServerThread:
+        from nfsd.ops import session as session_ops
+        from nfsd.server import NfsServer
+
+        table = dict(session_ops.HANDLERS) if handlers is None else handlers
+
+        def make():
+            return NfsServer(FakeStore(), None, handlers=table, opens=object(), **kw)
+        st = ServerThread(make).start()
+        started.append(st)
+        return st
+    yield start
+    for st in started:
+        st.stop()
+
+
+@pytest.fixture
+def fake_server(fake_server_factory):
+    return fake_server_factory()
+
+
+@pytest.fixture
+def nfs_server(tmp_path):
+    """The real thing: a Store in tmp_path, the /checkpoints export, every op handler."""
+    from cache.store import Store
+    from nfsd.exports import Exports
+    from nfsd.server import NfsServer
+
+    store = Store.open(str(tmp_path / "cache"))
+    st = ServerThread(lambda: NfsServer(store, Exports.single(EXPORT))).start()
+    st.store = store
+    yield st
+    st.stop()
+    store.close()
+
+
+@pytest.fixture
+def nfs_client(nfs_server):
+    """`nfs_client(async_body, minorversion=1, setup=True)`: runs body(client) with a
+    connected client (and a ready session unless setup=False); returns its result."""
+    def run(body, **kw):
+        return run_client(nfs_server.port, body, **kw)
+    return run

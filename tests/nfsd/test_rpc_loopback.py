@@ -1,0 +1,169 @@
+"""The RPC layer over real loopback TCP: framing, RPC errors, auth, bad clients."""
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+
+import pytest
+
+from nfsd.context import Cred
+from nfsd.rpc import encode_call, parse_reply
+from nfsd.xdr.rpc import (
+    AUTH_BADCRED, AUTH_ERROR, AUTH_TOOWEAK, GARBAGE_ARGS, PROC_UNAVAIL, PROG_MISMATCH,
+    PROG_UNAVAIL, SUCCESS,
+)
+from tests.nfsclient import NfsClient
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def run(port, body):
+    async def main():
+        c = await NfsClient.connect("127.0.0.1", port)
+        try:
+            return await body(c)
+        finally:
+            await c.close()
+    return asyncio.run(main())
+
+
+def test_null_procedure(fake_server):
+    async def body(c):
+        await c.null()
+        r = await c.call(0, cred=None)                 # AUTH_NONE works too
+        assert (r.accepted, r.stat, bytes(r.body)) == (True, SUCCESS, b"")
+    run(fake_server.port, body)
+
+
+def test_prog_vers_proc_errors(fake_server):
+    async def body(c):
+        r = await c.call(0, prog=100005)
+        assert (r.accepted, r.stat) == (True, PROG_UNAVAIL)
+        r = await c.call(0, vers=3)
+        assert (r.accepted, r.stat, r.detail) == (True, PROG_MISMATCH, (4, 4))
+        r = await c.call(2)
+        assert (r.accepted, r.stat) == (True, PROC_UNAVAIL)
+        await c.null()                                  # the connection still works
+    run(fake_server.port, body)
+
+
+def test_unsupported_auth_flavour(fake_server):
+    async def body(c):
+        xid = c.next_xid()
+        raw = bytearray(encode_call(xid, 100003, 4, 0, None))
+        struct.pack_into(">I", raw, 4 + 24, 6)          # RPCSEC_GSS credentials
+        r = await c.send_raw(bytes(raw), xid)
+        assert (r.accepted, r.stat, r.detail) == (False, AUTH_ERROR, (AUTH_BADCRED,))
+        await c.null()
+    run(fake_server.port, body)
+
+
+def test_garbage_compound_args(fake_server):
+    async def body(c):
+        r = await c.call(1, b"\xff\xff\xff\xf0")        # a tag length far beyond the record
+        assert (r.accepted, r.stat) == (True, GARBAGE_ARGS)
+        r = await c.call(1, b"")
+        assert (r.accepted, r.stat) == (True, GARBAGE_ARGS)
+        await c.null()
+    run(fake_server.port, body)
+
+
+def test_multi_fragment_call_over_tcp(fake_server):
+    async def body(c):
+        xid = c.next_xid()
+        payload = encode_call(xid, 100003, 4, 0, c.cred)[4:]
+        data = b""
+        for i in range(0, len(payload), 7):
+            chunk = payload[i:i + 7]
+            last = i + 7 >= len(payload)
+            data += struct.pack(">I", (0x80000000 if last else 0) | len(chunk)) + chunk
+        r = await c.send_raw(data, xid)
+        assert (r.accepted, r.stat) == (True, SUCCESS)
+    run(fake_server.port, body)
+
+
+def test_oversized_record_closes_only_that_connection(fake_server_factory):
+    server = fake_server_factory(max_record=64 * 1024)
+
+    async def main():
+        good = await NfsClient.connect("127.0.0.1", server.port)
+        bad = await NfsClient.connect("127.0.0.1", server.port)
+        try:
+            await good.null()
+            bad.writer.write(struct.pack(">I", 0x80000000 | (1 << 20)) + b"\0" * 4096)
+            await asyncio.wait_for(bad.closed, 10)      # the server hung up on it
+            await good.null()                            # the other client never noticed
+            again = await NfsClient.connect("127.0.0.1", server.port)
+            await again.null()                           # and the server still accepts
+            await again.close()
+        finally:
+            await good.close()
+            await bad.close()
+    asyncio.run(main())
+
+
+def test_client_disconnecting_mid_record_and_mid_call(fake_server):
+    port = fake_server.port
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(struct.pack(">I", 0x80000000 | 1000) + b"\0" * 10)   # half a record
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(encode_call(1, 100003, 4, 0, None))                  # leave before the reply
+
+    async def body(c):
+        await c.null()
+    run(port, body)
+
+
+def test_many_connections_at_once(fake_server):
+    async def one():
+        c = await NfsClient.connect("127.0.0.1", fake_server.port)
+        try:
+            await asyncio.gather(*(c.null() for _ in range(20)))
+        finally:
+            await c.close()
+
+    async def main():
+        await asyncio.gather(*(one() for _ in range(20)))
+    asyncio.run(main())
+
+
+def test_refused_network_gets_auth_tooweak(fake_server_factory):
+    class NoOne:
+        def client_allowed(self, ip):
+            return False
+    server = fake_server_factory()
+    server.server.exports = NoOne()                    # connections made from now on
+
+    async def body(c):
+        r = await c.call(0)
+        assert (r.accepted, r.stat, r.detail) == (False, AUTH_ERROR, (AUTH_TOOWEAK,))
+    run(server.port, body)
+
+
+def test_auth_sys_credentials_reach_the_handlers(fake_server_factory):
+    from nfsd.ops import session as session_ops
+    from nfsd.xdr.nfs4 import NFS4_OK, OP_PUTROOTFH, PUTROOTFH4res, nfs_argop4
+    seen = []
+
+    async def putrootfh(ctx, args):
+        seen.append(ctx.cred)
+        return PUTROOTFH4res(NFS4_OK)
+    server = fake_server_factory({**session_ops.HANDLERS, OP_PUTROOTFH: putrootfh})
+    cred = Cred(flavor=1, uid=1234, gid=567, gids=(567, 10), machinename=b"trainer-7")
+
+    async def main():
+        c = await NfsClient.connect("127.0.0.1", server.port, cred=cred)
+        try:
+            await c.setup_session()
+            res = await c.compound([nfs_argop4(OP_PUTROOTFH, None)])
+            assert res.status == NFS4_OK
+        finally:
+            await c.close()
+    asyncio.run(main())
+    assert seen == [cred]
+
+
+def test_reply_parser_rejects_truncation():
+    with pytest.raises(ValueError):
+        parse_reply(b"\0\0\0\1\0\0\0\1")
