@@ -1,6 +1,7 @@
 """TEST_STATEID FREE_STATEID (RFC 8881 sections 18.48, 18.38)."""
 from __future__ import annotations
 
+from nfsd.errors import NfsError
 from nfsd.ops._common import clientid_of
 from nfsd.xdr.nfs4 import (
     NFS4_OK, OP_FREE_STATEID, OP_TEST_STATEID, FREE_STATEID4res, TEST_STATEID4res,
@@ -17,8 +18,9 @@ async def op_test_stateid(ctx, args) -> TEST_STATEID4res:
 
 async def op_free_stateid(ctx, args) -> FREE_STATEID4res:
     status = ctx.server.opens.free(clientid_of(ctx), args.fsa_stateid)
-    # FREE_STATEID4res is a struct whose only field is the status.
-    return FREE_STATEID4res(fsr_status=status)
+    if status != NFS4_OK:
+        raise NfsError(status)
+    return FREE_STATEID4res(fsr_status=NFS4_OK)
 
 
 HANDLERS = {OP_TEST_STATEID: op_test_stateid, OP_FREE_STATEID: op_free_stateid}
