@@ -138,6 +138,10 @@ class AdminServer:
         pid, uid, gid = peer_credentials(writer.get_extra_info("socket"))
         if not self._allowed(pid, uid, gid):
             log.warning("admin_refused", peer_pid=pid, peer_uid=uid, peer_gid=gid)
+            try:      # take the request first: closing on unread data would reset the connection
+                await asyncio.wait_for(reader.readline(), 2.0)
+            except (asyncio.TimeoutError, ValueError, ConnectionError):
+                pass
             await _send(writer, {"ok": False, "code": "denied",
                                  "error": f"uid {uid} may not use the admin API (allowed: uid "
                                           f"{os.getuid()}, root"

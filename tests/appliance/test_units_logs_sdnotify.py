@@ -1,0 +1,102 @@
+"""Small pieces: units, log redaction and rendering, sd_notify datagrams."""
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import socket
+
+import pytest
+import structlog
+
+from appliance import logs, sdnotify
+from appliance.units import fmt_bytes, fmt_seconds, parse_duration, parse_size, table
+
+
+def test_sizes_and_durations():
+    assert parse_size("8MiB") == 8 << 20 and parse_size("10GB") == 10**10 and parse_size("4096") == 4096
+    assert parse_size("1.5KiB") == 1536
+    assert parse_duration("500ms") == 0.5 and parse_duration("2h") == 7200 and parse_duration("30") == 30
+    for bad in ("8 XB", "", "-1", "MiB"):
+        with pytest.raises(ValueError):
+            parse_size(bad)
+    assert fmt_bytes(0) == "0 B" and fmt_bytes(1536) == "1.5 KiB" and fmt_bytes(20 << 30) == "20.0 GiB"
+    assert fmt_seconds(0.25) == "0.25 s" and fmt_seconds(303) == "5m03s" and fmt_seconds(None) == "-"
+
+
+def test_table_aligns_columns():
+    out = table(["PATH", "SIZE"], [["a", "1.0 KiB"], ["longer/name", "12 B"]], right={1})
+    lines = out.splitlines()
+    assert lines[0] == "PATH            SIZE"
+    assert lines[1] == "a            1.0 KiB"
+    assert lines[2] == "longer/name     12 B"
+
+
+@pytest.fixture
+def captured():
+    stream = io.StringIO()
+    logs.configure("json", "info", stream=stream)
+    yield stream
+    logs.configure("json", "info", stream=io.StringIO())
+
+
+def events(stream) -> list[dict]:
+    return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+def test_json_lines_one_event_each_with_keys(captured):
+    structlog.get_logger("t").info("nfs_op", client="10.0.0.5", op="WRITE", fh="ab12", duration=0.002,
+                                   result="NFS4_OK")
+    [ev] = events(captured)
+    assert ev["event"] == "nfs_op" and ev["client"] == "10.0.0.5" and ev["level"] == "info"
+    assert "timestamp" in ev
+
+
+def test_secrets_never_reach_the_output(captured):
+    log = structlog.get_logger("t")
+    log.info("s3_config", secret_key="hunter2", access_key="AKIAXXXX", settings={"token": "tok123", "ok": 1},
+             header="Authorization: AWS4-HMAC-SHA256 Credential=AKIAXXXX/20260101, Signature=deadbeef")
+    logging.getLogger("botocore").warning("retrying with password=pa55 and X-Amz-Security-Token=zzz")
+    text = captured.getvalue()
+    for secret in ("hunter2", "AKIAXXXX", "tok123", "deadbeef", "pa55", "zzz"):
+        assert secret not in text
+    first = events(captured)[0]
+    assert first["secret_key"] == logs.REDACTED and first["settings"] == {"token": logs.REDACTED, "ok": 1}
+
+
+def test_console_renderer_is_readable():
+    stream = io.StringIO()
+    logs.configure("console", "info", stream=stream)
+    structlog.get_logger("t").info("hello", client="1.2.3.4")
+    logs.configure("json", "info", stream=io.StringIO())
+    line = stream.getvalue()
+    assert "hello" in line and "client=1.2.3.4" in line and not line.startswith("{")
+
+
+@pytest.mark.parametrize("abstract", [False, True])
+def test_sd_notify_sends_datagrams(tmp_path, monkeypatch, abstract):
+    rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    if abstract:
+        name = f"ckptgw-test-{os.getpid()}"
+        rx.bind("\0" + name)
+        monkeypatch.setenv("NOTIFY_SOCKET", "@" + name)
+    else:
+        rx.bind(str(tmp_path / "notify"))
+        monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "notify"))
+    rx.settimeout(5)
+    with rx:
+        assert sdnotify.ready("serving")
+        assert rx.recv(4096) == b"READY=1\nSTATUS=serving"
+        assert sdnotify.reloading()
+        msg = rx.recv(4096).decode().split("\n")
+        assert msg[0] == "RELOADING=1" and msg[1].startswith("MONOTONIC_USEC=")
+        assert sdnotify.stopping()
+        assert rx.recv(4096) == b"STOPPING=1"
+
+
+def test_sd_notify_without_systemd(monkeypatch, tmp_path):
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    assert sdnotify.ready() is False
+    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "nobody-listens"))
+    assert sdnotify.ready() is False
