@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="HOST:PORT to listen on (default 127.0.0.1:2049)")
     p.add_argument("--cache-dir", required=True, help="the store's directory")
     p.add_argument("--export", default="/checkpoints", help="export path (default /checkpoints)")
+    # The dev default is no squashing: the kernel-client harness and tests act as root.
+    p.add_argument("--root-squash", action="store_true",
+                   help="map uid/gid 0 to nobody (default: off for this dev entry point)")
     p.add_argument("--lease-time", type=float, default=DEFAULT_LEASE_TIME,
                    help="NFSv4 lease time in seconds (default 90)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -41,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
 async def run(args) -> None:
     store = Store.open(args.cache_dir)
     try:
-        server = NfsServer(store, Exports.single(args.export), args.lease_time)
+        server = NfsServer(store, Exports.single(args.export, root_squash=args.root_squash),
+                           args.lease_time)
         await server.start(*args.listen)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

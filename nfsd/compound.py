@@ -32,8 +32,10 @@ log = structlog.get_logger(__name__)
 
 _U32 = struct.Struct(">I")
 
+# Fore channel ops only: the callback ops (OP_CB_*) reuse the same numbers.
 OP_NAMES = {getattr(nfs4, n): n[3:] for n in dir(nfs4)
-            if n.startswith("OP_") and isinstance(getattr(nfs4, n), int)}
+            if n.startswith("OP_") and not n.startswith("OP_CB_")
+            and isinstance(getattr(nfs4, n), int)}
 STATUS_NAMES = {getattr(nfs4, n): n for n in dir(nfs4)
                 if (n.startswith("NFS4ERR_") or n == "NFS4_OK") and isinstance(getattr(nfs4, n), int)}
 

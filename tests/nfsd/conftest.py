@@ -124,7 +124,8 @@ def nfs_server(tmp_path):
     from nfsd.server import NfsServer
 
     store = Store.open(str(tmp_path / "cache"))
-    st = ServerThread(lambda: NfsServer(store, Exports.single(EXPORT))).start()
+    # No root squash: the test client's default credential is uid 0.
+    st = ServerThread(lambda: NfsServer(store, Exports.single(EXPORT, root_squash=False))).start()
     st.store = store
     yield st
     st.stop()
