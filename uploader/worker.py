@@ -61,6 +61,14 @@ class UploadProgress:
         return "finish"
 
 
+def _same_data(attr, mtime_ns, size) -> bool:
+    """The store bumps `change` for metadata too (rename, chmod: NFS change attribute), so
+    "same bytes" is judged by mtime and size, which every write and truncate move.
+    (A SETATTR that truncates AND sets an explicit old mtime in one call would fool this;
+    a per-file data version in the store would not: see the uploader report.)"""
+    return mtime_ns is not None and attr.mtime_ns == mtime_ns and attr.size == size
+
+
 def _pread_exact(fd: int, offset: int, length: int) -> bytearray:
     buf = bytearray(length)
     view = memoryview(buf)
@@ -118,6 +126,9 @@ class Worker:
         if attr.data_state in (DataState.CLEAN, DataState.ABSENT) and remote.uploaded_change == attr.change:
             return "already-clean"
         change = attr.change
+        if change != job.get("change", change) and not _same_data(attr, job.get("mtime_ns"), job.get("size")):
+            self.store.set_data_state(ino, DataState.DIRTY)
+            return "changed"
         if not self.store.set_data_state(ino, DataState.UPLOADING, change):
             # written again since: it becomes eligible again after its next settle
             self.store.set_data_state(ino, DataState.DIRTY)
@@ -136,6 +147,9 @@ class Worker:
             # leave it eligible again (the job stays queued and will retry or restart)
             self.store.set_data_state(ino, DataState.QUEUED, change)
             raise
+        now = self.store.getattr(ino)
+        if now.change != change and _same_data(now, attr.mtime_ns, attr.size) and now.data_state == DataState.UPLOADING:
+            change = now.change              # renamed or chmod-ed meanwhile, same bytes
         info = RemoteInfo(key=path, etag=result.etag, checksum=result.checksum, uploaded_change=change,
                           size=attr.size, upload_id=None, parts=[])
         clean = await self._store(self.store.mark_uploaded, ino, info)

@@ -1,0 +1,146 @@
+"""Renames and deletes are mirrored by server-side copy + delete, in order, never re-uploaded."""
+import asyncio
+
+from conftest import (SMALL_PART, make_uploader, object_sha, objects, payload, remove, rename, sha,
+                      wait_for, write_file)
+from uploader.worker import UploadProgress
+
+
+def _uploads_of(proxy, name):
+    """Requests that sent file data for a key containing `name` (PUT/POST with a body or create)."""
+    return [r for r in proxy.requests(outcome=None) if name in r.path and r.method in ("PUT", "POST")
+            and "x-id=CopyObject" not in r.query]
+
+
+def test_rename_before_upload_never_sends_the_temp_name(moto, proxy, bucket, store):
+    data = payload(3 * SMALL_PART, 3)
+
+    async def main():
+        up = make_uploader(store, proxy.endpoint, bucket, settle_seconds=1.0)
+        await up.start()
+        try:
+            write_file(store, "ck/step1.pt.tmp", data)
+            rename(store, "ck/step1.pt.tmp", "ck/step1.pt")      # inside the settle window
+            assert await up.flush("ck", timeout=60)
+            return up, up.status()
+        finally:
+            await up.stop()
+
+    up, status = asyncio.run(main())
+    assert objects(up.client, "gw/") == {"gw/ck/": 0, "gw/ck/step1.pt": len(data)}
+    assert object_sha(up.client, "gw/ck/step1.pt") == sha(data)
+    assert not [r for r in proxy.requests(outcome=None) if ".tmp" in r.path]   # never in S3, not even asked
+    assert status["bytes_uploaded"] == len(data)
+
+
+def test_rename_after_upload_is_a_server_side_move(moto, proxy, bucket, store):
+    data = payload(3 * SMALL_PART, 4)
+
+    async def main():
+        up = make_uploader(store, proxy.endpoint, bucket)
+        await up.start()
+        try:
+            ino = write_file(store, "a.bin", data)
+            assert await up.flush(timeout=60)
+            rename(store, "a.bin", "b.bin")
+            assert await up.flush(timeout=60)
+            return up, up.status(), up.file_state(ino)
+        finally:
+            await up.stop()
+
+    up, status, fstate = asyncio.run(main())
+    assert objects(up.client, "gw/") == {"gw/b.bin": len(data)}
+    assert object_sha(up.client, "gw/b.bin") == sha(data)
+    assert status["bytes_uploaded"] == len(data) and status["bytes_copied"] == len(data)
+    assert status["moves_done"] == 1
+    assert fstate["key"] == "b.bin" and fstate["state"] == "clean"
+    assert fstate["etag"] == up.client.head_object("gw/b.bin").etag
+
+
+def test_rename_during_multipart_upload_finishes_then_moves(moto, proxy, bucket, store):
+    data = payload(8 * SMALL_PART, 5)
+
+    async def main():
+        # a slow link: ~4 parts per second
+        up = make_uploader(store, proxy.endpoint, bucket, bytes_per_second=4 * SMALL_PART,
+                           burst_seconds=0.25, max_concurrency=2)
+        await up.start()
+        try:
+            ino = write_file(store, "d.bin.tmp", data)
+            await up.flush(wait=False)
+            await wait_for(lambda: up.file_state(ino).get("bytes_done", 0) > 0, timeout=30, interval=0.01)
+            rename(store, "d.bin.tmp", "d.bin")
+            assert await up.flush(timeout=60)
+            return up, up.status()
+        finally:
+            await up.stop()
+
+    up, status = asyncio.run(main())
+    assert objects(up.client, "gw/") == {"gw/d.bin": len(data)}
+    assert object_sha(up.client, "gw/d.bin") == sha(data)
+    assert status["bytes_uploaded"] == len(data)        # finished, not restarted
+    assert status["uploads_aborted"] == 0 and status["moves_done"] == 1
+
+
+def test_rename_before_any_byte_is_sent_aborts_and_restarts():
+    prog = UploadProgress(ino=5, path="x.tmp", size=100, multipart=True)
+    assert prog.on_namespace_change("rename") == "abort" and prog.abort_requested
+    prog = UploadProgress(ino=5, path="x.tmp", size=100, multipart=True, bytes_in_flight=10)
+    assert prog.on_namespace_change("rename") == "finish" and not prog.abort_requested
+    prog = UploadProgress(ino=5, path="x.tmp", size=100, multipart=True, bytes_done=90)
+    assert prog.on_namespace_change("unlink") == "abort"
+
+
+def test_directory_rename_moves_every_object_then_file_rename_follows(moto, proxy, bucket, store):
+    x, y = payload(1000, 6), payload(3 * SMALL_PART, 7)
+
+    async def main():
+        up = make_uploader(store, proxy.endpoint, bucket)
+        await up.start()
+        try:
+            write_file(store, "d1/x", x)
+            write_file(store, "d1/sub/y", y)
+            assert await up.flush(timeout=60)
+            rename(store, "d1", "d2")
+            rename(store, "d2/sub/y", "y2")          # queued behind the directory move
+            assert await up.flush(timeout=60)
+            return up, up.status()
+        finally:
+            await up.stop()
+
+    up, status = asyncio.run(main())
+    assert objects(up.client, "gw/") == {"gw/d2/": 0, "gw/d2/x": len(x), "gw/d2/sub/": 0, "gw/y2": len(y)}
+    assert object_sha(up.client, "gw/d2/x") == sha(x) and object_sha(up.client, "gw/y2") == sha(y)
+    assert status["bytes_uploaded"] == len(x) + len(y)
+
+
+def test_delete_and_replace_and_modify(moto, proxy, bucket, store):
+    v1, v2, v3 = payload(2000, 8), payload(3 * SMALL_PART, 9), payload(1500, 10)
+
+    async def main():
+        up = make_uploader(store, proxy.endpoint, bucket)
+        await up.start()
+        try:
+            write_file(store, "gone", b"bye")
+            write_file(store, "ck", v1)
+            assert await up.flush(timeout=60)
+            remove(store, "gone")
+            write_file(store, "ck.tmp", v2)
+            rename(store, "ck.tmp", "ck")            # replaces the uploaded ck
+            write_file(store, "never", b"x")
+            remove(store, "never")                   # never uploaded
+            assert await up.flush(timeout=60)
+            first = object_sha(up.client, "gw/ck")
+            write_file(store, "ck", v3)              # modified after upload: sent again
+            assert await up.flush(timeout=60)
+            return up, first
+        finally:
+            await up.stop()
+
+    up, first = asyncio.run(main())
+    assert first == sha(v2)
+    assert objects(up.client, "gw/") == {"gw/ck": len(v3)}
+    assert object_sha(up.client, "gw/ck") == sha(v3)
+    # never uploaded: its data is never sent, nothing is deleted (a HEAD checks ownership)
+    assert {r.method for r in proxy.requests(outcome=None) if "never" in r.path} <= {"HEAD"}
+    assert not _uploads_of(proxy, "ck.tmp")
