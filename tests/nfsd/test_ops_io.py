@@ -1,0 +1,127 @@
+"""READ WRITE COMMIT: stability, verifiers, special stateids, permissions, read-through."""
+import asyncio
+import errno
+
+import pytest
+
+from cache.api import StoreError
+from ops_harness import make_fs
+from nfsd.xdr.nfs4 import *  # noqa: F401,F403
+
+
+@pytest.fixture
+def fs(tmp_path):
+    fs, store = make_fs(tmp_path)
+    yield fs
+    store.close()
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+ANON = stateid4(0, bytes(12))
+BYPASS = stateid4(0xFFFFFFFF, b"\xff" * 12)
+
+
+def test_write_stability_is_reported_truthfully(fs):
+    async def main():
+        exp = await fs.root_fh()
+        f, sid, _ = await fs.open(exp, "f")
+        fs.server.blocking_calls.clear()
+        ok = await fs.write(f, sid, 0, b"a" * 4096, UNSTABLE4)
+        assert (ok.count, ok.committed, ok.writeverf) == (4096, UNSTABLE4, fs.server.store.write_verifier)
+        assert fs.server.blocking_calls == []                  # nothing synced for UNSTABLE4
+        for how in (DATA_SYNC4, FILE_SYNC4):
+            ok = await fs.write(f, sid, 4096, b"b" * 10, how)
+            assert ok.committed == FILE_SYNC4
+            assert fs.server.blocking_calls.pop() == "commit"
+        res = await fs.run([(OP_PUTFH, PUTFH4args(f)), (OP_COMMIT, COMMIT4args(0, 0))])
+        assert res[1].value.writeverf == fs.server.store.write_verifier
+        assert fs.server.blocking_calls == ["commit"]
+        data, eof = await fs.read(f, sid, 0, 1 << 20)
+        assert data == b"a" * 4096 + b"b" * 10 and eof
+        data, eof = await fs.read(f, sid, 100, 10)
+        assert data == b"a" * 10 and not eof
+        assert await fs.read(f, sid, 10_000, 10) == (b"", True)
+    run(main())
+
+
+def test_io_on_wrong_types_and_bad_stateids(fs):
+    async def main():
+        exp = await fs.root_fh()
+        d = await fs.mkdir(exp, "d")
+        for ops, status in (
+                ([(OP_PUTFH, PUTFH4args(d)), (OP_READ, READ4args(ANON, 0, 1))], NFS4ERR_ISDIR),
+                ([(OP_PUTFH, PUTFH4args(d)), (OP_WRITE, WRITE4args(ANON, 0, UNSTABLE4, b"x"))], NFS4ERR_ISDIR),
+                ([(OP_PUTFH, PUTFH4args(d)), (OP_COMMIT, COMMIT4args(0, 0))], NFS4ERR_ISDIR)):
+            assert await fs.status(ops) == status
+        f, sid, _ = await fs.open(exp, "f")
+        for bad in (stateid4(5, b"n" * 12), stateid4(0xFFFFFFFF, bytes(12)), stateid4(3, b"\xff" * 12)):
+            assert await fs.status([(OP_PUTFH, PUTFH4args(f)), (OP_READ, READ4args(bad, 0, 1))]) == NFS4ERR_BAD_STATEID
+        # the READ bypass stateid is not for writing
+        assert await fs.status([(OP_PUTFH, PUTFH4args(f)),
+                                (OP_WRITE, WRITE4args(BYPASS, 0, UNSTABLE4, b"x"))]) == NFS4ERR_BAD_STATEID
+        # anonymous I/O works with permission
+        await fs.write(f, ANON, 0, b"anon")
+        assert await fs.read(f, BYPASS, 0, 4) == (b"anon", True)
+    run(main())
+
+
+def test_anonymous_io_checks_mode_bits(fs):
+    async def main():
+        exp = await fs.root_fh()
+        f, sid, _ = await fs.open(exp, "f", mode=0o600)
+        await fs.close(f, sid)
+        bob = fs.as_user(1001)
+        assert await bob.status([(OP_PUTFH, PUTFH4args(f)), (OP_READ, READ4args(ANON, 0, 1))]) == NFS4ERR_ACCESS
+        assert await bob.status([(OP_PUTFH, PUTFH4args(f)),
+                                 (OP_WRITE, WRITE4args(ANON, 0, UNSTABLE4, b"x"))]) == NFS4ERR_ACCESS
+    run(main())
+
+
+def test_read_through_hook_and_delay(fs, monkeypatch):
+    async def main():
+        exp = await fs.root_fh()
+        f, sid, _ = await fs.open(exp, "f")
+        await fs.write(f, sid, 0, b"local")
+        store = fs.server.store
+        real = store.read_into
+        state = {"absent": True}
+
+        def read_into(ino, off, buf):
+            if state["absent"]:
+                e = StoreError(errno.EAGAIN, "absent")
+                e.missing = [(0, 5)]
+                raise e
+            return real(ino, off, buf)
+        monkeypatch.setattr(store, "read_into", read_into)
+        assert await fs.status([(OP_PUTFH, PUTFH4args(f)), (OP_READ, READ4args(sid, 0, 5))]) == NFS4ERR_DELAY
+        fetched = []
+
+        async def fetch_missing(ino, ranges):
+            fetched.append(ranges)
+            state["absent"] = False
+        fs.server.fetch_missing = fetch_missing
+        assert await fs.read(f, sid, 0, 5) == (b"local", True)
+        assert fetched == [[(0, 5)]]
+    run(main())
+
+
+def test_write_over_capacity_is_delay(fs, monkeypatch):
+    async def main():
+        exp = await fs.root_fh()
+        f, sid, _ = await fs.open(exp, "f")
+
+        def full(*a):
+            raise StoreError(errno.EAGAIN, "over capacity")
+        monkeypatch.setattr(fs.server.store, "write", full)
+        assert await fs.status([(OP_PUTFH, PUTFH4args(f)),
+                                (OP_WRITE, WRITE4args(sid, 0, UNSTABLE4, b"x"))]) == NFS4ERR_DELAY
+
+        def nospc(*a):
+            raise StoreError(errno.ENOSPC, "disk full")
+        monkeypatch.setattr(fs.server.store, "write", nospc)
+        assert await fs.status([(OP_PUTFH, PUTFH4args(f)),
+                                (OP_WRITE, WRITE4args(sid, 0, UNSTABLE4, b"x"))]) == NFS4ERR_NOSPC
+    run(main())
