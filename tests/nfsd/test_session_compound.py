@@ -1,0 +1,104 @@
+"""The COMPOUND engine's pieces without a network: decoding, error results, state objects."""
+from __future__ import annotations
+
+import pytest
+
+from nfsd.compound import (
+    GarbageArgs, OP_NAMES, decode_compound, error_result, result_status, status_name,
+)
+from nfsd.state import SessionManager, next_seqid
+from nfsd.xdr.core import decode, encode
+from nfsd.xdr.nfs4 import (
+    COMPOUND4args, NFS4ERR_IO, NFS4ERR_OP_ILLEGAL, OP_ACCESS, OP_ILLEGAL, OP_PUTROOTFH,
+    OP_SETATTR, OP_WRITE, UNSTABLE4, WRITE4args, nfs_argop4, nfs_resop4, stateid4,
+)
+
+
+@pytest.mark.parametrize("opnum", sorted(OP_NAMES))
+def test_every_op_has_an_encodable_error_result(opnum):
+    res = error_result(opnum, NFS4ERR_IO)
+    assert res.tag == (opnum if opnum != OP_ILLEGAL else OP_ILLEGAL)
+    assert decode(nfs_resop4, encode(nfs_resop4, res)) == res
+    assert result_status(res.value) == NFS4ERR_IO
+
+
+def test_callback_op_numbers_do_not_shadow_fore_channel_ops():
+    assert OP_NAMES[OP_ACCESS] == "ACCESS"
+    assert OP_NAMES[OP_ILLEGAL] == "ILLEGAL"
+    assert status_name(NFS4ERR_OP_ILLEGAL) == "NFS4ERR_OP_ILLEGAL"
+    assert error_result(OP_SETATTR, NFS4ERR_IO).value.attrsset == []
+
+
+def _args(ops, minorversion=1):
+    return encode(COMPOUND4args, COMPOUND4args(tag=b"tag", minorversion=minorversion,
+                                               argarray=ops))
+
+
+def test_write_data_is_a_view_of_the_record():
+    record = bytearray(_args([nfs_argop4(OP_WRITE, WRITE4args(stateid4(0, bytes(12)), 0,
+                                                              UNSTABLE4, b"D" * 4096))]))
+    args = decode_compound(memoryview(record))
+    data = args.ops[0].value.data
+    assert isinstance(data, memoryview) and data.obj is record and bytes(data) == b"D" * 4096
+
+
+def test_decode_stops_at_an_unknown_op():
+    raw = bytearray(_args([nfs_argop4(OP_PUTROOTFH, None)]))
+    raw[12:16] = (2).to_bytes(4, "big")               # two ops; the second is op 77777
+    raw += (77777).to_bytes(4, "big") + b"junk"
+    args = decode_compound(memoryview(raw))
+    assert [o.tag for o in args.ops] == [OP_PUTROOTFH] and args.illegal_opnum == 77777
+
+
+@pytest.mark.parametrize("cut", [0, 3, 7, 12, 15, 17])
+def test_truncated_compound_is_garbage(cut):
+    raw = _args([nfs_argop4(OP_PUTROOTFH, None), nfs_argop4(OP_PUTROOTFH, None)])
+    with pytest.raises(GarbageArgs):
+        decode_compound(memoryview(raw[:len(raw) - 1 - cut]))
+
+
+def test_trailing_bytes_are_garbage():
+    with pytest.raises(GarbageArgs):
+        decode_compound(memoryview(_args([nfs_argop4(OP_PUTROOTFH, None)]) + b"\0\0\0\0"))
+
+
+def test_unknown_minor_version_is_not_decoded_further():
+    args = decode_compound(memoryview(_args([nfs_argop4(OP_PUTROOTFH, None)], 7) + b"whatever"))
+    assert args.minorversion == 7 and args.ops == []
+
+
+def test_huge_op_count_is_refused_without_decoding():
+    raw = bytearray(_args([]))
+    raw[12:16] = (1 << 30).to_bytes(4, "big")
+    assert decode_compound(memoryview(raw)).illegal_opnum == -1
+
+
+def test_seqids_wrap():
+    assert next_seqid(0xFFFFFFFF) == 0 and next_seqid(5) == 6
+
+
+def test_clientids_carry_the_boot_epoch():
+    mgr = SessionManager(boot_time=0x12345678)
+    c = mgr.new_client(b"owner", b"verifier", (1, 0), 1)
+    assert c.clientid >> 32 == 0x12345678
+    assert not mgr.is_stale_clientid(c.clientid)
+    assert mgr.is_stale_clientid(0x1111111100000001)
+
+
+def test_expiry_calls_hooks_and_spares_busy_clients():
+    mgr = SessionManager(lease_time=10)
+    seen = []
+    mgr.on_client_expired.append(seen.append)
+    mgr.on_client_expired.append(lambda c: 1 / 0)        # a broken hook harms no one else
+    idle = mgr.new_client(b"a", b"v" * 8, (1, 0), 1)
+    busy = mgr.new_client(b"b", b"v" * 8, (1, 0), 1)
+    from nfsd.state import ChannelAttrs
+    attrs = ChannelAttrs(0, 4096, 4096, 0, 8, 2)
+    session = mgr.new_session(busy, 0, attrs, attrs, 0)
+    session.slots[1].in_progress = True
+    now = idle.last_renew + 1000
+    assert mgr.expire_idle(now) == [idle]
+    assert seen == [idle] and idle.expired and busy.clientid in mgr.clients
+    session.slots[1].in_progress = False
+    assert mgr.expire_idle(now) == [busy]
+    assert session.sessionid not in mgr.sessions
