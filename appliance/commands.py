@@ -86,7 +86,7 @@ class Commands:
             info = self.d.uploader.file_state(attr.ino)
             if info:
                 row["state"] = info.get("state", row["state"])
-                done, total = info.get("bytes_done"), info.get("bytes_total")
+                done, total = info.get("bytes_done"), info.get("size")
                 if info.get("progress") is not None:
                     row["progress"] = float(info["progress"])
                 elif done is not None and total:
@@ -146,9 +146,9 @@ class Commands:
         wait = bool(args.get("wait"))
         timeout = args.get("timeout")
         timeout = float(timeout) if timeout is not None else None
-        n, pending, total = await self._pending(rel)
         if not wait:
-            await uploader.flush(rel, wait=False, timeout=None)
+            await uploader.flush(rel, wait=False)
+            n, pending, total = await self._pending(rel)
             return {"path": rel, "waited": False, "pending_files": n, "pending_bytes": pending,
                     "total_bytes": total}
         task = asyncio.ensure_future(uploader.flush(rel, wait=True, timeout=timeout))
@@ -160,22 +160,19 @@ class Commands:
                 await progress({"pending_files": n, "pending_bytes": pending, "total_bytes": total})
                 if task in done:
                     break
-                if deadline is not None and time.monotonic() > deadline + 1.0:
-                    break               # the uploader did not honour its timeout: stop waiting anyway
+                if deadline is not None and time.monotonic() > deadline + 5.0:
+                    break               # the uploader overran its own timeout: stop waiting anyway
         finally:
             if not task.done():
                 task.cancel()
-        outcome = task.result() if task.done() and not task.cancelled() and task.exception() is None else None
+        flushed = task.done() and not task.cancelled() and task.exception() is None and task.result()
         if task.done() and not task.cancelled() and task.exception() is not None:
-            exc = task.exception()
-            if not isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
-                raise AdminError("failed", f"flush of {rel or '/'} failed: {exc}")
+            raise AdminError("failed", f"flush of {rel or '/'} failed: {task.exception()}")
         n, pending, total = await self._pending(rel)
-        if n:
-            raise AdminError("timeout", f"flush of {rel or '/'} timed out after {timeout} s with "
+        if not flushed:
+            raise AdminError("timeout", f"flush of {rel or '/'} timed out after {timeout:g} s with "
                              f"{n} file(s), {pending} bytes not yet in S3")
-        return {"path": rel, "waited": True, "pending_files": 0, "pending_bytes": 0, "total_bytes": total,
-                "uploader": outcome if isinstance(outcome, (dict, bool, int)) else None}
+        return {"path": rel, "waited": True, "pending_files": n, "pending_bytes": pending, "total_bytes": total}
 
     # -- cache residency --------------------------------------------------------------------
     async def _set_pinned(self, args, pinned: bool):
@@ -232,18 +229,24 @@ class Commands:
     async def cmd_warmup(self, args, progress):
         rel = self._rel(args)
         uploader = self.uploader
-        fetch = getattr(uploader, "warmup", None) or getattr(uploader, "fetch_file", None)
-        if fetch is None:
-            raise AdminError("unavailable", "warmup is not available in this version (the uploader has no "
-                             "read-through fetch)")
-        files = [(p, a) for p, a in await self._files(rel) if a.data_state == DataState.ABSENT]
-        total = sum(a.size for _, a in files)
-        done = 0
-        for path, attr in files:
-            await fetch(attr.ino)
-            done += attr.size
+        store = self.store
+
+        def absent_files():
+            out = []
+            for path, attr in tree.files(store, rel):
+                missing = sum(e.length for e in store.extents(attr.ino) if e.state == DataState.ABSENT)
+                if missing:
+                    out.append((path, missing))
+            return out
+        files = await asyncio.to_thread(absent_files)
+        total = sum(n for _, n in files)
+        done = fetched = 0
+        await progress({"done_bytes": 0, "total_bytes": total, "file": None})
+        for path, missing in files:
+            fetched += await uploader.warmup(path)
+            done += missing
             await progress({"done_bytes": done, "total_bytes": total, "file": path})
-        return {"path": rel, "files": len(files), "bytes": total}
+        return {"path": rel, "files": len(files), "bytes": fetched}
 
     async def cmd_verify(self, args, progress):
         rel = self._rel(args)

@@ -39,6 +39,30 @@ RESTART_ONLY = ("server.listen", "server.cache_dir", "server.capacity", "server.
                 "admin", "metrics", "server.lease_time")
 
 
+RATE_SAMPLE_SECONDS = 1.0
+RATE_WINDOW_SECONDS = 10.0
+
+
+class RateMeter:
+    """Bytes per second of a growing counter over the last RATE_WINDOW_SECONDS."""
+
+    def __init__(self, window: float = RATE_WINDOW_SECONDS):
+        self.window = window
+        self._samples: list[tuple[float, int]] = []
+
+    def sample(self, total: int, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self._samples.append((now, total))
+        while len(self._samples) > 2 and self._samples[1][0] <= now - self.window:
+            self._samples.pop(0)
+
+    def rate(self) -> float | None:
+        if len(self._samples) < 2:
+            return None
+        (t0, b0), (t1, b1) = self._samples[0], self._samples[-1]
+        return (b1 - b0) / (t1 - t0) if t1 > t0 else None
+
+
 class StartupError(Exception):
     """The daemon cannot start; the message says why in one sentence."""
 
@@ -102,6 +126,7 @@ class Daemon:
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._reload_lock = asyncio.Lock()
+        self.upload_rate = RateMeter()
 
     @property
     def s3_prefix(self) -> str:
@@ -142,15 +167,14 @@ class Daemon:
         await self._start_nfs()
         await self._start_admin()
         self._start_metrics()
-        if not cfg.embedded_s3 and hasattr(self.store, "maybe_evict") and not self._uploader_evicts():
+        if self.uploader is None and not cfg.embedded_s3:      # the uploader runs its own evictor
             self._tasks.append(asyncio.create_task(self._evict_forever(), name="evict"))
+        if self.uploader is not None:
+            self._tasks.append(asyncio.create_task(self._sample_upload_rate(), name="upload-rate"))
         sdnotify.ready(f"serving NFS on {self.listen[0]}:{self.listen[1]}" if self.listen else "serving")
         log.info("ready", listen=_addr(self.listen), admin_socket=self.admin.socket_path if self.admin else None,
                  metrics=_addr(self.metrics_address), s3_endpoint=self.s3_endpoint, bucket=cfg.s3.bucket,
                  tryout=cfg.embedded_s3, pid=os.getpid())
-
-    def _uploader_evicts(self) -> bool:
-        return bool(getattr(self.uploader, "evicts", False))
 
     def _reupload_missing(self) -> None:
         """Try-out mode: the in-memory S3 is new and empty at every start; what the cache holds
@@ -188,7 +212,8 @@ class Daemon:
         except ImportError as e:
             log.warning("uploader_unavailable", reason=str(e))
             return
-        self.uploader = Uploader(self.store, self.object_client, self.config.upload_settings())
+        self.uploader = Uploader(self.store, self.object_client, self.config.upload_settings(),
+                                 prefix=self.s3_prefix)
         await self.uploader.start()
         log.info("uploader_started", bucket=self.config.s3.bucket, prefix=self.s3_prefix)
 
@@ -201,6 +226,8 @@ class Daemon:
         exports = await asyncio.to_thread(build_exports, self.config, self.store)
         server = NfsServer(self.store, exports, lease_time=self.config.server.lease_time)
         server.observer = self.ops          # called as observer(op, status, seconds, nbytes)
+        if self.uploader is not None:       # read-through: nfsd/ops/io.py asks for ABSENT ranges
+            server.fetch_missing = self.uploader.fetch_missing
         host, port = self.config.listen_address()
         try:
             await server.start(host, port)
@@ -240,6 +267,11 @@ class Daemon:
                     log.info("evicted_for_space", bytes=freed)
             except Exception:         # noqa: BLE001 - keep the loop alive, the next round may succeed
                 log.exception("evict_failed")
+
+    async def _sample_upload_rate(self) -> None:
+        while True:
+            self.upload_rate.sample(self.uploader.counters.bytes_uploaded)
+            await asyncio.sleep(RATE_SAMPLE_SECONDS)
 
     # ---- run / stop ------------------------------------------------------------------------
     def install_signals(self) -> None:
@@ -331,7 +363,8 @@ class Daemon:
         """A snapshot for `ckptgw status` and the metrics collector. Callable from any thread."""
         cfg = self.config
         out = {"version": VERSION, "pid": os.getpid(), "uptime_s": round(time.time() - self.started, 3),
-               "tryout": cfg.embedded_s3, "listen": _addr(self.listen),
+               "tryout": cfg.embedded_s3, "listen": _addr(self.listen), "metrics": _addr(self.metrics_address),
+               "admin_socket": self.admin.socket_path if self.admin else None,
                "s3": {"endpoint": self.s3_endpoint, "bucket": cfg.s3.bucket, "prefix": cfg.s3.prefix},
                "exports": [e.path for e in cfg.exports]}
         sessions = getattr(self.nfs, "sessions", None)
@@ -360,15 +393,15 @@ class Daemon:
         if self.uploader is None:
             return {"running": False}
         raw = dict(self.uploader.status())
-        up = {"running": True, **raw}
+        up = {"running": True, **raw, "rate_bytes_per_s": self.upload_rate.rate()}
         counters = raw.get("counters") if isinstance(raw.get("counters"), dict) else raw
         aliases = {"queue_depth": ("queue_depth", "queued", "pending"),
-                   "oldest_dirty_age_s": ("oldest_dirty_age_s", "oldest_dirty_age", "oldest_dirty_seconds"),
+                   "oldest_dirty_age_s": ("oldest_dirty_age_s", "oldest_dirty_age_seconds"),
                    "rate_bytes_per_s": ("rate_bytes_per_s", "upload_rate", "bytes_per_second"),
                    "uploaded_bytes": ("uploaded_bytes", "bytes_uploaded"),
                    "retries": ("retries",), "throttles": ("throttles",),
                    "requests": ("requests",), "errors": ("errors", "permanent_errors"),
-                   "last_errors": ("last_errors", "last_error")}
+                   "last_errors": ("last_errors", "last_error", "permanent_error")}
         for name, candidates in aliases.items():
             for c in candidates:
                 for source in (raw, counters):

@@ -1,0 +1,19 @@
+"""Fixtures of the appliance tests (helpers live in appliance_live.py)."""
+from __future__ import annotations
+
+import pytest
+
+from appliance_live import LiveDaemon
+
+
+@pytest.fixture
+def live_daemon(tmp_path):
+    daemons = []
+
+    def make(*extra, config=None, workdir=None) -> LiveDaemon:
+        d = LiveDaemon(workdir or tmp_path, *extra, config=config)
+        daemons.append(d)
+        return d.start()
+    yield make
+    for d in daemons:
+        d.close()
