@@ -21,7 +21,12 @@ e.g. entry4) are packed, unpacked, compared and printed iteratively, so a
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import importlib.util
 import keyword
+import marshal
+import os
 import struct as _st
 from typing import Any, Callable, Iterable
 
@@ -124,6 +129,66 @@ def compile_type(t: Any) -> None:
 
 def _not_compiled(*_a):
     raise RuntimeError("XDR type used before compile_type() was called on it")
+
+
+# --- compiled-code cache ------------------------------------------------------------------
+# Compiling the generated struct code is most of the import time of nfsd.xdr.nfs4, so
+# code objects can be cached in a marshal file (like .pyc files; keyed by the sha1 of the
+# generated source, the file itself stamped with the interpreter's bytecode magic).
+
+_code_cache: dict[str, Any] | None = None
+_code_cache_dirty = False
+
+
+def _compile(source: str, label: str):
+    """Code object for generated source, from the active cache when possible."""
+    global _code_cache_dirty
+    if _code_cache is None:
+        return compile(source, label, "exec")
+    key = hashlib.sha1(source.encode()).hexdigest()
+    code = _code_cache.get(key)
+    if code is None:
+        code = _code_cache[key] = compile(source, label, "exec")
+        _code_cache_dirty = True
+    return code
+
+
+@contextlib.contextmanager
+def code_cache(path: str | os.PathLike | None):
+    """Use (and afterwards update) a cache of compiled code at path while building types.
+
+    A missing, stale or unreadable cache is ignored; a cache that cannot be written is
+    skipped silently (read-only installs just compile every time)."""
+    global _code_cache, _code_cache_dirty
+    if path is None:
+        yield
+        return
+    path = os.fspath(path)
+    stamp = importlib.util.MAGIC_NUMBER + b"xdr1"
+    cache: dict[str, Any] = {}
+    try:
+        with open(path, "rb") as f:
+            if f.read(len(stamp)) == stamp:
+                loaded = marshal.load(f)
+                if isinstance(loaded, dict):
+                    cache = loaded
+    except (OSError, EOFError, ValueError, TypeError):
+        cache = {}
+    _code_cache, _code_cache_dirty = cache, False
+    try:
+        yield
+        if _code_cache_dirty:
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                tmp = f"{path}.{os.getpid()}.tmp"
+                with open(tmp, "wb") as f:
+                    f.write(stamp)
+                    marshal.dump(cache, f)
+                os.replace(tmp, path)
+            except OSError:
+                pass
+    finally:
+        _code_cache, _code_cache_dirty = None, False
 
 
 class XdrType:
@@ -729,7 +794,7 @@ def make_struct(name: str, field_names: list[str], linked: bool = False) -> type
         raise ValueError(f"struct {name} has no fields")
     link = pynames[-1] if linked else None
     ns: dict[str, Any] = {}
-    exec(_struct_class_source(name, pynames, link), {}, ns)
+    exec(_compile(_struct_class_source(name, pynames, link), f"<xdr struct {name}>"), {}, ns)
     ns.update({"__slots__": tuple(pynames), "__match_args__": tuple(pynames),
                "xdr_kind": "struct", "xdr_name": name, "xdr_compiled": False,
                "xdr_field_names": tuple(field_names), "xdr_fields": None,
@@ -764,7 +829,7 @@ def _struct_build(cls: type) -> None:
     g = _Gen()
     _struct_source(cls, g, fields, cls.xdr_linked)
     ns: dict[str, Any] = {}
-    exec("\n".join(g.lines), g.g, ns)
+    exec(_compile("\n".join(g.lines), f"<xdr struct {cls.xdr_name} codec>"), g.g, ns)
     cls.pack = staticmethod(ns["pack"])
     cls.unpack = staticmethod(ns["unpack"])
 

@@ -39,7 +39,6 @@ class XdrSyntaxError(ValueError):
 
 # Comments are replaced by as many newlines as they contain, so line numbers survive.
 _COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*|^[ \t]*%[^\n]*", re.S | re.M)
-_TOKEN = re.compile(r"\s*(?:(-?0[xX][0-9A-Fa-f]+|-?[0-9]+)|([A-Za-z_][A-Za-z0-9_]*)|([{}()\[\]<>;:,=*])|(\S))")
 
 _KEYWORDS = {"bool", "case", "const", "default", "double", "quadruple", "enum", "float",
              "hyper", "int", "opaque", "string", "struct", "switch", "typedef", "union",
@@ -57,27 +56,32 @@ def _strip(text: str) -> str:
     return _COMMENT.sub(lambda m: "\n" * m.group().count("\n"), text)
 
 
-def _tokenize(text: str) -> list[tuple[str, str, int]]:
-    """[(kind, value, offset)] with kind in num/id/punct."""
+_TOKENS = re.compile(r"(-?0[xX][0-9A-Fa-f]+|-?[0-9]+)|([A-Za-z_][A-Za-z0-9_]*)|([{}()\[\]<>;:,=*])|(\S)")
+
+
+def _tokenize(text: str) -> list[tuple[str, str]]:
+    """[(kind, value)] with kind in num/id/punct (positions are recomputed only for errors)."""
     toks = []
-    pos, n = 0, len(text)
-    match = _TOKEN.match
-    while pos < n:
-        m = match(text, pos)
-        if m is None or m.end() == pos:       # only trailing whitespace left
-            break
-        num, ident, punct, bad = m.groups()
-        if bad is not None:
-            raise XdrSyntaxError(f"line {text.count(chr(10), 0, m.start(4)) + 1}: "
-                                 f"unexpected character {bad!r}")
-        if num is not None:
-            toks.append(("num", num, m.start(1)))
-        elif ident is not None:
-            toks.append(("id", ident, m.start(2)))
+    append = toks.append
+    for num, ident, punct, bad in _TOKENS.findall(text):
+        if ident:
+            append(("id", ident))
+        elif punct:
+            append(("punct", punct))
+        elif num:
+            append(("num", num))
         else:
-            toks.append(("punct", punct, m.start(3)))
-        pos = m.end()
+            raise XdrSyntaxError(f"line {_token_line(text, len(toks))}: "
+                                 f"unexpected character {bad!r}")
     return toks
+
+
+def _token_line(text: str, index: int) -> int:
+    """Line number of the index-th token of text (error path only)."""
+    for i, m in enumerate(_TOKENS.finditer(text)):
+        if i == index:
+            return text.count("\n", 0, m.start()) + 1
+    return text.count("\n") + 1
 
 
 # --- parse tree ------------------------------------------------------------------------
@@ -104,9 +108,7 @@ class _Parser:
 
     # -- token helpers
     def _line(self, i: int | None = None) -> int:
-        i = self.i if i is None else i
-        off = self.toks[i][2] if i < len(self.toks) else len(self.text)
-        return self.text.count("\n", 0, off) + 1
+        return _token_line(self.text, self.i if i is None else i)
 
     def err(self, msg: str) -> XdrSyntaxError:
         got = self.toks[self.i][1] if self.i < len(self.toks) else "end of input"
@@ -115,7 +117,7 @@ class _Parser:
     def peek(self) -> str | None:
         return self.toks[self.i][1] if self.i < len(self.toks) else None
 
-    def take(self) -> tuple[str, str, int]:
+    def take(self) -> tuple[str, str]:
         if self.i >= len(self.toks):
             raise self.err("unexpected end of input")
         t = self.toks[self.i]
@@ -134,14 +136,14 @@ class _Parser:
         return False
 
     def ident(self) -> str:
-        kind, v, _ = self.take()
+        kind, v = self.take()
         if kind != "id" or v in _KEYWORDS:
             self.i -= 1
             raise self.err("expected an identifier")
         return v
 
     def value(self) -> int:
-        kind, v, _ = self.take()
+        kind, v = self.take()
         if kind == "num":
             neg = v.startswith("-")
             body = v[1:] if neg else v
