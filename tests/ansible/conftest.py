@@ -1,0 +1,85 @@
+"""Fixtures for the Ansible role tests: controller tools, the ckptgw wheel, the guest image.
+
+Everything slow is cached outside the repository: the controller venv with ansible-core and
+ansible-lint (from requirements.txt) in /var/cache/ckptgw-ansible-tools/<hash>, the guest image
+in /var/cache/ckptgw-ansible-image/<hash> (see guestimage.py). Timings and PLAY RECAP lines are
+collected in REPORT and printed at the end of the run.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))          # guestimage, guestvm, playbook
+
+from guestimage import REPO, ensure_image  # noqa: E402
+
+TOOLS_CACHE = Path(os.environ.get("CKPTGW_ANSIBLE_TOOLS_CACHE", "/var/cache/ckptgw-ansible-tools"))
+REPORT: list[str] = []
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "ansible: Ansible role tests (lint, rendering, deployment to a qemu VM)")
+
+
+def pytest_terminal_summary(terminalreporter):
+    if REPORT:
+        terminalreporter.section("ansible deployment report")
+        for line in REPORT:
+            terminalreporter.write_line(line)
+
+
+def report(line: str) -> None:
+    REPORT.append(line)
+
+
+@pytest.fixture(scope="session")
+def ansible_bin() -> Path:
+    """bin/ of a venv holding requirements.txt (ansible-core, ansible-lint), made when missing."""
+    reqs = HERE / "requirements.txt"
+    venv = TOOLS_CACHE / hashlib.sha256(reqs.read_bytes()).hexdigest()[:16]
+    done = venv / ".complete"
+    if not done.exists():
+        t0 = time.monotonic()
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        proc = subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", "-r", str(reqs)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.fail(f"pip install -r {reqs} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        done.write_text("ok\n")
+        report(f"controller tools installed into {venv} in {time.monotonic() - t0:.0f}s")
+    return venv / "bin"
+
+
+@pytest.fixture(scope="session")
+def ckptgw_wheel(tmp_path_factory) -> Path:
+    """The ckptgw wheel of this checkout (pip wheel --no-deps), as the role's wheel install takes it."""
+    out = tmp_path_factory.mktemp("dist")
+    # Build from a copy: an in-tree build would leave build/ in the shared checkout.
+    src = tmp_path_factory.mktemp("src") / "ckptgw"
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".git", "tests", "bench", "build", "ansible",
+                                                             "*.egg-info", "__pycache__", ".pytest_cache"))
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                           "--wheel-dir", str(out), str(src)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.fail(f"pip wheel failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    wheels = list(out.glob("ckptgw-*.whl"))
+    assert len(wheels) == 1, wheels
+    return wheels[0]
+
+
+@pytest.fixture(scope="session")
+def guest_image():
+    t0 = time.monotonic()
+    image, built = ensure_image(log=lambda msg: None)
+    report(f"guest image {image.root.name}: {'built (uncached)' if built else 'cached'}, "
+           f"{time.monotonic() - t0:.0f}s")
+    return image

@@ -1,0 +1,229 @@
+"""A Debian 12 disk image for the Ansible deployment test, built once and cached.
+
+The image is a bootable root file system (mmdebstrap, then `mkfs.ext4 -d`) with:
+  - systemd as PID 1, sshd, sudo and a deploy user `ansible` (key-only, passwordless sudo),
+    as a fleet host would look before Ansible touches it;
+  - Debian's own kernel and initramfs (copied out next to the image, so qemu boots them
+    directly and the guest has the matching modules for its NFS client);
+  - every system package the role would otherwise apt-install (apt under software
+    emulation costs minutes per package);
+  - a wheelhouse of ckptgw's Python dependencies at /opt/ckptgw-wheelhouse, so the role's
+    offline install (`ckptgw_wheelhouse`) runs without an index, inside a guest that has
+    no network beyond its forwarded SSH port.
+
+Cache: $CKPTGW_ANSIBLE_IMAGE_CACHE (default /var/cache/ckptgw-ansible-image)/<hash>/, where the
+hash covers everything the image is made from (this file, the package list, the suite and
+the project's dependency list). A build goes to a temporary folder and is renamed into place
+when complete, under a file lock, so a crashed or concurrent build never leaves a half image.
+
+Run directly to build (or show) the image:  python3 tests/ansible/guestimage.py
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE_ROOT = Path(os.environ.get("CKPTGW_ANSIBLE_IMAGE_CACHE", "/var/cache/ckptgw-ansible-image"))
+SUITE = "bookworm"
+DEPLOY_USER = "ansible"
+GUEST_WHEELHOUSE = "/opt/ckptgw-wheelhouse"
+DISK_SIZE = "4G"
+
+# What a freshly provisioned fleet host has (the brief's base set) plus what the role would
+# apt-install on it (python3-venv; e2fsprogs for the cache disk; python3-apt for Ansible's apt
+# module), the guest kernel, and nfs-common for the test's own NFS mount.
+PACKAGES = [
+    "systemd-sysv", "udev", "openssh-server", "sudo", "iproute2",
+    "python3", "python3-venv", "python3-apt", "e2fsprogs",
+    "nfs-common",
+    "linux-image-amd64", "initramfs-tools",
+]
+
+# Timers that would wake apt, man-db & co. in the middle of a test under emulation.
+MASKED_UNITS = ["apt-daily.timer", "apt-daily-upgrade.timer", "man-db.timer", "e2scrub_all.timer",
+                "fstrim.timer", "e2scrub_reap.service"]
+
+
+class ImageError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class GuestImage:
+    """A built image: its folder and the files in it."""
+    root: Path
+
+    @property
+    def disk(self) -> Path:
+        return self.root / "disk.raw"
+
+    @property
+    def kernel(self) -> Path:
+        return self.root / "vmlinuz"
+
+    @property
+    def initrd(self) -> Path:
+        return self.root / "initrd.img"
+
+    @property
+    def ssh_key(self) -> Path:
+        return self.root / "id_ed25519"
+
+    @property
+    def manifest(self) -> dict:
+        return json.loads((self.root / "manifest.json").read_text())
+
+
+def project_dependencies() -> list[str]:
+    with open(REPO / "pyproject.toml", "rb") as f:
+        return sorted(tomllib.load(f)["project"]["dependencies"])
+
+
+def image_key() -> str:
+    """Hash of every input of the image: change one and a new image is built."""
+    h = hashlib.sha256()
+    h.update(Path(__file__).read_bytes())
+    h.update(json.dumps({"suite": SUITE, "packages": PACKAGES, "masked": MASKED_UNITS,
+                         "deps": project_dependencies()}, sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+def cached_image() -> GuestImage | None:
+    folder = CACHE_ROOT / image_key()
+    return GuestImage(folder) if (folder / "manifest.json").exists() else None
+
+
+def ensure_image(log=print) -> tuple[GuestImage, bool]:
+    """The cached image, built first if missing. Returns (image, built_now)."""
+    image = cached_image()
+    if image:
+        return image, False
+    CACHE_ROOT.mkdir(parents=True, exist_ok=True)
+    with open(CACHE_ROOT / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)          # one build at a time; the loser reuses it
+        image = cached_image()
+        if image:
+            return image, False
+        return _build(CACHE_ROOT / image_key(), log), True
+
+
+def _run(cmd: list[str], log, **kw) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+    if proc.returncode != 0:
+        raise ImageError(f"{' '.join(cmd[:3])}... failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}")
+    return proc
+
+
+def _require_tools() -> None:
+    missing = [t for t in ("mmdebstrap", "mkfs.ext4", "ssh-keygen") if not shutil.which(t)]
+    if missing:
+        raise ImageError(f"missing host tools: {', '.join(missing)} (apt-get install mmdebstrap e2fsprogs "
+                         "openssh-client)")
+    if os.geteuid() != 0:
+        raise ImageError("building the guest image needs root (mmdebstrap, file ownership in the image)")
+
+
+def _build(final: Path, log) -> GuestImage:
+    _require_tools()
+    started = time.monotonic()
+    work = final.with_name(f".build-{final.name}-{os.getpid()}")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        rootfs = work / "rootfs"
+        log(f"guest image: mmdebstrap {SUITE} -> {rootfs}")
+        _run(["mmdebstrap", "--variant=apt", "--include=" + ",".join(PACKAGES),
+              "--aptopt=Acquire::Languages \"none\"", "--dpkgopt=path-exclude=/usr/share/doc/*",
+              "--dpkgopt=path-exclude=/usr/share/man/*", "--dpkgopt=path-exclude=/usr/share/locale/*",
+              "--skip=cleanup/apt/lists",          # keeps apt's lists, so an apt check needs no network
+              SUITE, str(rootfs)], log)
+        _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "ckptgw-ansible-test",
+              "-f", str(work / "id_ed25519")], log)
+        _configure(rootfs, (work / "id_ed25519.pub").read_text(), log)
+        _wheelhouse(rootfs / GUEST_WHEELHOUSE.lstrip("/"), log)
+        _boot_files(rootfs, work)
+        log("guest image: mkfs.ext4 -d")
+        _run(["mkfs.ext4", "-q", "-F", "-L", "ckptgw-root", "-d", str(rootfs), str(work / "disk.raw"), DISK_SIZE],
+             log)
+        shutil.rmtree(rootfs)
+        manifest = {"key": final.name, "suite": SUITE, "packages": PACKAGES, "deploy_user": DEPLOY_USER,
+                    "wheelhouse": GUEST_WHEELHOUSE, "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "build_seconds": round(time.monotonic() - started, 1)}
+        (work / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        work.rename(final)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    log(f"guest image: built {final} in {time.monotonic() - started:.0f}s")
+    return GuestImage(final)
+
+
+def _write(path: Path, text: str, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(mode)
+
+
+def _configure(rootfs: Path, pubkey: str, log) -> None:
+    """Make the tree a bootable, reachable host: fstab, DHCP, hostname, deploy user."""
+    _write(rootfs / "etc/fstab", "/dev/vda / ext4 rw,errors=remount-ro 0 1\n")
+    _write(rootfs / "etc/hostname", "ckptgw-test\n")
+    _write(rootfs / "etc/hosts", "127.0.0.1 localhost\n127.0.1.1 ckptgw-test\n::1 localhost ip6-localhost\n")
+    # qemu's user network: DHCP from 10.0.2.2, DNS at 10.0.2.3.
+    _write(rootfs / "etc/systemd/network/20-wired.network", "[Match]\nName=eth* en*\n\n[Network]\nDHCP=ipv4\n")
+    resolv = rootfs / "etc/resolv.conf"
+    if resolv.is_symlink():
+        resolv.unlink()
+    _write(resolv, "nameserver 10.0.2.3\n")
+    _write(rootfs / "etc/ssh/sshd_config.d/ckptgw-test.conf",
+           "PasswordAuthentication no\nUseDNS no\n")
+    _write(rootfs / f"etc/sudoers.d/{DEPLOY_USER}", f"{DEPLOY_USER} ALL=(ALL) NOPASSWD:ALL\n", 0o440)
+    _run(["chroot", str(rootfs), "useradd", "--create-home", "--shell", "/bin/bash", DEPLOY_USER], log)
+    ssh_dir = rootfs / "home" / DEPLOY_USER / ".ssh"
+    _write(ssh_dir / "authorized_keys", pubkey, 0o600)
+    ssh_dir.chmod(0o700)
+    _run(["chroot", str(rootfs), "chown", "-R", f"{DEPLOY_USER}:{DEPLOY_USER}", f"/home/{DEPLOY_USER}/.ssh"], log)
+    _run(["systemctl", f"--root={rootfs}", "enable", "systemd-networkd.service"], log)
+    _run(["systemctl", f"--root={rootfs}", "mask", *MASKED_UNITS], log)
+    # A root console on the serial line helps when a boot goes wrong (console.log).
+    _write(rootfs / "etc/systemd/system/serial-getty@ttyS0.service.d/autologin.conf",
+           "[Service]\nExecStart=\nExecStart=-/sbin/agetty --autologin root --keep-baud 115200 %I $TERM\n")
+
+
+def _wheelhouse(target: Path, log) -> None:
+    """Wheels for ckptgw's dependencies (not ckptgw itself: the role copies that one).
+    Built here with the host's CPython 3.11 for linux-x86_64: the guest's python3 is 3.11 too."""
+    target.mkdir(parents=True, exist_ok=True)
+    reqs = target.parent / "ckptgw-requirements.txt"
+    reqs.write_text("\n".join(project_dependencies()) + "\n")
+    log(f"guest image: pip wheel {len(project_dependencies())} dependencies -> {target}")
+    _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(target), "-r", str(reqs)], log)
+    reqs.unlink()
+    for wheel in target.iterdir():
+        wheel.chmod(0o644)
+
+
+def _boot_files(rootfs: Path, work: Path) -> None:
+    kernels = sorted((rootfs / "boot").glob("vmlinuz-*"))
+    initrds = sorted((rootfs / "boot").glob("initrd.img-*"))
+    if not kernels or not initrds:
+        raise ImageError(f"no kernel or initrd in {rootfs / 'boot'}")
+    shutil.copy2(kernels[-1], work / "vmlinuz")
+    shutil.copy2(initrds[-1], work / "initrd.img")
+
+
+if __name__ == "__main__":
+    t0 = time.monotonic()
+    img, built = ensure_image()
+    print(json.dumps({"image": str(img.root), "built_now": built, "seconds": round(time.monotonic() - t0, 1),
+                      **img.manifest}, indent=2))
