@@ -25,6 +25,7 @@ import structlog
 from cache.api import DataState, FileType, StoreError
 
 from .gate import RequestGate
+from .importer import import_prefix
 from .jobs import NS, UPLOAD, KeyRef, KeysAhead, ns_keys
 from .keys import KeyMap
 from .objectclient import ObjectClient, ObjectClientError, PermanentError
@@ -295,6 +296,13 @@ class Uploader:
     async def fetch_missing(self, ino: int, ranges) -> None:
         """Read-through hook for the NFS server (store.read raised EAGAIN with .missing)."""
         await self.readthrough.fetch_missing(ino, ranges)
+
+    async def import_bucket(self):
+        """Add objects under the prefix that the namespace lacks as ABSENT files (local data
+        always wins: see uploader.importer). Returns an ImportReport."""
+        report = await import_prefix(self.store, self.client, self.keys, self.gate)
+        self.counters.imported += report.imported
+        return report
 
     async def warmup(self, path: str) -> int:
         """Fetch every absent byte of the file or tree at `path`; returns bytes fetched."""

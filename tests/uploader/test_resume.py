@@ -1,0 +1,81 @@
+"""Crash safety: kill -9 mid multipart upload, restart, resume from the recorded UploadId."""
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from urllib.parse import parse_qs
+
+from cache.store import Store
+from conftest import SMALL_PART, make_uploader, object_sha, objects, payload, s3_settings, sha, write_file
+from uploader.objectclient import Boto3ObjectClient
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def _part_number(query: str) -> int:
+    return int(parse_qs(query)["partNumber"][0])
+
+
+def test_multipart_resumes_after_kill_9_and_orphans_are_aborted(moto, proxy, bucket, tmp_path):
+    nparts = 12
+    data = payload(nparts * SMALL_PART, 42)
+    store_dir = str(tmp_path / "store")
+    store = Store.open(store_dir, capacity=1 << 30)
+    write_file(store, "ck/model.pt", data)
+    store.close()
+
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    log = open(tmp_path / "uploader.log", "w")
+    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "uploader_proc.py"), store_dir,
+                             proxy.endpoint, bucket, str(3 * SMALL_PART)], stdout=log, stderr=log, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while len([r for r in proxy.requests("PUT") if "partNumber" in r.query and r.status == 200]) < 4:
+            assert proc.poll() is None, open(tmp_path / "uploader.log").read()
+            assert time.monotonic() < deadline, "the uploader did not get going"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    sent_first = {r.query for r in proxy.requests("PUT") if "partNumber" in r.query and r.status == 200}
+
+    # a multipart upload under our prefix that no job knows: aborted at start
+    client = Boto3ObjectClient(s3_settings(moto.endpoint, bucket))
+    orphan = client.create_multipart_upload("gw/stray", metadata={})
+
+    store = Store.open(store_dir, capacity=1 << 30)
+    try:
+        remote = store.remote_info(store.lookup(store.lookup(1, b"ck").ino, b"model.pt").ino)
+        assert remote.upload_id and len(remote.parts) >= 3       # progress was durable
+        n_before = len(proxy.records)
+
+        async def main():
+            up = make_uploader(store, proxy.endpoint, bucket)
+            await up.start()
+            try:
+                assert await up.flush(timeout=120)
+                return up.status()
+            finally:
+                await up.stop()
+
+        status = asyncio.run(main())
+    finally:
+        store.close()
+    second = [r for r in proxy.records[n_before:] if r.method == "PUT" and "partNumber" in r.query
+              and r.status == 200]
+    assert status["parts_resumed"] >= 3
+    assert len(second) == nparts - status["parts_resumed"]        # kept parts are not sent again
+    recorded = {int(n) for n, _, _ in remote.parts}
+    assert not {_part_number(r.query) for r in second} & recorded  # recorded parts never re-sent
+    assert recorded <= {_part_number(q) for q in sent_first}
+    assert status["orphans_aborted"] == 1
+    assert [u.upload_id for u in client.list_multipart_uploads("gw/")] == []
+    assert orphan
+    assert objects(client, "gw/ck/") == {"gw/ck/": 0, "gw/ck/model.pt": len(data)}
+    assert object_sha(client, "gw/ck/model.pt") == sha(data)

@@ -1,0 +1,82 @@
+"""Import: make objects under the bucket prefix visible as files, fetched on first read.
+
+Rule: LOCAL DATA ALWAYS WINS. An object whose path already exists in the namespace (a
+file or a directory, whatever its state: dirty, uploading, clean) is skipped, never
+merged or overwritten; so is an object whose parent path is a local file. Only names the
+gateway does not know are added, as ABSENT files carrying the object's size, ETag and the
+s3fs metadata (x-amz-meta-mode/uid/gid/mtime; defaults 0644, 0:0 and the object's
+LastModified when absent). Directory markers ("dir/") become directories. Keys that
+cannot be paths (empty or "."/".." components, "//", names over 255 bytes) are skipped and
+counted. Import is not journaled by the store, so it causes no S3 traffic by itself.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import structlog
+
+from cache.api import ROOT_INO, FileType, RemoteInfo, StoreError
+
+from .gate import RequestGate
+from .keys import KeyMap, attrs_from_metadata
+from .objectclient import ObjectClient
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class ImportReport:
+    imported: int = 0
+    directories: int = 0
+    skipped_existing: int = 0
+    skipped_invalid: list[str] = field(default_factory=list)
+
+
+def _ensure_dirs(store, path: str, mode: int, uid: int, gid: int) -> bool:
+    """mkdir -p; False if a component exists as a non-directory."""
+    ino = ROOT_INO
+    for part in [p for p in path.split("/") if p]:
+        name = part.encode("utf-8", "surrogateescape")
+        try:
+            attr = store.lookup(ino, name)
+        except StoreError:
+            attr = store.mkdir(ino, name, mode, uid, gid)[0]
+        if attr.type != FileType.DIR:
+            return False
+        ino = attr.ino
+    return True
+
+
+async def import_prefix(store, client: ObjectClient, keys: KeyMap, gate: RequestGate) -> ImportReport:
+    report = ImportReport()
+    objects = await gate.call("ListObjectsV2", lambda: list(client.list_objects(keys.prefix)), what=keys.prefix)
+    for obj in objects:
+        path = keys.path_of_key(obj.key)
+        if path is None:
+            report.skipped_invalid.append(obj.key)
+            continue
+        head = await gate.call("HeadObject", lambda o=obj: client.head_object(o.key), what=obj.key)
+        if head is None:                 # deleted since the listing
+            continue
+        mode, uid, gid, mtime_ns = attrs_from_metadata(
+            head.metadata, default_mtime_ns=int(head.last_modified * 1e9))
+        try:
+            if path.endswith("/"):
+                if await asyncio.to_thread(_ensure_dirs, store, path, mode or 0o755, uid, gid):
+                    report.directories += 1
+                continue
+            remote = RemoteInfo(key=path, etag=head.etag, checksum=head.checksum, size=head.size)
+            attr = await asyncio.to_thread(store.import_object, path, head.size, mode, uid, gid, mtime_ns, remote)
+        except StoreError as e:
+            log.warning("import_skipped", key=obj.key, error=str(e))
+            report.skipped_invalid.append(obj.key)
+            continue
+        if attr is None:
+            report.skipped_existing += 1
+        else:
+            report.imported += 1
+    await asyncio.to_thread(store.sync)
+    log.info("import_done", prefix=keys.prefix, imported=report.imported, directories=report.directories,
+             skipped_existing=report.skipped_existing, skipped_invalid=len(report.skipped_invalid))
+    return report
