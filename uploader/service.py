@@ -77,11 +77,12 @@ class Uploader:
     async def start(self) -> None:
         jobs = await asyncio.to_thread(self.store.queue_list, 1 << 30)
         self._upload_inos = {j["ino"] for _, j in jobs if j.get("kind") == UPLOAD}
-        if self.settings.abort_orphan_uploads:
-            await self._abort_orphans(jobs)
         self._started = True
         self._tasks = [asyncio.create_task(self._scheduler(), name="uploader-scheduler"),
                        asyncio.create_task(self._evictor(), name="uploader-evictor")]
+        if self.settings.abort_orphan_uploads:
+            # in the background: start() must not wait for S3 (it may be down or misconfigured)
+            self._tasks.append(asyncio.create_task(self._orphan_sweeper(jobs), name="uploader-orphans"))
         log.info("uploader_started", queued=len(jobs), prefix=self.keys.prefix)
 
     async def stop(self) -> None:
@@ -95,8 +96,22 @@ class Uploader:
         self.gate.close()
         log.info("uploader_stopped")
 
+    async def _orphan_sweeper(self, jobs) -> None:
+        while True:
+            try:
+                await self._abort_orphans(jobs)
+                return
+            except PermanentError as e:
+                self.counters.permanent_errors += 1
+                self.counters.last_error = self.permanent_error = f"{e.code}: {e}"
+                log.error("s3_permanent_error", op="abort_orphans", code=e.code, error=str(e),
+                          retry_in=self.permanent_retry_seconds)
+                await asyncio.sleep(self.permanent_retry_seconds)
+
     async def _abort_orphans(self, jobs) -> None:
-        known = set()
+        """Abort multipart uploads under our prefix that neither a queued job (at start) nor
+        this run created."""
+        known = set(self.worker.created_upload_ids)
         for _, job in jobs:
             if job.get("upload_id"):
                 known.add(job["upload_id"])
@@ -111,7 +126,7 @@ class Uploader:
                                        lambda: self.client.list_multipart_uploads(self.keys.prefix),
                                        what=self.keys.prefix)
         for u in uploads:
-            if u.upload_id in known:
+            if u.upload_id in known or u.upload_id in self.worker.created_upload_ids:
                 continue
             try:
                 await self.gate.call("AbortMultipartUpload",

@@ -93,6 +93,7 @@ class Worker:
         self.counters = counters
         self.store_id = getattr(store, "instance_id", b"").hex()
         self.algorithm = client.checksum_algorithm
+        self.created_upload_ids: set[str] = set()     # this run's uploads (never orphans)
 
     async def _store(self, fn, *args):
         return await asyncio.to_thread(fn, *args)
@@ -203,6 +204,7 @@ class Worker:
         if upload_id is None:
             upload_id = await self.gate.call(
                 "CreateMultipartUpload", lambda: self.client.create_multipart_upload(key, metadata=meta), what=key)
+            self.created_upload_ids.add(upload_id)
             job.update(key=key, upload_id=upload_id, upload_change=change, part_size=part_size)
             await self._store(self.store.queue_update, job_id, job)
             remote.upload_id, remote.parts = upload_id, []
@@ -369,6 +371,7 @@ class Worker:
         meta = info.metadata if info else {}
         upload_id = await self.gate.call(
             "CreateMultipartUpload", lambda: self.client.create_multipart_upload(dst, metadata=meta), what=dst)
+        self.created_upload_ids.add(upload_id)
         piece = max(COPY_PART, part_size_for(size, COPY_PART))
         try:
             parts = await asyncio.gather(*(
