@@ -18,6 +18,29 @@ element functions.  Nothing looks a field up by name at run time.
 Self-referential linked lists (a struct whose last field is ``Self *next``,
 e.g. entry4) are packed, unpacked, compared and printed iteratively, so a
 100,000-entry READDIR reply does not hit the recursion limit.
+
+Python representation (the contract in notes/xdr_contract.md):
+
+    int / unsigned int / hyper / unsigned hyper   int (range-checked on pack)
+    bool                                          bool (0/1 only on the wire)
+    enum                                          int (must be a member)
+    opaque[n], opaque<n>, string<n>               bytes on decode; pack takes bytes,
+                                                  bytearray or memoryview (string: also str)
+    opaque<n> marked zero_copy                    memoryview slice of the input buffer
+    T *x                                          None or the value
+    T x[n], T x<n>                                list
+    struct S                                      instance of generated class S (__slots__ =
+                                                  field names, keywords get a trailing '_')
+    union U                                       instance of generated class U: .tag, .value
+    typedef                                       the same object as its target, unless it adds
+                                                  a size or '*' (then a new object of that name)
+
+Descriptive attributes, for tooling and tests: every type has ``xdr_kind`` (int, bool,
+enum, fopaque, vopaque, string, farray, varray, optional, struct, union) and
+``xdr_name``; int: lo, hi; enum: members, values; opaques/arrays: size or maxlen, elem;
+optional: elem; struct: xdr_fields ((py_name, type), ...), xdr_linked; union: xdr_disc,
+xdr_arms {value: (arm_name, type or None)}, xdr_default ((arm_name, type or None) or
+NO_DEFAULT).
 """
 from __future__ import annotations
 
@@ -28,13 +51,13 @@ import keyword
 import marshal
 import os
 import struct as _st
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 __all__ = [
     "XdrError", "XdrType", "Primitive", "Bool", "Enum", "FixedOpaque", "VarOpaque",
-    "String", "FixedArray", "VarArray", "Optional", "make_struct", "make_union",
-    "compile_type", "encode", "decode", "py_name", "VOID",
-    "INT", "UINT", "HYPER", "UHYPER", "BOOL",
+    "String", "FixedArray", "VarArray", "Optional", "make_struct", "set_struct_types",
+    "struct", "make_union", "set_union_arms", "NO_DEFAULT", "compile_type", "code_cache",
+    "encode", "decode", "py_name", "INT", "UINT", "HYPER", "UHYPER", "BOOL",
 ]
 
 
@@ -57,7 +80,6 @@ _MAXLEN = 0xFFFFFFFF
 _PACK_ERRORS = (_st.error, TypeError, AttributeError, KeyError, ValueError, OverflowError,
                 IndexError)
 
-VOID = None            # marks a void union arm
 
 
 def py_name(xdr_name: str) -> str:
@@ -650,6 +672,7 @@ def _struct_source(cls: Any, g: _Gen, fields: list[tuple[str, Any]], linked: str
     groups = _runs(fields)
     cls_ref = g.ref(cls, "cls")
 
+    g.emit(0, f"# xdr struct {name}")    # keeps cached code objects per struct
     # ---- pack
     g.emit(0, "def pack(v, out):")
     g.emit(1, "try:")
@@ -707,16 +730,18 @@ def _struct_source(cls: Any, g: _Gen, fields: list[tuple[str, Any]], linked: str
             names = [f"a{i}" for i, _, _ in items]
             g.emit(ind, f"{', '.join(names)}{',' if len(names) == 1 else ''} = "
                         f"{g.ref(s.unpack_from, 'su')}(buf, pos)")
-            g.emit(ind, f"pos += {s.size}")
+            off = 0
             for i, pyn, t in items:
                 a = f"a{i}"
                 if t.run_kind == "bool":
                     g.emit(ind, f"if {a} == 0: {a} = False")
                     g.emit(ind, f"elif {a} == 1: {a} = True")
-                    g.emit(ind, f"else: raise _bad_bool({qn} + '.{pyn}', {a}, pos)")
+                    g.emit(ind, f"else: raise _bad_bool({qn} + '.{pyn}', {a}, pos + {off})")
                 elif t.run_kind == "enum":
                     g.emit(ind, f"if {a} not in {g.ref(t.values, 'ev')}: "
-                                f"raise _bad_enum({g.ref(t.xdr_name, 'en')}, {a}, pos)")
+                                f"raise _bad_enum({g.ref(t.xdr_name, 'en')}, {a}, pos + {off})")
+                off += _st.calcsize(">" + t.run_fmt)
+            g.emit(ind, f"pos += {s.size}")
         else:
             i, pyn, t = items[0]
             _p, u = _fns(t)

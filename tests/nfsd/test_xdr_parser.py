@@ -131,3 +131,43 @@ def test_rfc_spec_loads_through_load_spec():
     # The module namespace has exactly the spec's names (plus the imported RPC ones).
     assert set(nfs4.__all__) == set(ns) | {"authsys_parms", "AUTH_NONE", "AUTH_SYS",
                                            "RPCSEC_GSS"}
+
+
+# --- compiled-code cache (nfsd/xdr/core.code_cache) -----------------------------------
+
+CACHE_SPEC = "struct cc { unsigned int a; opaque b<4>; bool c; };"
+
+
+def _cc_round_trip(ns):
+    v = ns["cc"](7, b"ab", True)
+    assert decode(ns["cc"], encode(ns["cc"], v)) == v
+
+
+def test_code_cache_is_written_then_used(tmp_path):
+    from nfsd.xdr import core
+    path = tmp_path / "sub" / "spec.xdrcode"
+    with core.code_cache(path):
+        _cc_round_trip(load_spec(CACHE_SPEC))
+    first = path.read_bytes()
+    assert len(first) > 16
+    with core.code_cache(path):
+        _cc_round_trip(load_spec(CACHE_SPEC))
+    assert path.read_bytes() == first          # nothing new to compile: not rewritten
+
+
+def test_corrupt_or_foreign_cache_is_ignored_and_replaced(tmp_path):
+    from nfsd.xdr import core
+    path = tmp_path / "spec.xdrcode"
+    for junk in (b"", b"garbage", b"\0" * 64):
+        path.write_bytes(junk)
+        with core.code_cache(path):
+            _cc_round_trip(load_spec(CACHE_SPEC))
+        assert path.read_bytes() != junk
+
+
+def test_unwritable_cache_location_still_builds(tmp_path):
+    from nfsd.xdr import core
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with core.code_cache(blocker / "spec.xdrcode"):
+        _cc_round_trip(load_spec(CACHE_SPEC))
