@@ -21,9 +21,9 @@ START_TIMEOUT = 60.0
 class LiveDaemon:
     """`python -m appliance.cli serve` with its own notify socket, cache dir and log file."""
 
-    def __init__(self, workdir: Path, *extra: str, config: Path | None = None):
+    def __init__(self, workdir: Path, *extra: str, config: Path | None = None, cache_dir: Path | None = None):
         self.workdir = workdir
-        self.cache_dir = workdir / "cache"
+        self.cache_dir = cache_dir or workdir / "cache"
         self.socket = workdir / "admin.sock"
         self.log_path = workdir / "daemon.log"
         self.notify_path = workdir / "notify.sock"

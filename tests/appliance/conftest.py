@@ -10,8 +10,10 @@ from appliance_live import LiveDaemon
 def live_daemon(tmp_path):
     daemons = []
 
-    def make(*extra, config=None, workdir=None) -> LiveDaemon:
-        d = LiveDaemon(workdir or tmp_path, *extra, config=config)
+    def make(*extra, config=None, workdir=None, cache_dir=None) -> LiveDaemon:
+        if workdir is not None:
+            workdir.mkdir(exist_ok=True)
+        d = LiveDaemon(workdir or tmp_path, *extra, config=config, cache_dir=cache_dir)
         daemons.append(d)
         return d.start()
     yield make
