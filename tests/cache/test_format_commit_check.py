@@ -1,0 +1,121 @@
+"""Format-version refusal, group commit, and that check() really finds problems."""
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import threading
+
+import lmdb
+import pytest
+
+from cache.api import ROOT_INO, StoreError
+from cache.index import U64, U64x2
+from cache.store import Store
+
+
+def digest(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def test_newer_format_refused_and_untouched(store_dir):
+    s = Store.open(store_dir)
+    s.create(ROOT_INO, b"f", 0o644, 0, 0)
+    s.close()
+    env = lmdb.open(os.path.join(store_dir, "index"), max_dbs=20)
+    with env.begin(write=True) as txn:
+        txn.put(b"format", b"ckptgw-store/99", db=env.open_db(b"meta", txn=txn))
+    env.close()
+    mdb = os.path.join(store_dir, "index", "data.mdb")
+    before = digest(mdb)
+    with pytest.raises(StoreError) as e:
+        Store.open(store_dir)
+    assert e.value.errno == errno.EINVAL
+    assert "ckptgw-store/99" in str(e.value) and "refusing" in str(e.value)
+    assert digest(mdb) == before
+    env = lmdb.open(os.path.join(store_dir, "index"), max_dbs=20)
+    with env.begin(write=True) as txn:
+        txn.put(b"format", b"ckptgw-store/1", db=env.open_db(b"meta", txn=txn))
+    env.close()
+    Store.open(store_dir).close()
+
+
+def test_foreign_lmdb_refused(store_dir):
+    os.makedirs(os.path.join(store_dir, "index"))
+    env = lmdb.open(os.path.join(store_dir, "index"), max_dbs=4)
+    with env.begin(write=True) as txn:
+        txn.put(b"something", b"else")
+    env.close()
+    with pytest.raises(StoreError) as e:
+        Store.open(store_dir)
+    assert e.value.errno == errno.EINVAL and "unknown format" in str(e.value)
+
+
+def test_garbage_index_refused(store_dir):
+    os.makedirs(os.path.join(store_dir, "index"))
+    with open(os.path.join(store_dir, "index", "data.mdb"), "wb") as f:
+        f.write(b"not an lmdb file" * 1000)
+    with pytest.raises(StoreError) as e:
+        Store.open(store_dir)
+    assert e.value.errno == errno.EINVAL
+
+
+def test_group_commit_one_sync_covers_all_waiters(store):
+    """While one sync is in progress, 16 threads make changes and call sync(): they are
+    all covered by ONE following sync, not 16."""
+    gate = threading.Event()
+    entered = threading.Event()
+    real = store.committer._flush
+    calls = []
+
+    def slow_flush():
+        calls.append(1)
+        if len(calls) == 1:
+            entered.set()
+            gate.wait(10)
+        real()
+
+    store.committer._flush = slow_flush
+    store.create(ROOT_INO, b"first", 0o644, 0, 0)
+    t0 = threading.Thread(target=store.sync)
+    t0.start()
+    assert entered.wait(10)
+    started = []
+
+    def worker(i):
+        store.create(ROOT_INO, b"f%d" % i, 0o644, 0, 0)
+        started.append(i)
+        store.sync()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    while len(started) < 16:
+        threading.Event().wait(0.01)
+    gate.set()
+    for t in threads + [t0]:
+        t.join(10)
+    assert len(calls) == 2
+    store.sync()                       # nothing new: returns without syncing
+    assert len(calls) == 2
+
+
+def test_check_finds_injected_problems(store):
+    f = store.create(ROOT_INO, b"f", 0o644, 0, 0)[0].ino
+    store.write(f, 0, b"abc")
+    d = store.mkdir(ROOT_INO, b"d", 0o755, 0, 0)[0].ino
+    assert store.check() == []
+    with store.ix.write() as w:           # a cookie that points nowhere
+        w.txn.delete(U64x2.pack(ROOT_INO, 3), db=store.ix.cookies)
+        w.txn.delete(U64.pack(f), db=store.ix.dirty)
+    with open(store.data.path(987654), "wb") as fh:
+        fh.write(b"stray")
+    problems = store.check()
+    assert any("cookie" in p for p in problems)
+    assert any("dirty index" in p for p in problems)
+    assert any("data file 987654 has no inode" in p for p in problems)
+    store._closed = True                   # do not run the teardown check on this one
+    store.data.close()
+    store.ix.close()
+    os.close(store._lockfd)
