@@ -7,7 +7,9 @@ struct/union class) has:
     T.unpack(buf: memoryview, pos: int) -> (value, new_pos)
 
 plus descriptive attributes (``xdr_kind``, ``xdr_name`` and per-kind details)
-that the parser, the tests and tooling read.
+that the parser, the tests and tooling read.  A pack that raises XdrError may have
+appended part of the encoding to ``out``: callers packing into a shared buffer
+truncate it back (encode() just discards its buffer).
 
 Speed matters (every RPC goes through here), so composite types are compiled
 once: structs get exec-generated pack/unpack functions in which runs of
@@ -196,6 +198,7 @@ def code_cache(path: str | os.PathLike | None):
                     cache = loaded
     except (OSError, EOFError, ValueError, TypeError):
         cache = {}
+    outer = (_code_cache, _code_cache_dirty)      # re-entrant: restore on exit
     _code_cache, _code_cache_dirty = cache, False
     try:
         yield
@@ -210,7 +213,7 @@ def code_cache(path: str | os.PathLike | None):
             except OSError:
                 pass
     finally:
-        _code_cache, _code_cache_dirty = None, False
+        _code_cache, _code_cache_dirty = outer
 
 
 class XdrType:
@@ -644,11 +647,6 @@ class _Gen:
 
     def emit(self, indent: int, line: str) -> None:
         self.lines.append("    " * indent + line)
-
-    def run(self, fname: str) -> Callable:
-        ns: dict[str, Any] = {}
-        exec("\n".join(self.lines), self.g, ns)
-        return ns[fname]
 
 
 def _runs(fields: list[tuple[str, Any]]) -> list[tuple[str, list[tuple[int, str, Any]]]]:
