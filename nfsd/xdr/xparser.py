@@ -280,6 +280,8 @@ class _Parser:
             raise self.err(f"{t} is not supported")
         if t in ("enum", "struct", "union"):
             self.i += 1
+            if self.peek() not in ("{", "switch"):    # rpcgen style: "struct foo x;"
+                return ("ref", self.ident())
             return {"enum": self.enum_body, "struct": self.struct_body,
                     "union": self.union_body}[t]()
         return ("ref", self.ident())

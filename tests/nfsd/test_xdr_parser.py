@@ -108,6 +108,13 @@ def test_syntax_errors(text, line, what):
         assert f"line {line}" in str(ei.value)
 
 
+def test_c_style_struct_reference():
+    ns = load_spec("struct a { int x; };\nstruct b { struct a inner; enum e kind; };\n"
+                   "enum e { ONE = 1 };")
+    v = ns["b"](ns["a"](5), 1)
+    assert decode(ns["b"], encode(ns["b"], v)) == v
+
+
 def test_zero_copy_override():
     spec = "struct w { int a; opaque data<>; opaque other<>; };"
     ns = load_spec(spec, zero_copy={("w", "data")})
