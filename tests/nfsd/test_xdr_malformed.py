@@ -10,7 +10,10 @@ from hypothesis import strategies as st
 from nfsd.xdr import XdrError, decode, encode
 from nfsd.xdr import nfs4 as n
 from nfsd.xdr import rpc as r
-from test_xdr_roundtrip import strategy_for
+try:                                    # rootdir-less test dirs (pytest's default)
+    from test_xdr_roundtrip import strategy_for
+except ImportError:                     # if tests/ becomes a package
+    from tests.nfsd.test_xdr_roundtrip import strategy_for
 
 
 def words(*ws: int) -> bytes:
