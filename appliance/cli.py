@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sys
 
@@ -77,7 +78,14 @@ def serve(ctx, exports, **params):
         click.echo(f"ckptgw: configuration error: {e}", err=True)
         sys.exit(EX_CONFIG)
     logs.configure(cfg.log.format, cfg.log.level)
-    sys.exit(asyncio.run(daemon.serve(cfg, overrides)))
+    code = asyncio.run(daemon.serve(cfg, overrides))
+    # Everything is closed and durable by now. Tearing down the interpreter (garbage-collecting
+    # boto3's and moto's object graphs, joining idle pool threads) takes seconds for nothing,
+    # and systemd's stop timeout is ticking: flush the logs and leave.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 @main.command("check-config")
