@@ -345,6 +345,13 @@ class Index:
         for name in DB_NAMES:
             setattr(self, name.decode(), self.env.open_db(name))
         self.orphans_done: list[int] = []   # orphans whose data file is gone: drop the key
+        self._mdb_fd = os.open(os.path.join(path, "data.mdb"), os.O_RDWR | os.O_CLOEXEC)
+        st = os.statvfs(path)
+        self.headroom = min(max(st.f_blocks * st.f_frsize // 64, 1 << 20), 16 << 20)
+        self._allocated = 0
+        self._since_check = 0
+        self.space_low = False
+        self.ensure_headroom()
         with self.env.begin(db=self.meta) as txn:
             v = View(self, txn)
             self.used_bytes = v.counter(b"used")
@@ -398,7 +405,7 @@ class Index:
                 raise StoreError(errno.ENOSPC, "store index map is full") from None
             except lmdb.Error as e:
                 txn.abort()
-                if "No space left" in str(e) or "ENOSPC" in str(e):
+                if "No space left" in str(e) or self._disk_nearly_full():
                     log.error("index.nospace", path=self.path)
                     raise StoreError(errno.ENOSPC, f"store index: {e}") from None
                 log.error("index.error", path=self.path, error=str(e))
@@ -410,8 +417,36 @@ class Index:
             self.dirty_bytes += w.d_dirty
             self.write_seq += 1
             del self.orphans_done[:len(cleared)]
+            self._since_check += 1
+            if self._since_check >= 16:
+                self.ensure_headroom()
             for fn in w.after_commit:
                 fn()
+
+    def ensure_headroom(self) -> bool:
+        """Keep `headroom` bytes allocated past LMDB's last page, so index commits do not
+        meet a full disk: data writes hit ENOSPC first (they check `space_low`) while
+        namespace ops, uploads and evictions - which free space - keep working."""
+        self._since_check = 0
+        end = (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
+        if end + self.headroom // 2 <= self._allocated:
+            return True
+        try:
+            os.posix_fallocate(self._mdb_fd, 0, end + self.headroom)
+        except OSError as e:
+            if not self.space_low:
+                log.error("index.headroom_low", path=self.path, error=str(e))
+            self.space_low = True
+            return False
+        if self.space_low:
+            log.info("index.headroom_restored", path=self.path)
+        self._allocated = end + self.headroom
+        self.space_low = False
+        return True
+
+    def _disk_nearly_full(self) -> bool:
+        st = os.statvfs(self.path)
+        return st.f_bavail * st.f_frsize < self.headroom
 
     def instance_id(self) -> bytes:
         with self.env.begin(db=self.meta) as txn:
@@ -419,6 +454,7 @@ class Index:
 
     def close(self) -> None:
         self.env.close()
+        os.close(self._mdb_fd)
 
 
 class _ReadCtx:

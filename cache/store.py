@@ -395,6 +395,8 @@ class Store:
                 return rec.attr()
             growth = n - extents.present_bytes(v.txn, self.ix.extents, ino, offset,
                                                offset + n)
+        if self.ix.space_low and not self.ix.ensure_headroom():
+            raise StoreError(errno.ENOSPC, "disk full: index headroom is gone")
         becoming_dirty = 0 if rec.is_dirty else rec.local_bytes
         need = self.space.admit(self.ix.used_bytes, self.ix.dirty_bytes + becoming_dirty,
                                  growth)
