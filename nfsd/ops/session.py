@@ -322,14 +322,17 @@ def _sequence_ok(session: Session, args) -> SEQUENCE4res:
         sr_status_flags=0))
 
 
-def store_reply(slot: Slot, reply: bytes, cachethis: bool) -> None:
-    """Keep a finished request's reply in its slot (2.10.6.1)."""
-    if len(reply) <= REPLY_CACHE_LIMIT:
-        slot.reply, slot.cached = bytes(reply), True
+def store_reply(slot: Slot, out: bytearray, start: int, cachethis: bool) -> None:
+    """Keep a finished request's reply (out[start:], the encoded COMPOUND4res) in its
+    slot (2.10.6.1). Large replies (READ data) are not copied, only remembered as
+    uncached: a retry of one gets NFS4ERR_RETRY_UNCACHED_REP."""
+    size = len(out) - start
+    if size <= REPLY_CACHE_LIMIT:
+        slot.reply, slot.cached = bytes(out[start:]), True
     else:
         slot.reply, slot.cached = None, False
         if cachethis:
-            log.warning("reply_too_big_to_cache", size=len(reply))
+            log.warning("reply_too_big_to_cache", size=size)
     slot.in_progress = False
 
 

@@ -34,7 +34,12 @@ async def broken_savefh(ctx, args):
     raise RuntimeError("a bug in a handler")
 
 
-FAKE_FS = {OP_PUTROOTFH: fake_putrootfh, OP_GETFH: fake_getfh, OP_SAVEFH: broken_savefh}
+async def fake_read(ctx, args):
+    return READ4res(NFS4_OK, READ4resok(eof=True, data=b"r" * args.count))
+
+
+FAKE_FS = {OP_PUTROOTFH: fake_putrootfh, OP_GETFH: fake_getfh, OP_SAVEFH: broken_savefh,
+           OP_READ: fake_read}
 
 
 @pytest.fixture
@@ -164,6 +169,29 @@ def test_sequence_misordered_and_bad_slot(server):
         assert res.status == NFS4_OK
         assert (ok.sr_slotid, ok.sr_sequenceid, ok.sr_status_flags) == (1, 1, 0)
         assert ok.sr_highest_slotid == ok.sr_target_highest_slotid == 15
+    run(server.port, body)
+
+
+def test_retry_of_a_large_uncached_reply(server):
+    async def body(c):
+        read = op(OP_READ, READ4args(stateid4(0, bytes(12)), 0, 200_000))
+        args = compound_bytes([sequence_op(c.sessionid, 1, 11), op(OP_PUTROOTFH), read])
+        first = await c.call(1, args)
+        assert len(bytes(first.body)) > 200_000
+        from nfsd.xdr.core import decode
+        res = decode(COMPOUND4res, (await c.call(1, args)).body)
+        assert res.resarray[0].value.tag == NFS4_OK
+        assert res.status == NFS4ERR_RETRY_UNCACHED_REP and len(res.resarray) == 2
+    run(server.port, body)
+
+
+def test_session_limits_on_ops_and_reply_size(server):
+    async def body(c):
+        res = await c.compound_raw([sequence_op(c.sessionid, 1, 12)] + [op(OP_PUTROOTFH)] * 20)
+        assert res.status == NFS4ERR_TOO_MANY_OPS              # we asked for 16 operations
+        huge = op(OP_READ, READ4args(stateid4(0, bytes(12)), 0, 2 * 1024 * 1024))
+        res = await c.compound_raw([sequence_op(c.sessionid, 1, 12), op(OP_PUTROOTFH), huge])
+        assert res.status == NFS4ERR_REP_TOO_BIG and len(res.resarray) == 3
     run(server.port, body)
 
 
