@@ -102,3 +102,59 @@ def test_expiry_calls_hooks_and_spares_busy_clients():
     session.slots[1].in_progress = False
     assert mgr.expire_idle(now) == [busy]
     assert session.sessionid not in mgr.sessions
+
+
+# ---- fuzzing the engine without sockets ------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=400))
+def test_random_bytes_decode_or_are_garbage(data):
+    try:
+        decode_compound(memoryview(data))
+    except GarbageArgs:
+        pass
+
+
+def _engine_server():
+    from nfsd.ops import session as session_ops
+    from nfsd.server import NfsServer
+    from tests.nfsd.conftest import FakeStore
+    return NfsServer(FakeStore(), None, handlers=dict(session_ops.HANDLERS), opens=object())
+
+
+_SEED_COMPOUNDS = [
+    _args([nfs_argop4(OP_PUTROOTFH, None)]),
+    _args([nfs_argop4(OP_WRITE, WRITE4args(stateid4(0, bytes(12)), 0, UNSTABLE4, b"abc"))], 2),
+]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(_SEED_COMPOUNDS), st.lists(st.tuples(st.integers(0, 200), st.integers(0, 255)),
+                                                  max_size=8),
+       st.integers(0, 120))
+def test_mutated_compounds_never_crash_the_engine(seed, flips, cut):
+    import asyncio
+    from nfsd.compound import run_compound
+    from nfsd.context import Cred
+    raw = bytearray(seed)
+    for pos, val in flips:
+        if pos < len(raw):
+            raw[pos] = val
+    raw = raw[:max(0, len(raw) - cut)] if cut < len(raw) else raw
+    server = _engine_server()
+
+    async def go():
+        out = bytearray()
+        try:
+            outcome = await run_compound(server, Cred(flavor=0), ("127.0.0.1", 1), None,
+                                         memoryview(raw), out)
+        except GarbageArgs:
+            return
+        assert outcome.status == int.from_bytes(out[:4], "big")
+    try:
+        asyncio.run(go())
+    finally:
+        server._executor.shutdown(wait=False)
