@@ -15,6 +15,7 @@ appliance.commands; this module knows nothing of them.
 from __future__ import annotations
 
 import asyncio
+import errno
 import grp
 import hmac
 import json
@@ -90,7 +91,7 @@ class AdminServer:
         os.makedirs(directory, mode=0o755, exist_ok=True)
         if os.path.exists(self.socket_path):
             if _socket_in_use(self.socket_path):
-                raise OSError(f"admin socket {self.socket_path} is in use: is another ckptgw running?")
+                raise OSError(errno.EADDRINUSE, "another ckptgw serves this admin socket", self.socket_path)
             os.unlink(self.socket_path)           # left by a daemon that did not exit cleanly
         # create it with no access at all, then open it up: no window where it is too open
         old_umask = os.umask(0o777)

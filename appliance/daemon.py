@@ -152,15 +152,12 @@ class Daemon:
                 high_watermark=cfg.server.high_watermark, low_watermark=cfg.server.low_watermark,
                 evict=not cfg.embedded_s3)
         except StoreError as e:
-            raise StartupError(f"cannot open the cache in {cfg.server.cache_dir}: {e.strerror}") from None
+            raise StartupError(f"cannot open the cache in {cfg.server.cache_dir}: {e.strerror or _why(e)}") from None
         log.info("store_open", cache_dir=os.path.abspath(cfg.server.cache_dir),
                  capacity=cfg.server.capacity or "auto")
 
-        try:
-            from uploader.objectclient import Boto3ObjectClient
-            self.object_client = Boto3ObjectClient(s3_settings)
-        except ImportError:
-            log.warning("uploader_unavailable", reason="uploader.objectclient missing")
+        from uploader.objectclient import Boto3ObjectClient
+        self.object_client = Boto3ObjectClient(s3_settings)
         if self.embedded is not None:
             await asyncio.to_thread(self._reupload_missing)
         await self._start_uploader()
@@ -205,24 +202,14 @@ class Daemon:
             log.warning("tryout_reupload", files=requeued, lost=lost)
 
     async def _start_uploader(self) -> None:
-        if self.object_client is None:
-            return
-        try:
-            from uploader.service import Uploader
-        except ImportError as e:
-            log.warning("uploader_unavailable", reason=str(e))
-            return
+        from uploader.service import Uploader
         self.uploader = Uploader(self.store, self.object_client, self.config.upload_settings(),
                                  prefix=self.s3_prefix)
         await self.uploader.start()
         log.info("uploader_started", bucket=self.config.s3.bucket, prefix=self.s3_prefix)
 
     async def _start_nfs(self) -> None:
-        try:
-            from nfsd.server import NfsServer
-        except ImportError as e:
-            log.warning("nfs_server_unavailable", reason=str(e))
-            return
+        from nfsd.server import NfsServer
         exports = await asyncio.to_thread(build_exports, self.config, self.store)
         server = NfsServer(self.store, exports, lease_time=self.config.server.lease_time)
         server.observer = self.ops          # called as observer(op, status, seconds, nbytes)
@@ -232,7 +219,7 @@ class Daemon:
         try:
             await server.start(host, port)
         except OSError as e:
-            raise StartupError(f"cannot listen for NFS on {host}:{port}: {e.strerror}") from None
+            raise StartupError(f"cannot listen for NFS on {host}:{port}: {_why(e)}") from None
         self.nfs = server
         self.listen = tuple(server.address[:2])
         log.info("nfs_listening", listen=_addr(self.listen), exports=[e.path for e in self.config.exports])
@@ -245,7 +232,7 @@ class Daemon:
             await self.admin.start()
         except OSError as e:
             raise StartupError(f"cannot create the admin socket {cfg.admin_socket_path()}: "
-                               f"{e.strerror or e}") from None
+                               f"{_why(e)}") from None
 
     def _start_metrics(self) -> None:
         if not self.config.metrics.listen:
@@ -255,7 +242,7 @@ class Daemon:
             self.metrics_address = self.metrics.start()
         except OSError as e:
             raise StartupError(f"cannot listen for metrics on {_addr(self.config.metrics.listen)}: "
-                               f"{e.strerror}") from None
+                               f"{_why(e)}") from None
         log.info("metrics_listening", listen=_addr(self.metrics_address))
 
     async def _evict_forever(self) -> None:
@@ -365,6 +352,7 @@ class Daemon:
         out = {"version": VERSION, "pid": os.getpid(), "uptime_s": round(time.time() - self.started, 3),
                "tryout": cfg.embedded_s3, "listen": _addr(self.listen), "metrics": _addr(self.metrics_address),
                "admin_socket": self.admin.socket_path if self.admin else None,
+               "admin_tcp": _addr(self.admin.tcp_address) if self.admin else None,
                "s3": {"endpoint": self.s3_endpoint, "bucket": cfg.s3.bucket, "prefix": cfg.s3.prefix},
                "exports": [e.path for e in cfg.exports]}
         sessions = getattr(self.nfs, "sessions", None)
@@ -413,6 +401,11 @@ class Daemon:
         if isinstance(up.get("last_errors"), str):
             up["last_errors"] = [up["last_errors"]]
         return up
+
+
+def _why(e: OSError) -> str:
+    """The plain reason ("Address already in use"), not asyncio's wrapped sentence."""
+    return os.strerror(e.errno) if e.errno else str(e)
 
 
 def _addr(a) -> str | None:

@@ -208,6 +208,19 @@ def test_cli_as_another_user_is_refused(daemon):
     assert stderr.startswith("ckptgw: permission denied on the admin socket")
 
 
+def test_admin_over_tcp_needs_the_token(live_daemon, tmp_path):
+    d = live_daemon("--admin-listen", "127.0.0.1:0", "--admin-token", "t0ken-for-tests")
+    tcp = d.status["admin_tcp"]
+    assert tcp and tcp.startswith("127.0.0.1:")
+    from click.testing import CliRunner
+    from appliance.cli import main
+    r = CliRunner().invoke(main, ["--admin", tcp, "--token", "t0ken-for-tests", "exports", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["exports"][0]["path"] == "/checkpoints"
+    r = CliRunner().invoke(main, ["--admin", tcp, "--token", "guess", "status"])
+    assert r.exit_code == 6 and r.stderr == "ckptgw: missing or wrong admin token.\n"
+    assert "t0ken-for-tests" not in d.read_log()
+
+
 def scrape(daemon) -> dict:
     url = f"http://{daemon.cli_json('status')['metrics']}/metrics"
     body = urllib.request.urlopen(url, timeout=10).read().decode()

@@ -1,0 +1,57 @@
+"""Start-up failures are one clear sentence and a non-zero exit; small daemon helpers."""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from appliance.daemon import RateMeter, export_id
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def serve(tmp_path, *args):
+    return subprocess.run([sys.executable, "-m", "appliance.cli", "serve", "--cache-dir", str(tmp_path / "c"),
+                           "--admin-socket", str(tmp_path / "a.sock"), "--log-format", "json", *args],
+                          capture_output=True, text=True, timeout=100, cwd=tmp_path)
+
+
+def test_port_in_use_is_a_clear_error(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = serve(tmp_path, "--listen", f"127.0.0.1:{port}")
+    assert r.returncode == 1
+    assert f"ckptgw: cannot listen for NFS on 127.0.0.1:{port}: Address already in use" in r.stderr
+    assert not (tmp_path / "a.sock").exists()
+
+
+def test_second_daemon_on_the_same_cache_is_refused(tmp_path):
+    from cache.store import Store
+    store = Store.open(str(tmp_path / "c"), evict=False)
+    try:
+        r = serve(tmp_path, "--listen", "127.0.0.1:0")
+    finally:
+        store.close()
+    assert r.returncode == 1
+    assert "ckptgw: cannot open the cache in" in r.stderr and "another process" in r.stderr
+
+
+def test_rate_meter():
+    m = RateMeter(window=10)
+    assert m.rate() is None
+    m.sample(0, now=100.0)
+    m.sample(1000, now=102.0)
+    assert m.rate() == 500.0
+    for t in range(103, 130):
+        m.sample(1000 + (t - 102) * 10, now=float(t))
+    assert m.rate() == pytest.approx(10.0)
+
+
+def test_export_ids_are_stable_and_in_range():
+    assert export_id("/checkpoints") == export_id("/checkpoints")
+    assert export_id("/a") != export_id("/b")
+    assert all(1 <= export_id(f"/e{i}") <= 0xFFFF for i in range(1000))
