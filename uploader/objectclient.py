@@ -149,6 +149,11 @@ def _checksum_from(resp: dict, algorithm: str) -> str | None:
     return f"{algorithm.lower()}:{value}" if value else None
 
 
+def _body(body):
+    # botocore takes bytes or bytearray as they are; anything else (memoryview) is copied once
+    return body if isinstance(body, (bytes, bytearray)) else bytes(body)
+
+
 # ---- protocol ----------------------------------------------------------------------
 @runtime_checkable
 class ObjectClient(Protocol):
@@ -190,6 +195,7 @@ class Boto3ObjectClient:
 
     def __init__(self, s3: S3Settings, *, max_pool_connections: int = 16):
         self.bucket = s3.bucket
+        self.prefix = s3.prefix          # carried for the uploader; calls take full keys
         self.checksum_algorithm = s3.checksum_algorithm
         config = Config(
             region_name=s3.region,
@@ -225,7 +231,7 @@ class Boto3ObjectClient:
 
     def put_object(self, key, body, *, metadata, checksum, content_type=None) -> PutResult:
         extra = {"ContentType": content_type} if content_type else {}
-        resp = self._call("put_object", Key=key, Body=bytes(body), Metadata=metadata,
+        resp = self._call("put_object", Key=key, Body=_body(body), Metadata=metadata,
                           **self._checksum_args(checksum), **extra)
         self._verify(key, resp.get(f"Checksum{self.checksum_algorithm}"), checksum)
         return PutResult(resp["ETag"], f"{self.checksum_algorithm.lower()}:{checksum}")
@@ -237,7 +243,7 @@ class Boto3ObjectClient:
 
     def upload_part(self, key, upload_id, part_number, body, *, checksum) -> PartInfo:
         resp = self._call("upload_part", Key=key, UploadId=upload_id, PartNumber=part_number,
-                          Body=bytes(body), **self._checksum_args(checksum))
+                          Body=_body(body), **self._checksum_args(checksum))
         self._verify(f"{key}#{part_number}", resp.get(f"Checksum{self.checksum_algorithm}"), checksum)
         return PartInfo(part_number, resp["ETag"], len(body), checksum)
 

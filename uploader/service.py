@@ -49,11 +49,14 @@ def _under(path: str, prefix: str | None) -> bool:
 class Uploader:
     def __init__(self, store, object_client: ObjectClient, settings: UploadSettings | None = None, *,
                  prefix: str | None = None, s3=None):
-        """`prefix` (or `s3.prefix` of an S3Settings) is the bucket prefix keys start with."""
+        """Keys start with `prefix`, else `s3.prefix` (an S3Settings), else the client's
+        `.prefix` (Boto3ObjectClient carries its S3Settings.prefix)."""
         self.store = store
         self.client = object_client
         self.settings = settings or UploadSettings()
-        self.keys = KeyMap(prefix if prefix is not None else (s3.prefix if s3 is not None else ""))
+        if prefix is None:
+            prefix = s3.prefix if s3 is not None else getattr(object_client, "prefix", "")
+        self.keys = KeyMap(prefix)
         self.counters = Counters()
         self.gate = RequestGate(self.settings, self.counters)
         self.worker = Worker(store, object_client, self.gate, self.keys, self.settings, self.counters)

@@ -58,7 +58,7 @@ class UploadSettings:
     min_concurrency: int = 1
     requests_per_second: float = 0.0       # token bucket on S3 requests (0: unlimited)
     bytes_per_second: float = 0.0          # token bucket on payload bytes (0: unlimited)
-    burst_seconds: float = 1.0             # bucket depth = rate * burst_seconds
+    burst_seconds: float = 0.25            # bucket depth = rate * burst_seconds (small: smooth)
     backoff_base: float = 0.2              # exponential backoff with full jitter
     backoff_max: float = 30.0
     poll_interval: float = 0.5             # how often to look for newly eligible files

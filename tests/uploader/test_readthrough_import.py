@@ -119,3 +119,31 @@ def test_warmup_fetches_a_tree(moto, bucket, store):
     fetched, states = asyncio.run(main())
     assert fetched == sum(len(d) for d in data)
     assert states == [DataState.CLEAN] * 3
+
+
+def test_clean_data_is_evicted_by_the_store_watermarks(moto, bucket, tmp_path):
+    from cache.store import Store
+    from conftest import make_uploader, wait_for
+    store = Store.open(str(tmp_path / "small"), capacity=8 * SMALL_PART, high_watermark=0.5,
+                       low_watermark=0.25)
+    data = [payload(SMALL_PART + i, 30 + i) for i in range(4)]       # ~4/8 of capacity
+
+    async def main():
+        up = make_uploader(store, moto.endpoint, bucket)
+        await up.start()
+        try:
+            inos = [write_file(store, f"e/{i}", d) for i, d in enumerate(data)]
+            assert await up.flush(timeout=60)
+            await wait_for(lambda: up.status()["evicted_bytes"] > 0, timeout=30)
+            states = [store.getattr(i).data_state for i in inos]
+            got = await read_all(store, up, inos[0], len(data[0]))   # still readable
+            return states, got, store.usage()
+        finally:
+            await up.stop()
+
+    try:
+        states, got, usage = asyncio.run(main())
+    finally:
+        store.close()
+    assert DataState.ABSENT in states and got == data[0]
+    assert usage["used"] <= usage["high"]

@@ -1,0 +1,201 @@
+"""Uploader benchmarks against moto on loopback (numbers are ratios within one run).
+
+  python bench/upload_drain.py [--files 4] [--file-mib 32] [--part-mib 8] [--concurrency 8]
+
+1. drain: MB/s of the uploader draining N committed files (flush) vs boto3's
+   TransferManager uploading the same bytes (same part size, concurrency, endpoint).
+2. save amplification: bytes sent to S3 / bytes saved, for tmp + fsync + rename saves.
+3. burst: 64 writers close a shard each at the same moment; requests/s moto sees
+   (1-second windows, through the recording proxy) without and with a requests/s limit.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import boto3  # noqa: E402
+import structlog  # noqa: E402
+from boto3.s3.transfer import TransferConfig, create_transfer_manager  # noqa: E402
+
+from cache.api import ROOT_INO  # noqa: E402
+from cache.store import Store  # noqa: E402
+from tests.support.faultproxy import ThreadedFaultProxy  # noqa: E402
+from tests.support.motoserver import MotoServer  # noqa: E402
+from uploader.objectclient import Boto3ObjectClient  # noqa: E402
+from uploader.service import Uploader  # noqa: E402
+from uploader.settings import MiB, S3Settings, UploadSettings  # noqa: E402
+
+structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))   # warnings and up
+
+
+def s3settings(endpoint, bucket, prefix="gw/"):
+    return S3Settings(bucket=bucket, endpoint_url=endpoint, access_key="testing", secret_key="testing",
+                      addressing_style="path", prefix=prefix)
+
+
+def make_bucket(endpoint, bucket):
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                 aws_secret_access_key="testing").create_bucket(Bucket=bucket)
+
+
+def save(store, name: str, data: bytes, *, tmp_rename: bool = False) -> None:
+    target = name + ".tmp" if tmp_rename else name
+    attr, _, _ = store.create(ROOT_INO, target.encode(), 0o644, 0, 0)
+    store.open_file(attr.ino, True)
+    for off in range(0, len(data), MiB):
+        store.write(attr.ino, off, data[off:off + MiB])
+    store.commit(attr.ino)
+    store.close_file(attr.ino, True)
+    if tmp_rename:
+        store.rename(ROOT_INO, target.encode(), ROOT_INO, name.encode())
+    store.sync()
+
+
+async def run_uploader(store, endpoint, bucket, settings) -> tuple[float, dict]:
+    s3 = s3settings(endpoint, bucket)
+    up = Uploader(store, Boto3ObjectClient(s3, max_pool_connections=settings.max_concurrency + 4),
+                  settings, s3=s3)
+    await up.start()
+    t0 = time.perf_counter()
+    try:
+        assert await up.flush(timeout=3600)
+        return time.perf_counter() - t0, up.status()
+    finally:
+        await up.stop()
+
+
+def _drain_ours(moto, d, blobs, settings, bucket) -> tuple[float, int]:
+    store = Store.open(os.path.join(d, bucket), capacity=4 << 30)
+    try:
+        for i, b in enumerate(blobs):
+            save(store, f"f{i}", b)
+        make_bucket(moto.endpoint, bucket)
+        secs, status = asyncio.run(run_uploader(store, moto.endpoint, bucket, settings))
+        return secs, status["requests_total"]
+    finally:
+        store.close()
+
+
+def _drain_transfer_manager(moto, paths, cfg, bucket) -> float:
+    make_bucket(moto.endpoint, bucket)
+    client = boto3.client("s3", endpoint_url=moto.endpoint, region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    t0 = time.perf_counter()
+    with create_transfer_manager(client, cfg) as tm:
+        futures = [tm.upload(p, bucket, f"f{i}") for i, p in enumerate(paths)]
+        for f in futures:
+            f.result()
+    return time.perf_counter() - t0
+
+
+def bench_drain(moto, args, blobs) -> dict:
+    """Alternating rounds (ours, theirs, theirs, ours, ...) on one moto; medians compared."""
+    part = args.part_mib * MiB
+    total = sum(len(b) for b in blobs)
+    settings = UploadSettings(settle_seconds=3600, part_size_min=part, multipart_threshold=part,
+                              max_concurrency=args.concurrency, poll_interval=0.05)
+    cfg = TransferConfig(multipart_threshold=part, multipart_chunksize=part, max_concurrency=args.concurrency)
+    ours, theirs = [], []
+    with tempfile.TemporaryDirectory() as d:
+        paths = []
+        for i, b in enumerate(blobs):
+            p = os.path.join(d, f"t{i}")
+            with open(p, "wb") as f:
+                f.write(b)
+            paths.append(p)
+        for r in range(args.rounds):
+            first_ours = r % 2 == 0
+            for which in ((0, 1) if first_ours else (1, 0)):
+                if which == 0:
+                    secs, requests = _drain_ours(moto, d, blobs, settings, f"ours{r}")
+                    ours.append(secs)
+                else:
+                    theirs.append(_drain_transfer_manager(moto, paths, cfg, f"tm{r}"))
+            moto.reset()                  # moto keeps objects in memory
+    ours_s, theirs_s = statistics.median(ours), statistics.median(theirs)
+    return {"bytes": total, "rounds": args.rounds, "uploader_MBps": round(total / ours_s / 1e6, 1),
+            "transfer_manager_MBps": round(total / theirs_s / 1e6, 1),
+            "uploader_over_transfer_manager": round(theirs_s / ours_s, 2),
+            "uploader_runs_s": [round(x, 2) for x in ours], "transfer_manager_runs_s": [round(x, 2) for x in theirs],
+            "uploader_requests": requests}
+
+
+def bench_amplification(moto, proxy_port) -> dict:
+    proxy = ThreadedFaultProxy(proxy_port)
+    try:
+        data = os.urandom(24 * MiB)
+        settings = UploadSettings(settle_seconds=1.0, max_concurrency=4, poll_interval=0.05)
+        with tempfile.TemporaryDirectory() as d:
+            store = Store.open(os.path.join(d, "s"), capacity=4 << 30)
+            make_bucket(moto.endpoint, "amp")
+            for step in range(3):
+                save(store, f"step{step}.pt", data, tmp_rename=True)
+            _, status = asyncio.run(run_uploader(store, proxy.endpoint, "amp", settings))
+            store.close()
+        body_bytes = sum(r.body_bytes for r in proxy.requests(outcome=None) if r.method in ("PUT", "POST"))
+        saved = 3 * len(data)
+        return {"bytes_saved": saved, "bytes_uploaded": status["bytes_uploaded"],
+                "put_over_saved": round(status["bytes_uploaded"] / saved, 4),
+                "wire_body_over_saved": round(body_bytes / saved, 4),
+                "tmp_keys_requested": sum(".tmp" in r.path for r in proxy.requests(outcome=None))}
+    finally:
+        proxy.stop()
+
+
+def bench_burst(moto, proxy_port, rps: float) -> dict:
+    proxy = ThreadedFaultProxy(proxy_port)
+    try:
+        settings = UploadSettings(settle_seconds=0.0, max_concurrency=16, poll_interval=0.05,
+                                  requests_per_second=rps)
+        bucket = f"burst{int(rps)}"
+        with tempfile.TemporaryDirectory() as d:
+            store = Store.open(os.path.join(d, "s"), capacity=4 << 30)
+            make_bucket(moto.endpoint, bucket)
+            shard = os.urandom(256 * 1024)
+            for rank in range(64):             # 64 ranks close at the same moment
+                save(store, f"rank{rank:02d}.pt", shard)
+            secs, status = asyncio.run(run_uploader(store, proxy.endpoint, bucket, settings))
+            store.close()
+        times = sorted(r.t for r in proxy.requests(outcome=None))
+        t0 = times[0]
+        per_sec: dict[int, int] = {}
+        for t in times:
+            per_sec[int(t - t0)] = per_sec.get(int(t - t0), 0) + 1
+        return {"limit_rps": rps or "unlimited", "requests": len(times), "seconds": round(secs, 2),
+                "peak_rps": max(per_sec.values()), "mean_rps": round(len(times) / max(secs, 1e-9), 1)}
+    finally:
+        proxy.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--files", type=int, default=4)
+    ap.add_argument("--file-mib", type=int, default=32)
+    ap.add_argument("--part-mib", type=int, default=8)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--burst-rps", type=float, default=20.0)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    moto = MotoServer()
+    try:
+        blobs = [os.urandom(args.file_mib * MiB) for _ in range(args.files)]
+        results = {"drain": bench_drain(moto, args, blobs),
+                   "save_amplification": bench_amplification(moto, moto.port),
+                   "burst_unlimited": bench_burst(moto, moto.port, 0.0),
+                   "burst_limited": bench_burst(moto, moto.port, args.burst_rps)}
+    finally:
+        moto.stop()
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
