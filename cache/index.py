@@ -48,7 +48,8 @@ U64x2 = struct.Struct(">QQ")
 DIRENT = struct.Struct("<QQB")        # child ino, cookie, type
 
 F_PINNED = 1
-F_UNCOMMITTED = 2                    # written since the last commit()
+F_UNCOMMITTED = 2                    # may hold bytes written since the last commit()
+F_TRUNCATED = 4                      # size set by truncate; data file length not yet synced
 FIRST_COOKIE = 3                     # 0, 1, 2 are reserved by NFS (RFC 8881 section 18.23.3)
 DIRTY_STATES = (DataState.DIRTY, DataState.QUEUED, DataState.UPLOADING)
 
@@ -324,6 +325,8 @@ class Index:
     def __init__(self, path: str):
         self.path = path
         self._wlock = threading.RLock()
+        self.lock = self._wlock              # serializes writers; callers may hold it around
+                                             # a check and the txn that depends on it
         self.write_seq = 0               # bumped by every committed write txn (group commit)
         os.makedirs(path, exist_ok=True)
         existing = os.path.exists(os.path.join(path, "data.mdb"))
@@ -379,6 +382,10 @@ class Index:
             raise StoreError(errno.EINVAL, f"{self.path}: store format {found!r} is not "
                              f"{FORMAT.decode()!r} (newer or unknown); refusing to open or "
                              "rewrite it")
+
+    def read_inode(self, ino: int) -> Inode:
+        with self.read() as v:
+            return v.must_inode(ino)
 
     def read(self) -> View:
         """A short read-only view; use as `with ix.read() as v:`."""

@@ -16,7 +16,7 @@ import structlog
 
 from . import extents
 from .api import DataState
-from .index import F_UNCOMMITTED, Index
+from .index import F_TRUNCATED, F_UNCOMMITTED, Index
 from .data import DataFiles
 
 log = structlog.get_logger(__name__)
@@ -27,15 +27,20 @@ def recover(ix: Index, data: DataFiles) -> dict:
     with ix.read() as v:
         orphans = v.keys(ix.orphans)
         dirty = v.keys(ix.dirty)
+        # only files that may hold uncommitted bytes need their data file looked at
+        gone = set(orphans)
+        todo = [rec for rec in map(v.inode, dirty) if rec is not None
+                and rec.ino not in gone and (
+            rec.flags & (F_UNCOMMITTED | F_TRUNCATED) or rec.size != rec.committed_size
+            or rec.state in (DataState.QUEUED, DataState.UPLOADING))]
+    stats["dirty"] = len(dirty)
     # data first: the index keeps naming the work until the files are really gone
     for ino in orphans:
         data.remove(ino)
-    cut = {}
-    for ino in dirty:
-        with ix.read() as v:
-            rec = v.inode(ino)
-        if rec is not None and data.shrink_to(ino, rec.committed_size):
-            cut[ino] = True
+    cut = set()
+    for rec in todo:
+        if data.shrink_to(rec.ino, min(rec.size, rec.committed_size)):
+            cut.add(rec.ino)
     with ix.write() as w:
         for ino in orphans:
             rec = w.inode(ino)
@@ -43,26 +48,20 @@ def recover(ix: Index, data: DataFiles) -> dict:
                 w.purge_inode(rec)
             w.set_flag_key(ix.orphans, ino, False)
             stats["orphans"] += 1
-        for ino in dirty:
-            rec = w.inode(ino)
-            if rec is None:                      # cannot happen with put_inode; be safe
-                w.set_flag_key(ix.dirty, ino, False)
-                continue
-            stats["dirty"] += 1
+        for rec in todo:
             new = rec.copy()
             if new.size > new.committed_size:
-                new.local_bytes += extents.truncate(w.txn, ix.extents, ino,
+                new.local_bytes += extents.truncate(w.txn, ix.extents, rec.ino,
                                                     new.committed_size)
                 new.size = new.committed_size
-                cut[ino] = True
+                cut.add(rec.ino)
             elif new.size < new.committed_size:
                 new.committed_size = new.size
-            new.flags &= ~F_UNCOMMITTED
+            new.flags &= ~(F_UNCOMMITTED | F_TRUNCATED)
             if new.state in (DataState.QUEUED, DataState.UPLOADING):
                 new.state = DataState.DIRTY
                 stats["requeued"] += 1
-            if new != rec:
-                w.put_inode(new, rec)
-        stats["truncated"] = len(cut)
+            w.put_inode(new, rec)
+    stats["truncated"] = len(cut)
     log.info("store.recovered", **stats)
     return stats

@@ -38,7 +38,8 @@ from .api import (Attr, ChangeInfo, DataState, DirEntry, Extent, FileType, Remot
                   SetAttr, StatFS, StoreError, ROOT_INO)
 from .commit import GroupCommit
 from .data import DataFiles
-from .index import (F_PINNED, F_UNCOMMITTED, FIRST_COOKIE, U64, Index, Inode, Writer)
+from .index import (F_PINNED, F_TRUNCATED, F_UNCOMMITTED, FIRST_COOKIE, U64, Index, Inode,
+                    Writer)
 from .namespace import Namespace, validate_name
 from .recovery import recover
 from .space import Space
@@ -88,6 +89,7 @@ class Store:
         self._opens: dict[int, list[int]] = {}     # ino -> [readers, writers]
         self._wseq: dict[int, int] = {}            # ino -> writes since open (commit race)
         self._tseq: dict[int, int] = {}            # ino -> truncates since open
+        self._inflight: dict[int, int] = {}        # ino -> writes between pwrite and index
         self._ensure_root()
         self.recovery_stats = recover(self.ix, self.data)
         with self.ix.write() as w:
@@ -206,6 +208,7 @@ class Store:
                                                             sa.size)
                     new.size = sa.size
                     new.committed_size = sa.size
+                    new.flags |= F_TRUNCATED     # recovery re-cuts the data file
                     if new.state in (DataState.CLEAN, DataState.ABSENT):
                         new.state = DataState.DIRTY
                     self._tseq[ino] = self._tseq.get(ino, 0) + 1
@@ -393,8 +396,8 @@ class Store:
             self._regular(rec)
             if n == 0:
                 return rec.attr()
-            growth = n - extents.present_bytes(v.txn, self.ix.extents, ino, offset,
-                                               offset + n)
+            growth = n if offset >= rec.size else n - extents.present_bytes(
+                v.txn, self.ix.extents, ino, offset, offset + n)
         if self.ix.space_low and not self.ix.ensure_headroom():
             raise StoreError(errno.ENOSPC, "disk full: index headroom is gone")
         becoming_dirty = 0 if rec.is_dirty else rec.local_bytes
@@ -402,14 +405,31 @@ class Store:
                                  growth)
         if need and self._free_clean(need, exclude=ino) < need:
             raise StoreError(errno.EAGAIN, "cache full of pinned or open clean data")
-        if not rec.is_dirty:
-            # the index names the file dirty BEFORE its bytes change, so recovery visits it
-            with self.ix.write() as w:
-                cur = w.must_inode(ino)
-                if not cur.is_dirty:
+        with self.ix.lock:
+            self._inflight[ino] = self._inflight.get(ino, 0) + 1
+            if not (rec.is_dirty and rec.flags & F_UNCOMMITTED):
+                # the index says "dirty, uncommitted bytes may exist" BEFORE the bytes
+                # change, so crash recovery visits this file and cuts what was not committed
+                with self.ix.write() as w:
+                    cur = w.must_inode(ino)
                     new = cur.copy()
-                    new.state = DataState.DIRTY
-                    w.put_inode(new, cur)
+                    if not cur.is_dirty:
+                        new.state = DataState.DIRTY
+                    new.flags |= F_UNCOMMITTED
+                    if new != cur:
+                        w.put_inode(new, cur)
+        try:
+            return self._write_applied(ino, offset, data)
+        finally:
+            with self.ix.lock:
+                left = self._inflight[ino] - 1
+                if left:
+                    self._inflight[ino] = left
+                else:
+                    del self._inflight[ino]
+
+    def _write_applied(self, ino: int, offset: int, data) -> Attr:
+        n = len(data)
         try:
             self.data.pwrite(ino, offset, data)
         except StoreError:
@@ -442,11 +462,11 @@ class Store:
         """*Blocking.* fdatasync the file's data and durably record its size/extents."""
         with self.ix.read() as v:
             rec = v.must_inode(ino)
-        if rec.type == FileType.REG and (rec.flags & F_UNCOMMITTED
+        if rec.type == FileType.REG and (rec.flags & (F_UNCOMMITTED | F_TRUNCATED)
                                          or rec.committed_size != rec.size):
-            wseq, tseq = self._wseq.get(ino, 0), self._tseq.get(ino, 0)
-            with self.ix.read() as v:
-                size = v.must_inode(ino).size
+            with self.ix.lock:
+                wseq, tseq = self._wseq.get(ino, 0), self._tseq.get(ino, 0)
+                size = self.ix.read_inode(ino).size
             self.data.datasync(ino)        # every byte below `size` was pwritten before
             with self.ix.write() as w:
                 cur = w.inode(ino)
@@ -454,7 +474,9 @@ class Store:
                     new = cur.copy()
                     if self._tseq.get(ino, 0) == tseq:   # a truncate sets it by itself
                         new.committed_size = max(new.committed_size, min(size, new.size))
-                        if self._wseq.get(ino, 0) == wseq and new.committed_size == new.size:
+                        new.flags &= ~F_TRUNCATED
+                        if (self._wseq.get(ino, 0) == wseq and ino not in self._inflight
+                                and new.committed_size == new.size):
                             new.flags &= ~F_UNCOMMITTED
                     if new != cur:
                         w.put_inode(new, cur)
@@ -611,7 +633,7 @@ class Store:
         """Store bytes fetched from S3 for an ABSENT range (stays clean). Only the parts
         still ABSENT are written: bytes a client wrote meanwhile always win."""
         view = memoryview(data)
-        with self.ix._wlock:          # no write/evict may interleave between check and store
+        with self.ix.lock:             # no write/evict may interleave between check and store
             with self.ix.read() as v:
                 rec = v.must_inode(ino)
                 self._regular(rec)
@@ -681,6 +703,11 @@ class Store:
         with self.ix.read() as v:
             return {U64.unpack(k)[0]: bytes(r).decode() for k, r in
                     v.txn.cursor(db=self.ix.pins)}
+
+    def is_open(self, ino: int) -> bool:
+        """True while the inode has an open (read or write): retention never touches it."""
+        with self._olock:
+            return ino in self._opens
 
     # durable work queue (the uploader's jobs; opaque dicts to the store).
     # The store itself appends a change-journal job in the SAME transaction as each namespace

@@ -301,6 +301,7 @@ def test_unlinked_open_file_reclaimed_after_crash(store_dir):
     f = mkfile(s, ROOT_INO, b"f", b"data")
     s.commit(f)
     s.open_file(f, write=True)
+    s.write(f, 4, b"uncommitted")
     s.unlink(ROOT_INO, b"f")
     s.sync()
     assert os.path.exists(s.data.path(f))
