@@ -21,7 +21,11 @@ import tomllib
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable
 
+from uploader.settings import UploadSettings as _UploadSettings
+
 from .units import parse_duration, parse_size
+
+_UP = {f.name: f.default for f in fields(_UploadSettings)}
 
 DEFAULT_CONFIG_PATH = "/etc/ckptgw/config.toml"
 SERVICE_ADMIN_SOCKET = "/run/ckptgw/admin.sock"
@@ -241,15 +245,13 @@ class ServerSettings:
     cache_dir: str = _opt("./ckptgw-data", _str, "Local cache (extent store + LMDB index). Put it on NVMe.")
     capacity: int | None = _opt(None, _opt_size, '"auto" (filesystem size less reserve) or a size: the most '
                                 'the cache may hold.', example='"auto"')
-    reserve: int = _opt(1 << 30, _size, "Space left free on the cache filesystem when capacity is auto.",
-                        example='"1GiB"')
+    reserve: int = _opt(1 << 30, _size, "Space left free on the cache filesystem when capacity is auto.")
     high_watermark: float = _opt(0.90, _float(0.0, 1.0), "Start evicting clean files above this fraction of capacity.")
     low_watermark: float = _opt(0.80, _float(0.0, 1.0), "Evict down to this fraction of capacity.")
-    evict_interval: float = _opt(5.0, _duration, "How often the watermarks are checked.", example='"5s"')
-    lease_time: float = _opt(90.0, _duration, "NFSv4 lease time: clients silent longer lose their state.",
-                             example='"90s"')
+    evict_interval: float = _opt(_UP["evict_interval"], _duration, "How often the watermarks are checked.")
+    lease_time: float = _opt(90.0, _duration, "NFSv4 lease time: clients silent longer lose their state.")
     shutdown_timeout: float = _opt(30.0, _duration, "On SIGTERM, how long in-flight requests and durable "
-                                   "writes may take before exit.", example='"30s"')
+                                   "writes may take before exit.")
 
 
 @dataclass(frozen=True)
@@ -292,32 +294,35 @@ class S3Config:
     secret_key: str | None = _opt(None, _opt_str, "Secret for access_key (never logged).", example='""')
     session_token: str | None = _opt(None, _opt_str, "STS session token, if any (never logged).", example='""')
     checksum_algorithm: str = _opt("CRC32", _choice("CRC32", "SHA256"), "Object checksum sent with uploads.")
-    connect_timeout: float = _opt(10.0, _duration, "S3 connect timeout.", example='"10s"')
-    read_timeout: float = _opt(60.0, _duration, "S3 read timeout.", example='"60s"')
+    connect_timeout: float = _opt(10.0, _duration, "S3 connect timeout.")
+    read_timeout: float = _opt(60.0, _duration, "S3 read timeout.")
 
 
 @dataclass(frozen=True)
 class UploadConfig:
-    settle: float = _opt(2.0, _duration, "Quiet time after a file's last close before it is uploaded.",
-                         example='"2s"')
-    part_size: int = _opt(8 << 20, _size, "Multipart part size floor (raised for huge files; S3 needs >= 5MiB).",
-                          example='"8MiB"')
-    multipart_threshold: int = _opt(16 << 20, _size, "Files of at least this size go up as multipart uploads.",
-                                    example='"16MiB"')
-    max_concurrency: int = _opt(8, _int(1, 1024), "Ceiling of the adaptive (AIMD) request concurrency.")
-    min_concurrency: int = _opt(1, _int(1, 1024), "Floor of the adaptive request concurrency.")
-    requests_per_second: float = _opt(0.0, _float(0.0), "Token bucket on S3 requests; 0 = unlimited.")
-    bytes_per_second: int = _opt(0, _size, 'Token bucket on uploaded bytes ("200MB" per second); 0 = unlimited.',
-                                 example="0")
-    burst: float = _opt(1.0, _duration, "Token bucket depth, as seconds of rate.", example='"1s"')
-    backoff_base: float = _opt(0.2, _duration, "First retry delay (exponential backoff with full jitter).",
-                               example='"200ms"')
-    backoff_max: float = _opt(30.0, _duration, "Longest retry delay.", example='"30s"')
-    poll_interval: float = _opt(0.5, _duration, "How often newly eligible files are looked for.", example='"500ms"')
-    readahead_chunk: int = _opt(8 << 20, _size, "Read-through fetch size and alignment.", example='"8MiB"')
-    readahead_chunks: int = _opt(2, _int(0, 64), "Chunks fetched ahead for sequential readers.")
-    abort_orphan_uploads: bool = _opt(True, _bool, "At start, abort multipart uploads under the prefix that "
-                                      "no file refers to.")
+    # defaults are the uploader's own (uploader.settings.UploadSettings): one source of truth
+    settle: float = _opt(_UP["settle_seconds"], _duration,
+                         "Quiet time after a file's last close before it is uploaded.")
+    part_size: int = _opt(_UP["part_size_min"], _size,
+                          "Multipart part size floor (raised for huge files; S3 needs >= 5MiB).")
+    multipart_threshold: int = _opt(_UP["multipart_threshold"], _size,
+                                    "Files of at least this size go up as multipart uploads.")
+    max_concurrency: int = _opt(_UP["max_concurrency"], _int(1, 1024),
+                                "Ceiling of the adaptive (AIMD) request concurrency.")
+    min_concurrency: int = _opt(_UP["min_concurrency"], _int(1, 1024), "Floor of the adaptive request concurrency.")
+    requests_per_second: float = _opt(_UP["requests_per_second"], _float(0.0),
+                                      "Token bucket on S3 requests; 0 = unlimited.")
+    bytes_per_second: int = _opt(int(_UP["bytes_per_second"]), _size,
+                                 'Token bucket on uploaded bytes ("200MB" per second); 0 = unlimited.')
+    burst: float = _opt(_UP["burst_seconds"], _duration, "Token bucket depth, as seconds of rate.")
+    backoff_base: float = _opt(_UP["backoff_base"], _duration,
+                               "First retry delay (exponential backoff with full jitter).")
+    backoff_max: float = _opt(_UP["backoff_max"], _duration, "Longest retry delay.")
+    poll_interval: float = _opt(_UP["poll_interval"], _duration, "How often newly eligible files are looked for.")
+    readahead_chunk: int = _opt(_UP["readahead_chunk"], _size, "Read-through fetch size and alignment.")
+    readahead_chunks: int = _opt(_UP["readahead_chunks"], _int(0, 64), "Chunks fetched ahead for sequential readers.")
+    abort_orphan_uploads: bool = _opt(_UP["abort_orphan_uploads"], _bool, "At start, abort multipart uploads "
+                                      "under the prefix that no file refers to.")
 
 
 @dataclass(frozen=True)
@@ -339,20 +344,42 @@ class Transition:
                               required=True)
 
 
+def _series_name(v):
+    """A series name: it becomes an S3 tag value and part of lifecycle rule IDs."""
+    from uploader.objectlock import SERIES_NAME
+    v = _str(v)
+    if not SERIES_NAME.fullmatch(v):
+        raise ValueError(f"expected 1-64 letters, digits, '.', '_' or '-' (it becomes an S3 tag value), got {v!r}")
+    return v
+
+
+def _series_pattern(v):
+    """An export-relative path pattern: `*` one component, `{step}` the step number's digits."""
+    from uploader.series import PatternError, parse_pattern
+    try:
+        parse_pattern(_str(v))
+    except PatternError as e:
+        raise ValueError(str(e)) from None
+    return v.strip("/")
+
+
 @dataclass(frozen=True)
 class SeriesRule:
     """A checkpoint series: which paths belong to it and how long its steps live."""
-    name: str = _opt(None, _str, "Name of the series (in plans and logs).", example='"llama-pretrain"',
-                     required=True)
-    pattern: str = _opt(None, _str, 'Glob on export-relative paths; "{step}" marks the step number.',
-                        example='"runs/llama/step-{step}/**"', required=True)
-    keep_last: int = _opt(3, _int(0), "Always keep the newest N steps.")
-    keep_every: int = _opt(0, _int(0), "Also keep every step divisible by N (0: none).")
-    min_age: float = _opt(3600.0, _duration, "Never delete a step younger than this.", example='"1h"')
-    expire_after: float | None = _opt(None, _opt_duration, 'Delete steps not kept above after this age '
-                                      '("never": no expiry).', example='"never"')
-    stale_tmp_after: float | None = _opt(86400.0, _opt_duration, "Delete temp files of an unfinished save "
-                                         "(*.tmp, .tmp*) older than this.", example='"1d"')
+    name: str = _opt(None, _series_name, "Name of the series (in plans, logs, S3 tags and lifecycle "
+                     "rule IDs).", example='"llama-70b"', required=True)
+    pattern: str = _opt(None, _series_pattern, 'Export-relative path of each checkpoint DIRECTORY: "*" '
+                        'matches one path component, "{step}" the step number\'s digits; a name must match '
+                        'whole ("step_000900.tmp" is not "step_{step}").', example='"runs/*/step_{step}"',
+                        required=True)
+    keep_last: int = _opt(3, _int(0), "Keep the newest N complete checkpoints.")
+    keep_every: int = _opt(0, _int(0), "Also keep every checkpoint whose step is a multiple of N (0: none).")
+    min_age: float = _opt(3600.0, _duration, "Touch nothing younger than this.")
+    expire_after: float | None = _opt(None, _opt_duration, 'Delete checkpoints no rule keeps once older '
+                                      'than this ("never": no expiry).', example='"30d"')
+    stale_tmp_after: float | None = _opt(86400.0, _opt_duration, "Delete temporary files and directories of "
+                                         "an unfinished save (*.tmp, .tmp*) under the series older than "
+                                         'this ("never": keep them).', example='"1d"')
     transitions: tuple = field(default=(), metadata={"doc": "Storage class moves by age: "
                                '[{after = "30d", storage_class = "GLACIER_IR"}]', "table_array": Transition,
                                "example": "[]"})
@@ -360,6 +387,15 @@ class SeriesRule:
 
 @dataclass(frozen=True)
 class RetentionSettings:
+    pin_lock: str = _opt("legal-hold", _choice("legal-hold", "governance", "compliance", "off"),
+                         "How a pin protects objects in a bucket with Object Lock: a legal hold (lifted by "
+                         "unpin), a GOVERNANCE or COMPLIANCE retention of pin_lock_days, or off.")
+    pin_lock_days: int = _opt(0, _int(0, 36500), "Retention days for pin_lock = governance | compliance.")
+    schedule: float | None = _opt(None, _opt_duration, 'Apply the retention plan by itself this often '
+                                  '("never": only `ckptgw retention apply`).', example='"never"')
+    abort_incomplete_multipart_days: int = _opt(7, _int(1, 3650), "Bucket lifecycle: abort multipart uploads "
+                                                "left incomplete this many days (always written by "
+                                                "`ckptgw lifecycle sync`).")
     series: tuple = field(default=(), metadata={"doc": "[[retention.series]] rules", "table_array": SeriesRule})
 
 
@@ -598,6 +634,23 @@ def _check(cfg: Config, src: _Source) -> None:
         if rule.name in names:
             raise src.error(("retention", "series", i, "name"), f"expected a unique series name, {rule.name!r} repeats")
         names.add(rule.name)
+        where = ("retention", "series", i)
+        if rule.expire_after is not None and rule.expire_after < rule.min_age:
+            raise src.error(where + ("expire_after",), f"expected at least min_age ({rule.min_age:g} s), "
+                            f"got {rule.expire_after:g} s")
+        afters = set()
+        for j, t in enumerate(rule.transitions):
+            if t.after in afters:
+                raise src.error(where + ("transitions", j, "after"), f"expected distinct ages, {t.after:g} s repeats")
+            afters.add(t.after)
+            if rule.expire_after is not None and t.after >= rule.expire_after:
+                raise src.error(where + ("transitions", j, "after"), "expected less than expire_after "
+                                f"({rule.expire_after:g} s): the checkpoint is deleted first")
+    r = cfg.retention
+    if r.pin_lock in ("governance", "compliance") and r.pin_lock_days < 1:
+        raise src.error(("retention", "pin_lock_days"), f"expected at least 1 day with pin_lock = {r.pin_lock!r}")
+    if r.schedule is not None and r.schedule < 60:
+        raise src.error(("retention", "schedule"), f"expected at least 60 s (or \"never\"), got {r.schedule:g} s")
     # the uploader's own settings checks, so nothing it would refuse gets past check-config
     try:
         cfg.s3_settings(endpoint=cfg.s3.endpoint or "http://127.0.0.1:1")

@@ -51,6 +51,25 @@ def _toml(value) -> str:
     raise TypeError(value)
 
 
+_SIZE_UNITS = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
+_DURATION_UNITS = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+
+
+def _human(value, parse) -> str:
+    """A default as an operator would write it: sizes and durations with units."""
+    if parse in (c._size, c._opt_size) and isinstance(value, int) and value:
+        for unit, n in _SIZE_UNITS:
+            if value % n == 0:
+                return f'"{value // n}{unit}"'
+    if parse in (c._duration, c._opt_duration) and isinstance(value, float) and value:
+        for unit, n in _DURATION_UNITS:
+            if value % n == 0 and not (unit == "m" and value < 600):    # "60s" reads better than "1m"
+                return f'"{int(value // n)}{unit}"'
+        if (value * 1000).is_integer():
+            return f'"{int(value * 1000)}ms"'
+    return _toml(value)
+
+
 def _comment(text: str, prefix: str = "# ") -> list[str]:
     return [prefix + line for line in textwrap.wrap(text, 96 - len(prefix))]
 
@@ -61,7 +80,8 @@ def _fields(cls, commented: bool = False) -> list[str]:
     for f in fields(cls):
         meta = f.metadata
         out += _comment(meta["doc"])
-        value = meta.get("example") or _toml(f.default if f.default is not MISSING else None)
+        default = f.default if f.default is not MISSING else None
+        value = meta.get("example") or _human(default, meta.get("parse"))
         out.append(f"{lead}{f.name} = {value}")
     return out
 

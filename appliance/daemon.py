@@ -127,6 +127,7 @@ class Daemon:
         self._tasks: list[asyncio.Task] = []
         self._reload_lock = asyncio.Lock()
         self.upload_rate = RateMeter()
+        self._ready = False
 
     @property
     def s3_prefix(self) -> str:
@@ -164,10 +165,10 @@ class Daemon:
         await self._start_nfs()
         await self._start_admin()
         self._start_metrics()
-        if self.uploader is None and not cfg.embedded_s3:      # the uploader runs its own evictor
-            self._tasks.append(asyncio.create_task(self._evict_forever(), name="evict"))
-        if self.uploader is not None:
-            self._tasks.append(asyncio.create_task(self._sample_upload_rate(), name="upload-rate"))
+        # eviction to the watermarks is the uploader's evictor (store.maybe_evict, a no-op when the
+        # store was opened with evict=False, as in try-out mode)
+        self._tasks.append(asyncio.create_task(self._sample_upload_rate(), name="upload-rate"))
+        self._ready = True
         sdnotify.ready(f"serving NFS on {self.listen[0]}:{self.listen[1]}" if self.listen else "serving")
         log.info("ready", listen=_addr(self.listen), admin_socket=self.admin.socket_path if self.admin else None,
                  metrics=_addr(self.metrics_address), s3_endpoint=self.s3_endpoint, bucket=cfg.s3.bucket,
@@ -245,16 +246,6 @@ class Daemon:
                                f"{_why(e)}") from None
         log.info("metrics_listening", listen=_addr(self.metrics_address))
 
-    async def _evict_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.server.evict_interval)
-            try:
-                freed = await asyncio.to_thread(self.store.maybe_evict)
-                if freed:
-                    log.info("evicted_for_space", bytes=freed)
-            except Exception:         # noqa: BLE001 - keep the loop alive, the next round may succeed
-                log.exception("evict_failed")
-
     async def _sample_upload_rate(self) -> None:
         while True:
             self.upload_rate.sample(self.uploader.counters.bytes_uploaded)
@@ -265,7 +256,20 @@ class Daemon:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self.request_stop, "SIGTERM")
         loop.add_signal_handler(signal.SIGINT, self.request_stop, "SIGINT")
-        loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
+        loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
+
+    def _on_sighup(self) -> None:
+        if not self._ready:
+            log.warning("reload_ignored", reason="still starting; send SIGHUP again once ready")
+            return
+        asyncio.ensure_future(self._reload_logged())
+
+    async def _reload_logged(self) -> None:
+        from .admin import AdminError
+        try:
+            await self.reload()
+        except AdminError:
+            pass                    # already logged as reload_failed
 
     def request_stop(self, why: str = "") -> None:
         if not self._stop.is_set():

@@ -308,3 +308,21 @@ def test_serve_refuses_a_bad_config(tmp_path):
     assert r.returncode == 78
     assert f"{bad}:2: upload.settle: expected a duration" in r.stderr
     assert not (tmp_path / "ckptgw-data").exists()        # did not start anything
+
+
+def test_default_port_depends_on_privilege(monkeypatch):
+    cfg = c.load(None)
+    monkeypatch.setattr(c, "_may_bind_low_ports", lambda: False)
+    assert cfg.listen_address() == ("127.0.0.1", 12049)
+    monkeypatch.setattr(c, "_may_bind_low_ports", lambda: True)
+    assert cfg.listen_address() == ("127.0.0.1", 2049)
+    assert c.load(None, {("server", "listen"): ("--listen", "0.0.0.0:3049")}).listen_address() == ("0.0.0.0", 3049)
+
+
+def test_admin_socket_default_follows_the_service(monkeypatch):
+    cfg = c.load(None, {("server", "cache_dir"): ("--cache-dir", "/srv/cache")})
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    assert cfg.admin_socket_path() == "/srv/cache/admin.sock"
+    monkeypatch.setenv("NOTIFY_SOCKET", "/run/systemd/notify")
+    monkeypatch.setenv("INVOCATION_ID", "abc")
+    assert cfg.admin_socket_path() == "/run/ckptgw/admin.sock"

@@ -55,3 +55,39 @@ def test_export_ids_are_stable_and_in_range():
     assert export_id("/checkpoints") == export_id("/checkpoints")
     assert export_id("/a") != export_id("/b")
     assert all(1 <= export_id(f"/e{i}") <= 0xFFFF for i in range(1000))
+
+
+def test_tryout_defaults_cache_dir_banner_and_warning(tmp_path):
+    """No config, no flags but a free port: ./ckptgw-data, embedded S3, a loud warning."""
+    import json
+    import os
+    import signal
+    import time
+    from appliance.admin import AdminClient
+    err = open(tmp_path / "err.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "appliance.cli", "serve", "--listen", "127.0.0.1:0",
+                             "--log-format", "json"], stdout=err, stderr=err, cwd=tmp_path,
+                            env={k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"})
+    sock = tmp_path / "ckptgw-data" / "admin.sock"
+    try:
+        deadline = time.monotonic() + 60
+        status = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with AdminClient(socket_path=str(sock), timeout=10) as client:
+                    status = client.call("status")
+                break
+            except OSError:
+                time.sleep(0.2)
+        assert status is not None, (tmp_path / "err.log").read_text()
+        assert status["tryout"] and status["s3"]["endpoint"].startswith("http://127.0.0.1:")
+        assert status["cache"]["dir"] == str(tmp_path / "ckptgw-data") and not status["cache"]["evicts"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        err.close()
+    text = (tmp_path / "err.log").read_text()
+    assert "TRY-OUT MODE" in text and "LOST when ckptgw stops" in text
+    warnings = [json.loads(line) for line in text.splitlines()
+                if line.startswith("{") and '"embedded_s3_tryout_mode"' in line]
+    assert warnings and warnings[0]["level"] == "warning"
