@@ -22,9 +22,11 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from .image import BootImage, KclientError, prepare
 
+GUEST_LIB = Path(__file__).resolve().parent / "guest_lib.sh"
 GUEST_IP = "10.0.2.15"
 SERVER_IP = "10.0.2.100"  # the guestfwd address standing for the host's 127.0.0.1:PORT
 EXIT_TIMEOUT = 124
@@ -65,6 +67,8 @@ class KclientResult:
             parts.append("timed out (VM killed)")
         for name in ("stdout", "stderr", "mount_log", "umount_log", "dmesg"):
             text = getattr(self, name).strip()
+            if name == "dmesg":  # one line per drop_caches would crowd out what matters
+                text = "\n".join(ln for ln in text.splitlines() if "drop_caches:" not in ln)
             if text:
                 parts.append(f"--- {name} (last {tail} lines):\n" + "\n".join(text.splitlines()[-tail:]))
         if not self.dmesg and self.console.strip():
@@ -160,7 +164,7 @@ class KernelClient:
             "TERM": "dumb", "LANG": "C.UTF-8", "USER": "root", "KCLIENT": "1",
             "KCLIENT_MNT": self.mnt, "KCLIENT_PORT": str(self.port), "KCLIENT_EXPORT": self.export,
             "KCLIENT_VERS": self.vers, "KCLIENT_NFS_SOURCE": source, "KCLIENT_NFS_OPTS": opts,
-            "KCLIENT_RUNDIR": "/kclient",
+            "KCLIENT_RUNDIR": "/kclient", "KCLIENT_GUEST_LIB": str(GUEST_LIB),
         }
         genv.update({k: str(v) for k, v in env.items()})
         script = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in genv.items())
@@ -197,10 +201,14 @@ class KernelClient:
     # ------------------------------------------------------------------ running
 
     def run(self, command: str, timeout: float = 600, env: dict | None = None, cwd: str | None = None,
-            keep: bool | None = None) -> KclientResult:
+            keep: bool | None = None, host_calls: dict[str, Callable[[], object]] | None = None) -> KclientResult:
         """Boot, (mount,) run `command` with /bin/sh -c in the guest, (unmount,) power off.
 
         env: extra guest variables; cwd: guest working dir (default: this process's cwd);
+        host_calls: functions the guest may ask the host to run while it waits, e.g. {"restart":
+        server.restart}; in the guest: `. "$KCLIENT_GUEST_LIB"; kc_host_call restart` (returns 1
+        with the error on stderr if the function raised; each name runs once per boot, so call
+        `restart.2` for a second restart);
         keep: keep the run dir (console.log, dmesg.txt, ...) and name it in result.extra
         (default: $CKPTGW_KCLIENT_KEEP=1). Never raises for guest-side failures: see result.rc."""
         if keep is None:
@@ -215,7 +223,7 @@ class KernelClient:
             self._write_rundir(rundir, command, env or {}, cwd or os.getcwd(), cb_port)
             for n in ("stdout.log", "stderr.log", "console.log"):
                 (rundir / n).touch()
-            result = self._boot(rundir, cb_port, timeout)
+            result = self._boot(rundir, cb_port, timeout, host_calls or {})
             if keep:
                 result.extra["rundir"] = str(rundir)
             return result
@@ -223,17 +231,40 @@ class KernelClient:
             if not keep:
                 shutil.rmtree(rundir, ignore_errors=True)
 
-    def _boot(self, rundir: Path, cb_port: int, timeout: float) -> KclientResult:
+    @staticmethod
+    def _serve_host_calls(rundir: Path, host_calls: dict[str, Callable[[], object]], served: set[str]) -> None:
+        """The guest asks for a host call by creating call.NAME in the run dir (a 9p share without
+        caching) and waits for done.NAME or failed.NAME."""
+        for req in rundir.glob("call.*"):
+            name = req.name[len("call."):]
+            if name in served:
+                continue
+            served.add(name)
+            fn = host_calls.get(name, host_calls.get(name.split(".", 1)[0]))  # "restart.2" -> "restart"
+            try:
+                if fn is None:
+                    raise KeyError(f"no host call named {name!r} (have: {sorted(host_calls)})")
+                fn()
+            except Exception as e:  # reported to the guest, which fails its script with it
+                (rundir / f"failed.{name}").write_text(f"{type(e).__name__}: {e}\n")
+            else:
+                (rundir / f"done.{name}").touch()
+
+    def _boot(self, rundir: Path, cb_port: int, timeout: float,
+              host_calls: dict[str, Callable[[], object]]) -> KclientResult:
         t0 = time.monotonic()
         with open(rundir / "qemu.log", "wb") as qlog:
             proc = subprocess.Popen(self.qemu_argv(rundir, cb_port), stdin=subprocess.DEVNULL, stdout=qlog,
                                     stderr=qlog, preexec_fn=_set_pdeathsig, start_new_session=True)
             t_cmd_start = None
             timed_out = False
+            served: set[str] = set()
             try:
                 while proc.poll() is None:
                     if t_cmd_start is None and (rundir / "t_cmd_start").exists():
                         t_cmd_start = time.monotonic()
+                    if host_calls:
+                        self._serve_host_calls(rundir, host_calls, served)
                     if time.monotonic() - t0 > timeout:
                         timed_out = True
                         break

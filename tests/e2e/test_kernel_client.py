@@ -1,0 +1,108 @@
+"""The Linux kernel NFSv4 client (in a QEMU VM, tests/kclient) against ckptgw's server.
+
+Each VM boot runs one guest driver from tests/e2e/guest/ that checks several scenarios and prints
+`PASS name` / `FAIL name: why`; module-scoped fixtures boot once and the tests below assert one
+scenario each, so a failure names the scenario and carries the guest output, the guest kernel log
+and the server log.
+
+Default (CI): 4 boots, about 6-8 minutes of TCG time: semantics over vers=4.2 (tar in/out, links,
+truncate, chmod, df, 2,000 entries), data over vers=4.1 (256 MiB dd + checksum, checkpoint
+pattern, `latest` rename race), a server restart between unmount and remount, a bad export.
+CKPTGW_KCLIENT_FULL=1: semantics over 4.1 as well, 10,000 entries, a 1 GiB dd, a bigger checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.guest import fsops  # conftest.py put the repo root on sys.path
+from tests.kclient import EXIT_HARNESS, KclientResult, KernelClient
+
+pytestmark = pytest.mark.kclient
+
+REPO = Path(__file__).resolve().parents[2]
+GUEST = Path(__file__).resolve().parent / "guest"
+EXPORT = "/checkpoints"  # as in conftest.server_command
+FULL = os.environ.get("CKPTGW_KCLIENT_FULL") == "1"
+SEMANTICS_VERS = ["4.1", "4.2"] if FULL else ["4.2"]
+DD_MIB = 1024 if FULL else 256
+ENTRIES = 10_000 if FULL else 2_000
+CKPT = {"CKPT_STEPS": "3", "CKPT_RANKS": "4", "CKPT_MIB": "16" if FULL else "4"}
+LINE_RE = re.compile(r"^(PASS|FAIL) (\S+)(?:[: ] ?(.*))?$")
+
+
+@dataclass
+class GuestRun:
+    res: KclientResult
+    server: object
+    results: dict  # scenario -> (passed, detail)
+
+    def assert_scenario(self, name: str) -> None:
+        passed, detail = self.results.get(name, (None, None))
+        if passed:
+            return
+        why = f"scenario {name} {'FAILED: ' + detail if passed is False else 'did not report'}"
+        pytest.fail(f"{why}\n{self.res.describe(tail=60)}\n--- server log (tail):\n{self.server.log_tail()}",
+                    pytrace=False)
+
+
+def boot(server, script: str, vers: str = "4.1", env: dict | None = None, timeout: float = 900,
+         mount: bool = True, host_calls: dict | None = None) -> GuestRun:
+    kc = KernelClient(server.port, export=EXPORT, vers=vers, mount=mount)
+    res = kc.run(f"sh {GUEST / script}", timeout=timeout, env=env or {}, cwd=str(REPO), host_calls=host_calls)
+    results = {}
+    for line in res.stdout.splitlines():
+        m = LINE_RE.match(line)
+        if m:
+            results.setdefault(m.group(2), (m.group(1) == "PASS", m.group(3) or ""))
+    run = GuestRun(res, server, results)
+    if res.rc == EXIT_HARNESS or res.timed_out:
+        pytest.fail(f"kernel-client boot for {script} failed\n{res.describe(tail=60)}\n"
+                    f"--- server log (tail):\n{server.log_tail()}", pytrace=False)
+    return run
+
+
+@pytest.fixture(scope="module", params=SEMANTICS_VERS, ids=lambda v: f"vers{v}")
+def semantics_run(request, nfs_server):
+    return boot(nfs_server, "semantics.sh", vers=request.param, env={"ENTRIES": str(ENTRIES)}, timeout=1500)
+
+
+@pytest.fixture(scope="module")
+def data_run(nfs_server):
+    env = {"DD_MIB": str(DD_MIB), "DD_SHA": fsops.stream_sha("dd", DD_MIB * fsops.MIB), **CKPT}
+    return boot(nfs_server, "data.sh", vers="4.1", env=env, timeout=1800 if FULL else 900)
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("scenario", ["mount-vers", "tar-in-out", "symlinks", "hardlinks", "truncate", "chmod", "df",
+                                      "many-entries"])
+def test_semantics(semantics_run, scenario):
+    semantics_run.assert_scenario(scenario)
+
+
+@pytest.mark.timeout(2400)
+@pytest.mark.parametrize("scenario", ["mount-vers", "dd-fsync-readback", "checkpoint", "checkpoint-readback", "latest-race"])
+def test_data(data_run, scenario):
+    data_run.assert_scenario(scenario)
+
+
+@pytest.mark.timeout(900)
+def test_unmount_restart_remount(fresh_nfs_server):
+    run = boot(fresh_nfs_server, "restart.sh", vers="4.1", mount=False, timeout=600,
+               host_calls={"restart": fresh_nfs_server.restart})
+    for scenario in ("write-then-unmount", "server-restart", "remount-verify", "restart-checkpoint-readback",
+                     "after-restart-new-checkpoint"):
+        run.assert_scenario(scenario)
+
+
+@pytest.mark.timeout(300)
+def test_missing_export_is_refused(nfs_server):
+    """Mounting a path that is not exported fails cleanly (NFS4ERR_NOENT -> mount error), no hang."""
+    kc = KernelClient(nfs_server.port, export=EXPORT + "/no-such-dir", vers="4.1", opts="retry=0")
+    res = kc.run("true", timeout=240)
+    assert res.rc == EXIT_HARNESS and res.harness_error and "mount" in res.harness_error, res.describe()
