@@ -61,6 +61,7 @@ class Uploader:
         self.gate = RequestGate(self.settings, self.counters)
         self.worker = Worker(store, object_client, self.gate, self.keys, self.settings, self.counters)
         self.readthrough = ReadThrough(store, object_client, self.keys, self.settings, self.counters)
+        self.worker.fetch_missing = self.readthrough.fetch_missing
         self.permanent_retry_seconds = PERMANENT_RETRY_SECONDS
         self._running: dict[int, asyncio.Task] = {}
         self._running_jobs: dict[int, dict] = {}
