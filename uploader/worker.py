@@ -94,6 +94,7 @@ class Worker:
         self.store_id = getattr(store, "instance_id", b"").hex()
         self.algorithm = client.checksum_algorithm
         self.created_upload_ids: set[str] = set()     # this run's uploads (never orphans)
+        self.fetch_missing = None    # async (ino, ranges): read-through, set by the service
 
     async def _store(self, fn, *args):
         return await asyncio.to_thread(fn, *args)
@@ -135,6 +136,13 @@ class Worker:
             self.store.set_data_state(ino, DataState.DIRTY)
             return "changed"
         multipart = attr.size >= self.settings.multipart_threshold
+        # an imported (or evicted) file written in part: the object is the old bytes where
+        # nothing was written, so fetch those before sending (fill never overwrites writes)
+        absent = [(e.offset, e.length) for e in self.store.extents(ino) if e.state == DataState.ABSENT]
+        if absent:
+            if self.fetch_missing is None:
+                raise RuntimeError(f"ino {ino} has absent ranges and no read-through is wired")
+            await self.fetch_missing(ino, absent)
         prog = UploadProgress(ino, path, attr.size, multipart)
         progress_cb(prog)
         key = self.keys.file_key(path)

@@ -147,3 +147,32 @@ def test_clean_data_is_evicted_by_the_store_watermarks(moto, bucket, tmp_path):
         store.close()
     assert DataState.ABSENT in states and got == data[0]
     assert usage["used"] <= usage["high"]
+
+
+def test_partial_write_to_an_imported_file_uploads_old_plus_new_bytes(moto, bucket, store):
+    from cache.api import ROOT_INO
+    from conftest import s3_settings
+    from uploader.objectclient import Boto3ObjectClient, checksum_b64
+    original = payload(3 * SMALL_PART, 40)
+    client = Boto3ObjectClient(s3_settings(moto.endpoint, bucket))
+    client.put_object("gw/imp", original, metadata={"mode": str(0o100600)},
+                      checksum=checksum_b64("CRC32", original))
+    patch = b"P" * 1000
+    expected = original[:SMALL_PART] + patch + original[SMALL_PART + len(patch):]
+
+    async def main():
+        up = make_uploader(store, moto.endpoint, bucket)
+        await up.start()
+        try:
+            await up.import_bucket()
+            ino = store.lookup(ROOT_INO, b"imp").ino
+            store.open_file(ino, True)
+            store.write(ino, SMALL_PART, patch)
+            store.commit(ino)
+            store.close_file(ino, True)
+            assert await up.flush(timeout=60)
+        finally:
+            await up.stop()
+
+    asyncio.run(main())
+    assert sha(client._s3.get_object(Bucket=bucket, Key="gw/imp")["Body"].read()) == sha(expected)
