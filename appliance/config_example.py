@@ -79,6 +79,8 @@ def _fields(cls, commented: bool = False) -> list[str]:
     lead = "# " if commented else ""
     for f in fields(cls):
         meta = f.metadata
+        if "table_array" in meta and not commented:
+            continue                     # rendered as its own [[...]] tables
         out += _comment(meta["doc"])
         default = f.default if f.default is not MISSING else None
         value = meta.get("example") or _human(default, meta.get("parse"))
@@ -94,7 +96,8 @@ def render() -> str:
             "# path; with several, each is the cache directory of the same name (and S3 keys start with it).",
             "[[exports]]"] + _fields(c.ExportSettings) + [""]
     out += ["", "# Retention: checkpoint series and how long their steps live (used by `ckptgw retention`",
-            "# and `ckptgw lifecycle`). None by default; an example series with every key:",
+            "# and `ckptgw lifecycle`).", "[retention]"] + _fields(c.RetentionSettings)
+    out += ["", "# No series by default; an example with every key:",
             "# [[retention.series]]"] + _fields(c.SeriesRule, commented=True)
     out += ["# [[retention.series.transitions]]   (or inline: transitions = [{after = \"30d\", ...}])"]
     out += _fields(c.Transition, commented=True)
