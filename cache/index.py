@@ -408,7 +408,8 @@ class Index:
                 txn.commit()
             except lmdb.MapFullError:
                 txn.abort()
-                log.error("index.map_full", path=self.path)
+                if self._grow_map():      # transient: the caller's client retries
+                    raise StoreError(errno.EAGAIN, "store index map grown; retry") from None
                 raise StoreError(errno.ENOSPC, "store index map is full") from None
             except lmdb.Error as e:
                 txn.abort()
@@ -429,6 +430,18 @@ class Index:
                 self.ensure_headroom()
             for fn in w.after_commit:
                 fn()
+
+    def _grow_map(self) -> bool:
+        """Double the map after MapFullError (LMDB allows it only with no txn active in
+        this process; if a reader is active the next MapFullError tries again)."""
+        size = self.env.info()["map_size"]
+        try:
+            self.env.set_mapsize(size * 2)
+        except lmdb.Error as e:
+            log.error("index.map_full", path=self.path, map_size=size, error=str(e))
+            return False
+        log.warning("index.map_grown", path=self.path, map_size=size * 2)
+        return True
 
     def ensure_headroom(self) -> bool:
         """Keep `headroom` bytes allocated past LMDB's last page, so index commits do not

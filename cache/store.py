@@ -324,6 +324,13 @@ class Store:
         with self._olock:
             self._opens.setdefault(ino, [0, 0])[1 if write else 0] += 1
 
+    def is_open(self, ino: int, write: bool | None = None) -> bool:
+        """Whether an open (any; or only for write / only for read) counts on the file."""
+        counts = self._opens.get(ino)
+        if counts is None:
+            return False
+        return counts != [0, 0] if write is None else counts[1 if write else 0] > 0
+
     def close_file(self, ino: int, write: bool) -> None:
         """Drop an open; reclaims an unlinked inode at its last close."""
         with self._olock:

@@ -119,3 +119,22 @@ def test_check_finds_injected_problems(store):
     store.data.close()
     store.ix.close()
     os.close(store._lockfd)
+
+
+def test_index_map_grows_when_full(store_dir, monkeypatch):
+    import cache.index
+    monkeypatch.setattr(cache.index, "MAP_SIZE", 1 << 20)
+    s = Store.open(store_dir)
+    codes = []
+    created = 0
+    for i in range(5000):
+        try:
+            s.create(ROOT_INO, b"file-%05d" % i, 0o644, 0, 0)
+            created += 1
+        except StoreError as e:
+            codes.append(e.errno)
+    assert codes and set(codes) == {errno.EAGAIN}       # transient, never a broken index
+    assert s.ix.env.info()["map_size"] > 1 << 20
+    assert len(list(s.readdir(ROOT_INO))) == created
+    assert s.check() == []
+    s.close()

@@ -1,8 +1,9 @@
 """Stateful property test: the store against a plain in-memory model.
 
 Random sequences of create, mkdir, write at random offsets, truncate, rename (files and
-directories, over existing targets), link, unlink/rmdir, open/close, commit, orderly
-reopen and crash-reopen; after every step the whole tree is compared (readdir order and
+directories, over existing targets), link, unlink/rmdir, open/close, commit, upload
+(mark_uploaded), evict, orderly reopen and crash-reopen; reads fill evicted ranges from
+the model's "S3" copy (read-through); after every step the whole tree is compared (readdir order and
 cookies, attributes, every byte) and check() must find nothing.
 Set CKPTGW_LONG=1 for many more examples.
 """
@@ -16,7 +17,7 @@ import tempfile
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from cache.api import FileType, ROOT_INO, SetAttr, StoreError
+from cache.api import DataState, FileType, RemoteInfo, ROOT_INO, SetAttr, StoreError
 from cache.store import Store
 
 from storehelp import crash
@@ -35,6 +36,7 @@ class MFile:
         self.nlink = 1
         self.committed = 0        # size a commit/truncate made durable
         self.opens = 0
+        self.remote = None        # the bytes "in S3" after an upload
 
 
 class MDir:
@@ -217,6 +219,46 @@ class StoreModel(RuleBasedStateMachine):
             self.orphans.remove(f)
             self.expect_error(errno.ESTALE, self.store.getattr, f.ino)
 
+    @precondition(lambda self: self.files())
+    @rule(data=st.data())
+    def upload(self, data):
+        """What the uploader does: commit, read the local bytes, mark uploaded."""
+        f = data.draw(st.sampled_from(self.files()))
+        s = self.store
+        s.commit(f.ino)
+        f.committed = len(f.data)
+        change = s.getattr(f.ino).change
+        assert s.set_data_state(f.ino, DataState.UPLOADING, change)
+        body = self.read_through(f)
+        assert s.mark_uploaded(f.ino, RemoteInfo(key="k", uploaded_change=change))
+        f.remote = body
+        assert s.getattr(f.ino).data_state == DataState.CLEAN
+
+    @precondition(lambda self: self.files())
+    @rule(data=st.data())
+    def evict(self, data):
+        f = data.draw(st.sampled_from(self.files()))
+        a = self.store.getattr(f.ino)
+        freed = self.store.evict(f.ino)
+        if a.data_state == DataState.CLEAN and not f.opens:
+            assert freed == a.space_used
+            assert self.store.getattr(f.ino).space_used == 0
+        else:
+            assert freed == 0
+
+    def read_through(self, f: MFile) -> bytes:
+        """Read the whole file, filling ABSENT ranges from the model's S3 copy."""
+        for _ in range(100):
+            try:
+                got, eof = self.store.read(f.ino, 0, len(f.data) + 10)
+                assert eof
+                return bytes(got)
+            except StoreError as e:
+                assert e.errno == errno.EAGAIN and e.missing and f.remote is not None
+                for off, length in e.missing:
+                    self.store.fill(f.ino, off, f.remote[off:off + length])
+        raise AssertionError("read-through never completed")
+
     @rule()
     def reopen(self):
         self.store.close()
@@ -261,8 +303,7 @@ class StoreModel(RuleBasedStateMachine):
         for f in self.files() + self.orphans:
             a = s.getattr(f.ino)
             assert a.size == len(f.data) and a.nlink == f.nlink, (f.ino, a)
-            got, eof = s.read(f.ino, 0, len(f.data) + 10)
-            assert eof and bytes(got) == bytes(f.data), f.ino
+            assert self.read_through(f) == bytes(f.data), f.ino
         assert s.check() == []
 
 
