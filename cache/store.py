@@ -711,11 +711,6 @@ class Store:
             return {U64.unpack(k)[0]: bytes(r).decode() for k, r in
                     v.txn.cursor(db=self.ix.pins)}
 
-    def is_open(self, ino: int) -> bool:
-        """True while the inode has an open (read or write): retention never touches it."""
-        with self._olock:
-            return ino in self._opens
-
     # durable work queue (the uploader's jobs; opaque dicts to the store).
     # The store itself appends a change-journal job in the SAME transaction as each namespace
     # op the uploader must mirror, so nothing is lost between the op and the queue:
