@@ -333,6 +333,8 @@ class Uploader:
         for their settle window. With wait: return True once every file there is clean and
         no queued job touches the path, False on timeout. Files still open for write are
         not eligible, so a flush waits for their close."""
+        if not self._started:
+            raise RuntimeError("flush() needs a started Uploader")
         prefix = path_prefix.strip("/") if path_prefix else None
         self._flush_prefixes.append(prefix)
         try:
