@@ -20,7 +20,7 @@ from cache.api import DataState, FileType, RemoteInfo, StoreError
 
 from .gate import RequestGate
 from .keys import DIR_CONTENT_TYPE, INO_META, KeyMap, object_metadata, part_ranges, part_size_for
-from .objectclient import NotFoundError, ObjectClient, PartInfo, PutResult, checksum_b64
+from .objectclient import NotFoundError, ObjectClient, PartInfo, PermanentError, PutResult, checksum_b64
 from .settings import S3_MAX_COPY, UploadSettings
 from .stats import Counters
 
@@ -279,6 +279,14 @@ class Worker:
         except NotFoundError:
             await self._forget_upload(job_id, job, ino, remote)
             raise Restart("multipart upload vanished before completion")
+        except PermanentError as e:
+            if e.code not in ("InvalidPart", "InvalidPartOrder", "EntityTooSmall"):
+                raise
+            # S3 does not accept the parts we hold (lost or replaced meanwhile): start over
+            log.warning("multipart_parts_rejected", key=key, upload_id=upload_id, code=e.code)
+            await self._abort_recorded_upload(job, remote)
+            await self._store(self.store.queue_update, job_id, job)
+            raise Restart(f"parts rejected: {e.code}")
 
     async def _resumable_parts(self, key: str, remote: RemoteInfo, ranges) -> dict[int, PartInfo] | None:
         """Parts S3 holds that match what we recorded after verifying them (ETag, size,
