@@ -52,7 +52,9 @@ class ReadThrough:
     # ---- demand fetches ------------------------------------------------------------
     async def fetch_missing(self, ino: int, ranges) -> None:
         """Make every byte of `ranges` [(offset, length)] local. Raises StoreError(EIO) when
-        the object cannot be found in S3 (reported, not retried forever)."""
+        the object cannot be found in S3 (reported, not retried forever). Transient S3 errors
+        are retried without limit, so a caller that must answer in bounded time (an NFS READ:
+        NFS4ERR_DELAY) wraps this in asyncio.wait_for; the fetch itself carries on."""
         attr = self.store.getattr(ino)
         chunks: set[int] = set()
         last_end = 0
@@ -66,7 +68,9 @@ class ReadThrough:
             return
         first = min(chunks) * self.chunk
         sequential = self._last_end.get(ino) is not None and first <= self._last_end[ino] <= first + self.chunk
-        await asyncio.gather(*(self._chunk_task(ino, c) for c in sorted(chunks)))
+        # shield: a reader that gives up (asyncio.wait_for around us) must not cancel the
+        # fetch other readers of the same chunk are waiting for
+        await asyncio.gather(*(asyncio.shield(self._chunk_task(ino, c)) for c in sorted(chunks)))
         self._last_end[ino] = max(c for c in chunks) * self.chunk + self.chunk
         if sequential or min(chunks) == 0:
             top = max(chunks)

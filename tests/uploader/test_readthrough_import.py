@@ -176,3 +176,27 @@ def test_partial_write_to_an_imported_file_uploads_old_plus_new_bytes(moto, buck
 
     asyncio.run(main())
     assert sha(client._s3.get_object(Bucket=bucket, Key="gw/imp")["Body"].read()) == sha(expected)
+
+
+def test_a_reader_giving_up_does_not_cancel_the_shared_fetch(moto, proxy, bucket, store):
+    data = payload(2 * SMALL_PART, 50)
+
+    async def main():
+        up = make_uploader(store, proxy.endpoint, bucket)
+        await up.start()
+        try:
+            ino = write_file(store, "slow", data)
+            assert await up.flush(timeout=60)
+            store.evict(ino)
+            proxy.faults.latency = 0.5
+            impatient = asyncio.create_task(asyncio.wait_for(up.fetch_missing(ino, [(0, 100)]), 0.1))
+            patient = asyncio.create_task(up.fetch_missing(ino, [(0, 100)]))
+            with pytest.raises(asyncio.TimeoutError):
+                await impatient
+            await patient
+            proxy.faults.latency = 0.0
+            return store.read(ino, 0, 100)[0]
+        finally:
+            await up.stop()
+
+    assert bytes(asyncio.run(main())) == data[:100]
