@@ -193,7 +193,8 @@ class ObjectClient(Protocol):
 class Boto3ObjectClient:
     """`ObjectClient` over one bucket with plain boto3 (no CRT needed)."""
 
-    def __init__(self, s3: S3Settings, *, max_pool_connections: int = 16):
+    def __init__(self, s3: S3Settings, *, max_pool_connections: int = 64):
+        # uploads and read-through each keep up to max_concurrency requests in flight
         self.bucket = s3.bucket
         self.prefix = s3.prefix          # carried for the uploader; calls take full keys
         self.checksum_algorithm = s3.checksum_algorithm
