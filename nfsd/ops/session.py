@@ -283,7 +283,7 @@ def sequence(ctx, args, request_size: int, nops: int) -> SequenceOutcome:
         raise NfsError(NFS4ERR_BADSLOT, f"slot {args.sa_slotid} of {len(session.slots)}")
     slot = session.slots[args.sa_slotid]
     client = session.client
-    if args.sa_sequenceid == slot.seqid:
+    if args.sa_sequenceid == slot.seqid and slot.used:
         # A retransmission (2.10.6.1.3); the original may still be running.
         if slot.in_progress:
             raise NfsError(NFS4ERR_DELAY, "retry while the original is in progress")
@@ -301,6 +301,7 @@ def sequence(ctx, args, request_size: int, nops: int) -> SequenceOutcome:
     if request_size > session.fore.maxrequestsize:
         raise NfsError(NFS4ERR_REQ_TOO_BIG, f"{request_size} bytes")
     slot.seqid = args.sa_sequenceid
+    slot.used = True
     slot.reply = None
     slot.cached = False
     slot.in_progress = True

@@ -160,6 +160,8 @@ def test_sequence_misordered_and_bad_slot(server):
         sid = c.sessionid
         res = await c.compound_raw([sequence_op(sid, 5, 0)])
         assert res.status == NFS4ERR_SEQ_MISORDERED
+        res = await c.compound_raw([sequence_op(sid, 0, 4)])   # no request 0 to retry
+        assert res.status == NFS4ERR_SEQ_MISORDERED
         res = await c.compound_raw([sequence_op(sid, 1, 9999)])
         assert res.status == NFS4ERR_BADSLOT
         res = await c.compound_raw([sequence_op(b"\0" * 16, 1, 0)])
@@ -199,6 +201,7 @@ def test_seqid_wraps_around(server):
     def set_seqid():
         session = next(iter(server.server.sessions.sessions.values()))
         session.slots[2].seqid = 0xFFFFFFFF
+        session.slots[2].used = True
     async def body(c):
         server.call(set_seqid)
         res = await c.compound_raw([sequence_op(c.sessionid, 0, 2)])
