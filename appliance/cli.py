@@ -227,7 +227,8 @@ def ls_cmd(show_state, recursive, as_json, path):
         return emit_json(res)
     rows = [[e["path"] + ("/" if e["type"] == "dir" else ""), e["type"],
              fmt_bytes(e["size"]) if e["type"] == "reg" else "-",
-             _state_text(e) if e["type"] == "reg" else "-", "pinned" if e["pinned"] else ""]
+             _state_text(e) if e["type"] == "reg" else "-",
+             (f"pinned ({e['pin_reason']})" if e.get("pin_reason") else "pinned") if e["pinned"] else ""]
             for e in res["entries"]]
     click.echo(table(["PATH", "TYPE", "SIZE", "STATE", "PIN"], rows, right={2}))
 
@@ -258,11 +259,11 @@ def flush(wait, timeout, as_json, path):
 
 
 @main.command()
-@click.option("--reason", default="admin", help="Why (shown in logs).")
+@click.option("--reason", default="admin", help="Why (shown by `ls --state`, the retention plan and logs).")
 @json_option
 @click.argument("path")
 def pin(reason, as_json, path):
-    """Keep every file under PATH in the cache (never evicted)."""
+    """Protect PATH: never evicted, expired or transitioned (Object Lock in S3 where enabled)."""
     res = call("pin", {"path": path, "reason": reason})
     if as_json:
         return emit_json(res)
@@ -330,33 +331,16 @@ def verify(as_json, path):
 
 
 @main.command("import")
-@click.option("--uid", type=int, default=0, show_default=True, help="Owner of imported files.")
-@click.option("--gid", type=int, default=0, show_default=True, help="Group of imported files.")
-@click.option("--mode", default="0644", show_default=True, help="Permissions of imported files (octal).")
 @json_option
-@click.argument("prefix", default="")
-def import_cmd(uid, gid, mode, as_json, prefix):
-    """Add objects already in the bucket (under PREFIX) to the namespace, fetched on first read."""
-    try:
-        mode_bits = int(mode, 8)
-    except ValueError:
-        fail(f"--mode {mode!r} is not an octal mode such as 0644", "bad_request")
-    res = call("import", {"prefix": prefix, "uid": uid, "gid": gid, "mode": mode_bits})
+def import_cmd(as_json):
+    """Add the bucket's objects under the configured prefix that the cache lacks, as files fetched on
+    first read (owner and mode from s3fs metadata). Names that exist locally are kept: local data wins."""
+    res = call("import")
     if as_json:
         return emit_json(res)
-    click.echo(f"imported {res['imported']} object(s); {res['already_present']} name(s) already present "
-               "(local data wins)")
-
-
-def _plan_output(res, as_json: bool) -> None:
-    if as_json:
-        return emit_json(res)
-    actions = res.get("actions") if isinstance(res, dict) else None
-    if isinstance(actions, list) and actions and isinstance(actions[0], dict):
-        cols = list(actions[0].keys())
-        click.echo(table([c.upper() for c in cols], [[a.get(c) for c in cols] for a in actions]))
-    else:
-        click.echo(json.dumps(res, indent=2, sort_keys=True, default=str))
+    click.echo(f"imported {res['imported']} object(s), {res['directories']} directory marker(s); "
+               f"{res['already_present']} name(s) already present (local data wins)"
+               + (f"; {len(res['invalid_keys'])} key(s) cannot be paths" if res["invalid_keys"] else ""))
 
 
 @main.group()
@@ -364,37 +348,116 @@ def retention():
     """Checkpoint retention ([[retention.series]] rules)."""
 
 
+def _retention_table(actions: list) -> str:
+    rows = [[a["action"], a["series"], a["checkpoint"], "" if a.get("step") is None else a["step"], a["age"],
+             a["rule"], (f"-> {a['storage_class']}: " if a.get("storage_class") else "") + a["reason"]]
+            for a in actions]
+    return table(["ACTION", "SERIES", "CHECKPOINT", "STEP", "AGE", "RULE", "REASON"], rows, right={3, 4})
+
+
+def _show_retention_plan(res: dict) -> None:
+    for note in res.get("notes") or []:
+        click.echo(f"note: {note}")
+    if not res["actions"]:
+        click.echo("nothing to do")
+    else:
+        click.echo(_retention_table(res["actions"]))
+    summary = res.get("summary") or {}
+    if summary:
+        counts = ", ".join(f"{n} {a}" for a, n in sorted(summary.get("actions", {}).items())) or "no actions"
+        click.echo(f"{summary.get('checkpoints', 0)} checkpoint(s): {summary.get('kept', 0)} kept, "
+                   f"{summary.get('deleted', 0)} to delete; {counts}")
+
+
 @retention.command("plan")
 @json_option
 def retention_plan(as_json):
-    """Show what the retention rules would delete, and why."""
-    _plan_output(call("retention_plan"), as_json)
+    """Every action the rules call for (delete, transition, tag, lock), with rule and reason."""
+    res = call("retention_plan")
+    if as_json:
+        return emit_json(res)
+    _show_retention_plan(res)
 
 
 @retention.command("apply")
+@click.option("--yes", is_flag=True, help="Apply the current plan without showing it and asking.")
 @json_option
-def retention_apply(as_json):
-    """Delete what the retention rules say may go."""
-    _plan_output(call("retention_apply"), as_json)
+def retention_apply(yes, as_json):
+    """Carry the plan out (deletes at once, S3 work through the uploader's durable queue)."""
+    args: dict = {}
+    if not yes:
+        res = call("retention_plan")
+        if not res["actions"]:
+            return emit_json({"actions": [], "skipped": []}) if as_json else click.echo("nothing to do")
+        _show_retention_plan(res)
+        if not click.confirm(f"apply these {len(res['actions'])} action(s)?", default=False, err=True):
+            fail("nothing applied", "failed")
+        args["only"] = [a["id"] for a in res["actions"]]     # exactly what was shown
+    res = call("retention_apply", args)
+    if as_json:
+        return emit_json(res)
+    if res.get("resumed"):
+        click.echo(f"finished {len(res['resumed'])} delete(s) interrupted earlier")
+    click.echo(f"applied {len(res['actions'])} action(s); {res['queued_jobs']} S3 job(s) queued")
+    for sk in res.get("skipped") or []:
+        click.echo(f"skipped {sk.get('checkpoint', sk.get('id'))}: {sk['why']}")
+
+
+@retention.command("log")
+@click.option("-n", "--limit", type=int, default=50, show_default=True, help="Newest N entries.")
+@json_option
+def retention_log(limit, as_json):
+    """The audit log: every retention action, pin and unpin, and their S3 jobs."""
+    res = call("retention_log", {"limit": limit})
+    if as_json:
+        return emit_json(res)
+    import datetime
+    rows = [[datetime.datetime.fromtimestamp(e.get("t", 0), datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+             e.get("action"), e.get("status"), e.get("checkpoint") or e.get("path") or "",
+             e.get("rule") or "", e.get("detail") or e.get("reason") or ""] for e in res["entries"]]
+    click.echo(table(["TIME", "ACTION", "STATUS", "PATH", "RULE", "DETAIL"], rows))
 
 
 @main.group()
 def lifecycle():
-    """S3 lifecycle rules derived from the retention series (transitions, expiry)."""
+    """The bucket's lifecycle rules derived from the retention series (transitions, expiry by tag)."""
+
+
+def _show_lifecycle(res: dict) -> None:
+    if not res["actions"]:
+        click.echo("the bucket's lifecycle configuration is in sync")
+    else:
+        click.echo(table(["ACTION", "RULE", "DETAIL"], [[a["action"], a["rule"], a["detail"]] for a in res["actions"]]))
+    if res.get("foreign_rules_kept"):
+        click.echo(f"other rules left as they are: {', '.join(str(r) for r in res['foreign_rules_kept'])}")
 
 
 @lifecycle.command("plan")
 @json_option
 def lifecycle_plan(as_json):
-    """Show the bucket lifecycle configuration the rules imply, against the current one."""
-    _plan_output(call("lifecycle_plan"), as_json)
+    """Show how the bucket's lifecycle configuration differs from what the rules imply."""
+    res = call("lifecycle_plan")
+    if as_json:
+        return emit_json(res)
+    _show_lifecycle(res)
 
 
 @lifecycle.command("sync")
+@click.option("--yes", is_flag=True, help="Write without showing the difference and asking.")
 @json_option
-def lifecycle_sync(as_json):
-    """Write the implied lifecycle configuration to the bucket."""
-    _plan_output(call("lifecycle_sync"), as_json)
+def lifecycle_sync(yes, as_json):
+    """Write our rules (IDs ckptgw-*) to the bucket; rules with other IDs are kept."""
+    if not yes:
+        res = call("lifecycle_plan")
+        if res["in_sync"]:
+            return emit_json(res) if as_json else _show_lifecycle(res)
+        _show_lifecycle(res)
+        if not click.confirm("write this lifecycle configuration?", default=False, err=True):
+            fail("nothing written", "failed")
+    res = call("lifecycle_sync")
+    if as_json:
+        return emit_json(res)
+    click.echo("written and read back" if res["written"] else "already in sync")
 
 
 @main.command()

@@ -17,7 +17,7 @@ from typing import Any
 
 import structlog
 
-from cache.api import DataState, FileType, RemoteInfo, StoreError
+from cache.api import DataState, FileType, StoreError
 
 from . import tree
 from .admin import AdminError
@@ -52,9 +52,9 @@ class Commands:
             return await handler(args, progress)
         except StoreError as e:
             raise _store_error(e, str(args.get("path", ""))) from None
-        except TypeError as e:
-            if "argument" in str(e) and "cmd_" in str(e):
-                raise AdminError("bad_request", f"{cmd}: {e}") from None
+        except Exception as e:
+            if type(e).__name__ in ("RetentionError", "LifecycleError"):     # the modules' own refusals
+                raise AdminError("failed", str(e)) from None
             raise
 
     # -- helpers ----------------------------------------------------------------------
@@ -103,7 +103,12 @@ class Commands:
 
         def listing():
             entries = tree.walk(store, rel) if args.get("recursive") else tree.children(store, rel)
-            return [self._file_row(p, a) for p, a in entries]
+            reasons = store.pinned()
+            rows = [self._file_row(p, a) for p, a in entries]
+            for row in rows:
+                if row["pinned"] or row["ino"] in reasons:
+                    row["pinned"], row["pin_reason"] = True, reasons.get(row["ino"], "")
+            return rows
         return {"path": rel, "entries": await asyncio.to_thread(listing)}
 
     async def cmd_clients(self, args, progress):
@@ -179,16 +184,30 @@ class Commands:
         rel = self._rel(args)
         store = self.store
         reason = str(args.get("reason") or "admin")
+        try:
+            from uploader.retention import set_pin
+        except ImportError:
+            set_pin = None
+        if set_pin is not None:
+            # pins the directories too (a checkpoint carries its reason) and queues Object Lock jobs
+            res = await asyncio.to_thread(set_pin, store, rel, pinned, reason if pinned else "",
+                                          self.d.config.retention)
+            if res["lock_jobs"] and self.d.uploader is not None:
+                self.d.uploader.kick()
+            log.info("pinned" if pinned else "unpinned", path=rel, files=res["files"], reason=reason,
+                     lock_jobs=res["lock_jobs"])
+            return res
 
-        def run():
+        def run():                                  # no retention module: the store's pin alone
             n = 0
             for _, attr in tree.files(store, rel):
                 store.set_pinned(attr.ino, pinned, reason)
                 n += 1
+            store.sync()
             return n
-        n = await asyncio.to_thread(run)
-        log.info("pinned" if pinned else "unpinned", path=rel, files=n)
-        return {"path": rel, "files": n, "pinned": pinned}
+        result = {"path": rel, "files": await asyncio.to_thread(run), "pinned": pinned, "reason": reason}
+        log.info("pinned" if pinned else "unpinned", path=rel, files=result["files"], reason=reason)
+        return result
 
     async def cmd_pin(self, args, progress):
         return await self._set_pinned(args, True)
@@ -278,36 +297,14 @@ class Commands:
         return results
 
     async def cmd_import(self, args, progress):
-        """Add objects under the bucket prefix (+ optional sub-prefix) as ABSENT files."""
-        store = self.store
-        client, prefix = self.d.object_client, self.d.s3_prefix
-        if client is None:
-            raise AdminError("unavailable", "no S3 client in this daemon")
-        sub = str(args.get("prefix") or "").lstrip("/")
-        mode = int(args.get("mode", 0o644))
-        uid, gid = int(args.get("uid", 0)), int(args.get("gid", 0))
+        """Objects under the bucket prefix that the namespace lacks become ABSENT files."""
+        report = await self.uploader.import_bucket()
+        log.info("imported", imported=report.imported, directories=report.directories,
+                 kept_local=report.skipped_existing, invalid=len(report.skipped_invalid))
+        return {"imported": report.imported, "directories": report.directories,
+                "already_present": report.skipped_existing, "invalid_keys": list(report.skipped_invalid)}
 
-        def run():
-            added, existing = 0, 0
-            for obj in client.list_objects(prefix + sub):
-                rel_key = obj.key[len(prefix):]
-                if not rel_key or rel_key.endswith("/"):
-                    continue
-                remote = RemoteInfo(key=rel_key, etag=obj.etag.strip('"'), checksum=obj.checksum,
-                                    size=obj.size)
-                attr = store.import_object(rel_key, obj.size, mode, uid, gid,
-                                           int(obj.last_modified * 1e9), remote)
-                if attr is None:
-                    existing += 1
-                else:
-                    added += 1
-            store.sync()
-            return added, existing
-        added, existing = await asyncio.to_thread(run)
-        log.info("imported", prefix=sub, added=added, kept_local=existing)
-        return {"prefix": sub, "imported": added, "already_present": existing}
-
-    # -- retention and lifecycle (a later version's modules) ----------------------------------
+    # -- retention and lifecycle (uploader.retention / uploader.lifecycle) -------------------
     async def _rules_module(self, name: str, action: str, args: dict):
         try:
             module = importlib.import_module(f"uploader.{name}")
@@ -316,8 +313,11 @@ class Commands:
         fn = getattr(module, action, None) if module else None
         if fn is None:
             raise AdminError("unavailable", f"{name} {action} is not available in this version")
-        result = fn(store=self.store, rules=self.d.config.retention.series, object_client=self.d.object_client,
-                    now=time.time(), **{k: v for k, v in args.items() if k != "path"})
+        kwargs = {"store": self.store, "rules": self.d.config.retention.series,
+                  "settings": self.d.config.retention, "object_client": self.d.object_client,
+                  "uploader": self.d.uploader, "prefix": self.d.s3_prefix, "now": time.time()}
+        kwargs.update({k: v for k, v in args.items() if k != "path"})
+        result = fn(**kwargs)
         if asyncio.iscoroutine(result):
             result = await result
         return result
@@ -327,6 +327,9 @@ class Commands:
 
     async def cmd_retention_apply(self, args, progress):
         return await self._rules_module("retention", "apply", args)
+
+    async def cmd_retention_log(self, args, progress):
+        return await self._rules_module("retention", "log_entries", args)
 
     async def cmd_lifecycle_plan(self, args, progress):
         return await self._rules_module("lifecycle", "plan", args)
