@@ -15,12 +15,14 @@ from nfsd.errors import NfsError
 from nfsd.exports import (EffectiveCred, Export, PseudoNode, MAY_EXEC, MAY_WRITE,
                           permitted)
 from nfsd.fh import FileHandle, codec_for
+from nfsd.openstate import (ANONYMOUS, BYPASS, CURRENT, INVALID, SHARE_ACCESS_READ,
+                            SHARE_ACCESS_WRITE, special_kind)
 from nfsd.xdr.nfs4 import (
-    NFS4ERR_ACCESS, NFS4ERR_BADCHAR, NFS4ERR_BADNAME, NFS4ERR_DELAY, NFS4ERR_DQUOT,
+    NFS4ERR_ACCESS, NFS4ERR_BAD_STATEID, NFS4ERR_LOCKED, NFS4ERR_OPENMODE, NFS4ERR_BADCHAR, NFS4ERR_BADNAME, NFS4ERR_DELAY, NFS4ERR_DQUOT,
     NFS4ERR_EXIST, NFS4ERR_FBIG, NFS4ERR_INVAL, NFS4ERR_IO, NFS4ERR_ISDIR, NFS4ERR_MLINK,
     NFS4ERR_NAMETOOLONG, NFS4ERR_NOENT, NFS4ERR_NOFILEHANDLE, NFS4ERR_NOSPC,
     NFS4ERR_NOTDIR, NFS4ERR_NOTEMPTY, NFS4ERR_PERM, NFS4ERR_ROFS, NFS4ERR_STALE,
-    NFS4ERR_SYMLINK, NFS4ERR_XDEV,
+    NFS4ERR_SYMLINK, NFS4ERR_XDEV, change_info4,
 )
 
 log = structlog.get_logger(__name__)
@@ -236,15 +238,12 @@ async def sync_namespace(ctx) -> None:
 
 
 def change_info(ci):
-    from nfsd.xdr.nfs4 import change_info4
     return change_info4(atomic=bool(ci.atomic), before=ci.before, after=ci.after)
 
 
 # ---- stateids of READ / WRITE / SETATTR ---------------------------------------------------------
 def resolve_stateid_arg(ctx, sid):
     """Replace the 4.1 current-stateid special value by the COMPOUND's current stateid."""
-    from nfsd.openstate import CURRENT, special_kind
-    from nfsd.xdr.nfs4 import NFS4ERR_BAD_STATEID
     if special_kind(sid) == CURRENT:
         if ctx.minorversion == 0 or ctx.current_stateid is None:
             raise NfsError(NFS4ERR_BAD_STATEID, "no current stateid")
@@ -253,7 +252,6 @@ def resolve_stateid_arg(ctx, sid):
 
 
 def clientid_of(ctx) -> int:
-    from nfsd.xdr.nfs4 import NFS4ERR_BAD_STATEID
     if ctx.client is None:
         raise NfsError(NFS4ERR_BAD_STATEID, "no client")
     return ctx.client.clientid
@@ -263,9 +261,6 @@ def io_state(ctx, sid, obj: Obj, *, write: bool):
     """The open state a READ/WRITE/SETATTR(size) stateid names, or None for the
     anonymous / READ-bypass stateids (the caller then checks mode bits). Enforces the
     open's mode (NFS4ERR_OPENMODE) and other owners' deny reservations for anonymous I/O."""
-    from nfsd.openstate import (ANONYMOUS, BYPASS, INVALID, SHARE_ACCESS_READ,
-                                SHARE_ACCESS_WRITE, special_kind)
-    from nfsd.xdr.nfs4 import NFS4ERR_BAD_STATEID, NFS4ERR_LOCKED, NFS4ERR_OPENMODE
     sid = resolve_stateid_arg(ctx, sid)
     kind = special_kind(sid)
     opens = ctx.server.opens
