@@ -21,6 +21,7 @@ def check(store) -> list[str]:
                   for k, val in txn.cursor(db=ix.inodes)}
         orphans = set(v.keys(ix.orphans))
         dirty = set(v.keys(ix.dirty))
+        unsettled = set(v.keys(ix.unsettled))
         pins = set(v.keys(ix.pins))
         lru = {U64x2.unpack(k)[1]: U64x2.unpack(k)[0]
                for k in txn.cursor(db=ix.lru).iternext(values=False)}
@@ -78,6 +79,8 @@ def check(store) -> list[str]:
                 p(f"inode {ino}: unlinked but not in the orphan list")
             if rec.is_dirty != (ino in dirty):
                 p(f"inode {ino}: dirty index disagrees with state {rec.state}")
+            if rec.unsettled != (ino in unsettled):
+                p(f"inode {ino}: unsettled index disagrees")
             if rec.in_lru != (ino in lru) or (ino in lru and lru[ino] != rec.lru_ns):
                 p(f"inode {ino}: lru index disagrees")
             if bool(rec.flags & F_PINNED) != (ino in pins):

@@ -12,7 +12,9 @@ Keys are big-endian so cursor order is numeric order. Named databases:
   links     ino+parent+name -> b""                       (reverse map: path_of, checks)
   extents   ino+offset -> length, state                  (see extents.py)
   symlinks  ino -> target
-  dirty     ino -> b""     regular files whose bytes S3 lacks (the upload set; recovery visits it)
+  dirty     ino -> b""     regular files whose bytes S3 lacks (the upload set)
+  unsettled ino -> b""     files crash recovery must visit: maybe uncommitted bytes, a
+                           truncate in flight, or an upload in progress (a subset of dirty)
   lru       lru_ns+ino -> b""   CLEAN files with local bytes (eviction order)
   orphans   ino -> b""     inodes to reclaim: unlinked while open, or data file not yet removed
   remote    ino -> JSON RemoteInfo
@@ -41,7 +43,7 @@ log = structlog.get_logger(__name__)
 FORMAT = b"ckptgw-store/1"
 MAP_SIZE = 64 << 30           # sparse; LMDB only uses what it writes
 DB_NAMES = (b"meta", b"inodes", b"dirents", b"cookies", b"links", b"extents", b"symlinks",
-            b"dirty", b"lru", b"orphans", b"remote", b"pins", b"queue")
+            b"dirty", b"unsettled", b"lru", b"orphans", b"remote", b"pins", b"queue")
 
 U64 = struct.Struct(">Q")
 U64x2 = struct.Struct(">QQ")
@@ -99,6 +101,12 @@ class Inode:
     @property
     def is_dirty(self) -> bool:
         return self.type == FileType.REG and self.state in DIRTY_STATES
+
+    @property
+    def unsettled(self) -> bool:
+        return self.is_dirty and bool(
+            self.flags & (F_UNCOMMITTED | F_TRUNCATED) or self.size != self.committed_size
+            or self.state != DataState.DIRTY)
 
     @property
     def in_lru(self) -> bool:
@@ -263,6 +271,13 @@ class Writer(View):
                 self.txn.put(key, b"", db=ix.dirty)
             else:
                 self.txn.delete(key, db=ix.dirty)
+        old_uns = old is not None and old.unsettled
+        new_uns = new is not None and new.unsettled
+        if old_uns != new_uns:
+            if new_uns:
+                self.txn.put(key, b"", db=ix.unsettled)
+            else:
+                self.txn.delete(key, db=ix.unsettled)
         old_lru = old is not None and old.in_lru
         new_lru = new is not None and new.in_lru
         if old_lru and (not new_lru or old.lru_ns != new.lru_ns):

@@ -5,7 +5,8 @@ so start-up time is independent of the number of files:
 
 * orphans: inodes unlinked while open (the opens died with the process) and inodes whose
   data file removal may not have happened: delete the records and the data file.
-* dirty: files S3 lacks. Bytes past the last committed size were never promised to anyone
+* unsettled (a subset of the dirty files, those S3 lacks): files that may hold
+  uncommitted bytes, had a truncate in flight, or were QUEUED/UPLOADING. Bytes past the last committed size were never promised to anyone
   (unstable writes, RFC 8881 section 18.32): cut the data file and the extent map back to
   `committed_size`, so no uncommitted garbage appears past it. Files that were QUEUED or
   UPLOADING go back to DIRTY: the uploader will pick them up again.
@@ -23,17 +24,15 @@ log = structlog.get_logger(__name__)
 
 
 def recover(ix: Index, data: DataFiles) -> dict:
-    stats = {"orphans": 0, "dirty": 0, "truncated": 0, "requeued": 0}
+    stats = {"orphans": 0, "dirty": 0, "unsettled": 0, "truncated": 0, "requeued": 0}
     with ix.read() as v:
         orphans = v.keys(ix.orphans)
-        dirty = v.keys(ix.dirty)
-        # only files that may hold uncommitted bytes need their data file looked at
         gone = set(orphans)
-        todo = [rec for rec in map(v.inode, dirty) if rec is not None
-                and rec.ino not in gone and (
-            rec.flags & (F_UNCOMMITTED | F_TRUNCATED) or rec.size != rec.committed_size
-            or rec.state in (DataState.QUEUED, DataState.UPLOADING))]
-    stats["dirty"] = len(dirty)
+        # only files that may hold uncommitted bytes (or were being uploaded) need a visit
+        todo = [rec for rec in map(v.inode, v.keys(ix.unsettled))
+                if rec is not None and rec.ino not in gone]
+        stats["dirty"] = v.txn.stat(ix.dirty)["entries"]
+    stats["unsettled"] = len(todo)
     # data first: the index keeps naming the work until the files are really gone
     for ino in orphans:
         data.remove(ino)
