@@ -61,7 +61,7 @@ async def run(args) -> None:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(
-        getattr(logging, args.log_level.upper())))
+        getattr(logging, args.log_level.upper())), cache_logger_on_first_use=True)
     asyncio.run(run(args))
     return 0
 
