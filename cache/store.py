@@ -90,6 +90,7 @@ class Store:
         self._wseq: dict[int, int] = {}            # ino -> writes since open (commit race)
         self._tseq: dict[int, int] = {}            # ino -> truncates since open
         self._inflight: dict[int, int] = {}        # ino -> writes between pwrite and index
+        self._evictions = 0                        # bumped at each evicted data file
         self._ensure_root()
         self.recovery_stats = recover(self.ix, self.data)
         with self.ix.write() as w:
@@ -352,17 +353,24 @@ class Store:
         """Up to `count` bytes at `offset` (holes read as zeros), and eof. Raises
         StoreError(EAGAIN) with `.missing = [(off, len), ...]` when a range is ABSENT locally:
         the caller fetches it (read-through) and retries."""
+        seq = self._evictions
         n, size = self._read_check(ino, offset, count)
         if n == 0:
             return b"", True
-        return self.data.pread(ino, offset, n), offset + n >= size
+        data = self.data.pread(ino, offset, n)
+        if self._evictions != seq:
+            self._read_check(ino, offset, n)    # evicted under us: bytes may be zeros
+        return data, offset + n >= size
 
     def read_into(self, ino: int, offset: int, buf: memoryview) -> tuple[int, bool]:
         """Like read() but preadv straight into `buf`; returns (nbytes, eof)."""
+        seq = self._evictions
         n, size = self._read_check(ino, offset, len(buf))
         if n == 0:
             return 0, True
         self.data.pread_into(ino, offset, buf[:n])
+        if self._evictions != seq:
+            self._read_check(ino, offset, n)    # evicted under us: bytes may be zeros
         return n, offset + n >= size
 
     def _read_check(self, ino: int, offset: int, count: int) -> tuple[int, int]:
@@ -595,9 +603,15 @@ class Store:
             new.state = DataState.ABSENT if rec.size else DataState.CLEAN
             w.put_inode(new, rec)
             # the index says ABSENT first: a crash before the unlink leaves only garbage
-            w.after_commit.append(lambda: self.data.remove(ino))
+            w.after_commit.append(lambda: self._drop_evicted(ino))
         log.info("store.evicted", ino=ino, bytes=rec.local_bytes)
         return rec.local_bytes
+
+    def _drop_evicted(self, ino: int) -> None:
+        # bumped BEFORE the file goes: a reader that raced with us sees the change and
+        # re-checks the extent map instead of returning the zeros of a missing file
+        self._evictions += 1
+        self.data.remove(ino)
 
     def eviction_candidates(self, want_bytes: int) -> list[int]:
         """Least-recently-used CLEAN files (not pinned, not open) totalling >= want_bytes

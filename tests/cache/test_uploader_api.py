@@ -176,3 +176,20 @@ def test_remote_info_and_requeue_after_crash(store_dir):
     r = s.remote_info(f)
     assert r.upload_id == "U1" and r.parts == [(1, "e1", "c1")]
     s.close()
+
+
+def test_read_racing_an_eviction_never_returns_zeros(store, monkeypatch):
+    f = mkfile(store, b"f", b"precious" * 100)
+    store.commit(f)
+    upload(store, f)
+    real = store.data.pread
+
+    def pread_after_evict(ino, offset, n):     # the eviction lands between check and pread
+        monkeypatch.setattr(store.data, "pread", real)
+        assert store.evict(ino) == 800
+        return real(ino, offset, n)
+
+    monkeypatch.setattr(store.data, "pread", pread_after_evict)
+    with pytest.raises(StoreError) as e:
+        store.read(f, 0, 100)
+    assert e.value.errno == errno.EAGAIN and e.value.missing == [(0, 100)]
