@@ -39,11 +39,11 @@ class RequestGate:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     async def call(self, op: str, fn: Callable[[], T], *, nbytes: int = 0, what: str = "",
-                   retry_not_found: bool = False) -> T:
+                   retry_not_found: bool = False, priority: int = 0) -> T:
         loop = asyncio.get_running_loop()
         attempt = 0
         while True:
-            started = await self.limiter.acquire()
+            started = await self.limiter.acquire(priority)
             try:
                 await self.requests.take(1)
                 await self.bytes.take(nbytes)

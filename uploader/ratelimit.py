@@ -11,9 +11,10 @@ and full jitter (AWS Architecture Blog, "Exponential Backoff And Jitter", 2015).
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import random
 import time
-from collections import deque
 
 
 class TokenBucket:
@@ -67,22 +68,25 @@ class AimdLimiter:
         self.decreases = 0
         self._clock = clock
         self._last_decrease = float("-inf")
-        self._waiters: deque[asyncio.Future] = deque()
+        self._waiters: list[tuple[int, int, asyncio.Future]] = []     # heap: (priority, seq, fut)
+        self._seq = itertools.count()
 
     def _wake(self) -> None:
         while self._waiters and self.in_flight < int(self.limit):
-            fut = self._waiters.popleft()
+            fut = heapq.heappop(self._waiters)[2]
             if not fut.done():
                 self.in_flight += 1
                 fut.set_result(None)
 
-    async def acquire(self) -> float:
-        """Wait for a slot; returns the start time to pass to on_throttle."""
+    async def acquire(self, priority: int = 0) -> float:
+        """Wait for a slot, lowest `priority` first, FIFO within one priority (the uploader
+        passes the job id, so an older file's parts go first and files finish in queue
+        order instead of all at the end). Returns the start time for on_throttle."""
         if self.in_flight < int(self.limit) and not self._waiters:
             self.in_flight += 1
             return self._clock()
         fut = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
+        heapq.heappush(self._waiters, (priority, next(self._seq), fut))
         try:
             await fut
         except asyncio.CancelledError:

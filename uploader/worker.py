@@ -231,7 +231,8 @@ class Worker:
                                                checksum=checksum_b64(self.algorithm, data))
             prog.bytes_in_flight += length
             try:
-                part = await self.gate.call("UploadPart", send, nbytes=length, what=f"{key}#{number}")
+                part = await self.gate.call("UploadPart", send, nbytes=length, what=f"{key}#{number}",
+                                            priority=job_id)
             finally:
                 prog.bytes_in_flight -= length
             prog.bytes_done += part.size

@@ -92,3 +92,23 @@ def test_backoff_full_jitter_bounds():
     for attempt in range(12):
         d = b.delay(attempt)
         assert 0.0 <= d <= min(4.0, 0.5 * 2 ** attempt)
+
+
+def test_aimd_serves_lower_priority_first_fifo_within():
+    async def main():
+        lim = AimdLimiter(initial=1, maximum=1)
+        await lim.acquire()
+        order = []
+
+        async def waiter(prio, tag):
+            await lim.acquire(prio)
+            order.append(tag)
+            lim.release()
+
+        tasks = [asyncio.create_task(waiter(p, t)) for p, t in ((5, "a"), (1, "b"), (5, "c"), (1, "d"))]
+        await asyncio.sleep(0)
+        lim.release()
+        await asyncio.gather(*tasks)
+        return order
+
+    assert asyncio.run(main()) == ["b", "d", "a", "c"]
