@@ -107,8 +107,8 @@ def check_config(path):
 def _socket_path(obj: dict) -> str:
     if obj["socket"]:
         return obj["socket"]
-    if os.path.exists(configmod.SERVICE_ADMIN_SOCKET):
-        return configmod.SERVICE_ADMIN_SOCKET
+    if not obj["config"] and os.path.exists(configmod.SERVICE_ADMIN_SOCKET):
+        return configmod.SERVICE_ADMIN_SOCKET          # the systemd service's
     path = obj["config"] or configmod.default_config_path()
     try:
         cfg = configmod.load(path)

@@ -91,3 +91,18 @@ def test_tryout_defaults_cache_dir_banner_and_warning(tmp_path):
     warnings = [json.loads(line) for line in text.splitlines()
                 if line.startswith("{") and '"embedded_s3_tryout_mode"' in line]
     assert warnings and warnings[0]["level"] == "warning"
+
+
+def test_cli_finds_the_socket_through_the_config(tmp_path):
+    from click.testing import CliRunner
+    from appliance.cli import main
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[admin]\nsocket = "{tmp_path}/x.sock"\n')
+    r = CliRunner().invoke(main, ["--config", str(cfg), "status"])
+    assert r.exit_code == 7 and f"no daemon is listening on {tmp_path}/x.sock" in r.stderr
+    cfg.write_text(f'[server]\ncache_dir = "{tmp_path}/cache"\n')
+    r = CliRunner().invoke(main, ["--config", str(cfg), "status"])
+    assert r.exit_code == 7 and f"{tmp_path}/cache/admin.sock" in r.stderr
+    cfg.write_text('[server]\ncache_dir = 5\n')
+    r = CliRunner().invoke(main, ["--config", str(cfg), "status"])
+    assert r.exit_code == 2 and "server.cache_dir" in r.stderr
