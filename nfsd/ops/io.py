@@ -54,7 +54,9 @@ async def op_read(ctx, args) -> READ4res:
     st = io_state(ctx, args.stateid, obj, write=False)
     if st is None:
         _check_anonymous_io(ctx, obj, MAY_READ)
-    count = min(args.count, fattr.MAX_IO)
+    # Size the buffer by what the file holds (it may grow meanwhile: then the read is
+    # short and not eof, and the client asks again).
+    count = max(0, min(args.count, fattr.MAX_IO, obj.attr.size - args.offset))
     store = ctx.server.store
     buf = bytearray(count)
     for attempt in range(_FETCH_ATTEMPTS + 1):

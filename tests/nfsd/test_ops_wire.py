@@ -91,3 +91,24 @@ def test_other_uid_is_refused_over_the_wire(nfs_server):
             await c.open_create(d, "root-owned-dir-is-0755")
         assert e.value.status == NFS4ERR_ACCESS
     run_client(nfs_server.port, intruder, cred=Cred(AUTH_SYS, uid=1234, gid=1234, gids=()))
+
+
+def test_client_outside_allowed_networks_is_refused_at_the_rpc_layer(tmp_path):
+    from cache.store import Store
+    from nfsd.exports import Export, Exports
+    from nfsd.server import NfsServer
+    from tests.nfsclient import RpcReplyError
+    from tests.nfsd.conftest import ServerThread, run_client
+
+    store = Store.open(str(tmp_path / "cache"))
+    exports = Exports([Export(1, "/checkpoints", networks=("10.0.0.0/8", "fd00::/8"))])
+    st = ServerThread(lambda: NfsServer(store, exports)).start()
+    try:
+        async def body(c):
+            with pytest.raises(RpcReplyError) as e:
+                await c.setup_session()
+            assert not e.value.reply.accepted      # MSG_DENIED / AUTH_ERROR
+        run_client(st.port, body, setup=False)
+    finally:
+        st.stop()
+        store.close()
