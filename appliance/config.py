@@ -360,7 +360,7 @@ def _series_pattern(v):
         parse_pattern(_str(v))
     except PatternError as e:
         raise ValueError(str(e)) from None
-    return v.strip("/")
+    return "/".join(parse_pattern(v).components)
 
 
 @dataclass(frozen=True)

@@ -168,6 +168,8 @@ class Daemon:
         # eviction to the watermarks is the uploader's evictor (store.maybe_evict, a no-op when the
         # store was opened with evict=False, as in try-out mode)
         self._tasks.append(asyncio.create_task(self._sample_upload_rate(), name="upload-rate"))
+        if self.uploader is not None:
+            self._tasks.append(asyncio.create_task(self._retention_forever(), name="retention"))
         self._ready = True
         sdnotify.ready(f"serving NFS on {self.listen[0]}:{self.listen[1]}" if self.listen else "serving")
         log.info("ready", listen=_addr(self.listen), admin_socket=self.admin.socket_path if self.admin else None,
@@ -245,6 +247,36 @@ class Daemon:
             raise StartupError(f"cannot listen for metrics on {_addr(self.config.metrics.listen)}: "
                                f"{_why(e)}") from None
         log.info("metrics_listening", listen=_addr(self.metrics_address))
+
+    async def _retention_forever(self) -> None:
+        """Finish deletes a crash interrupted; then, with retention.schedule set, apply the
+        retention plan by itself that often (the setting is re-read after a reload)."""
+        try:
+            from uploader import retention
+        except ImportError:
+            return
+        try:
+            resumed = await asyncio.to_thread(retention.resume, self.store)
+            if resumed:
+                log.info("retention_resumed", deletes=len(resumed))
+        except Exception:             # noqa: BLE001 - the next apply tries again
+            log.exception("retention_resume_failed")
+        last = time.monotonic()
+        while True:
+            every = self.config.retention.schedule
+            await asyncio.sleep(min(every, 60.0) if every else 60.0)
+            every = self.config.retention.schedule
+            if not every or not self.config.retention.series or time.monotonic() - last < every:
+                continue
+            last = time.monotonic()
+            try:
+                res = await self.commands._rules_module("retention", "apply", {})
+                log.info("retention_scheduled_apply", actions=len(res["actions"]), skipped=len(res["skipped"]),
+                         queued_jobs=res["queued_jobs"])
+            except asyncio.CancelledError:
+                raise
+            except Exception:         # noqa: BLE001 - keep the schedule alive; the next round retries
+                log.exception("retention_scheduled_apply_failed")
 
     async def _sample_upload_rate(self) -> None:
         while True:

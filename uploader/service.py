@@ -76,6 +76,11 @@ class Uploader:
         self._tasks: list[asyncio.Task] = []
         self._started = False
         self.permanent_error: str | None = None
+        # other job kinds in the durable queue: kind -> (async run(job) -> outcome, keys(job) ->
+        # [KeyRef]); ordered like namespace jobs. uploader.retention adds its own here.
+        self.job_handlers: dict = {}
+        from .retention import install_job_handlers
+        install_job_handlers(self)
 
     # ---- lifecycle -------------------------------------------------------------------
     async def start(self) -> None:
@@ -231,6 +236,12 @@ class Uploader:
                 job["_path"] = path
                 uploading.add(keys)
                 self._start(job_id, job)
+            elif kind in self.job_handlers:
+                keys = self.job_handlers[kind][1](job)
+                if (job_id not in self._running and not ahead.blocks(keys) and not uploading.blocks(keys)
+                        and len(self._running) < max_jobs and self._not_before.get(job_id, 0) <= now):
+                    self._start(job_id, job)
+                ahead.add(keys)
             else:
                 log.warning("unknown_queue_job", job_id=job_id, job=job)
                 self.store.queue_done(job_id)
@@ -257,6 +268,8 @@ class Uploader:
             if kind == UPLOAD:
                 outcome = await self.worker.upload(job_id, {k: v for k, v in job.items() if k != "_path"},
                                                    lambda p: self._progress.__setitem__(ino, p))
+            elif kind in self.job_handlers:
+                outcome = await self.job_handlers[kind][0](job)
             else:
                 outcome = await self.worker.namespace(job)
         except Restart as e:
