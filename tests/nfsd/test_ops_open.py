@@ -207,3 +207,16 @@ def test_test_stateid_free_stateid_delegreturn(fs):
         assert await fs.status([(OP_PUTFH, PUTFH4args(f)), (OP_DELEGRETURN, DELEGRETURN4args(s))]) == NFS4ERR_BAD_STATEID
         assert await fs.status([(OP_DELEGRETURN, DELEGRETURN4args(s))]) == NFS4ERR_NOFILEHANDLE
     run(main())
+
+
+def test_removed_open_file_lives_until_close(fs):
+    async def main():
+        exp = await fs.root_fh()
+        f, sid, _ = await fs.open(exp, "f")
+        await fs.write(f, sid, 0, b"data")
+        await fs.run([(OP_PUTFH, PUTFH4args(exp)), (OP_REMOVE, REMOVE4args(b"f"))])
+        assert await fs.read(f, sid, 0, 10) == (b"data", True)
+        assert (await fs.getattr(f, FATTR4_NUMLINKS))[FATTR4_NUMLINKS] == 0
+        await fs.close(f, sid)
+        assert await fs.status([(OP_PUTFH, PUTFH4args(f))]) == NFS4ERR_STALE
+    run(main())
