@@ -328,12 +328,14 @@ class Daemon:
         if self.metrics is not None:
             await self._step("metrics_stop", asyncio.to_thread(self.metrics.stop), 5)
         if self.store is not None:
-            await self._step("store_close", asyncio.to_thread(self.store.close), timeout)
+            # no time limit: what was acknowledged must reach the disk; systemd's TimeoutStopSec is
+            # the last word, and recovery at the next start covers even that
+            await self._step("store_close", asyncio.to_thread(self.store.close), None)
         if self.embedded is not None:
             await self._step("embedded_s3_stop", asyncio.to_thread(self.embedded.stop), 5)
         log.info("stopped")
 
-    async def _step(self, name: str, awaitable, timeout: float) -> None:
+    async def _step(self, name: str, awaitable, timeout: float | None) -> None:
         try:
             await asyncio.wait_for(awaitable, timeout)
         except asyncio.TimeoutError:
