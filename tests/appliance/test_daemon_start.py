@@ -106,3 +106,28 @@ def test_cli_finds_the_socket_through_the_config(tmp_path):
     cfg.write_text('[server]\ncache_dir = 5\n')
     r = CliRunner().invoke(main, ["--config", str(cfg), "status"])
     assert r.exit_code == 2 and "server.cache_dir" in r.stderr
+
+
+def test_several_exports_are_cache_directories(tmp_path):
+    from appliance import config as c
+    from appliance.daemon import build_exports
+    from cache.api import ROOT_INO
+    from cache.store import Store
+    cfg = c.load(None, {("exports",): ("--export", [c.parse_export_flag("/checkpoints:10.0.0.0/8:rw:root"),
+                                                      c.parse_export_flag("/datasets/imagenet::ro:all")])})
+    store = Store.open(str(tmp_path / "cache"), evict=False)
+    try:
+        exports = build_exports(cfg, store)
+        by_path = {e.path: e for e in exports.exports.values()}
+        ck, ds = by_path["/checkpoints"], by_path["/datasets/imagenet"]
+        assert ck.root_ino == store.lookup(ROOT_INO, b"checkpoints").ino
+        parent = store.lookup(ROOT_INO, b"datasets")
+        assert ds.root_ino == store.lookup(parent.ino, b"imagenet").ino
+        assert ck.rw and ck.root_squash and not ck.all_squash and ck.networks == ("10.0.0.0/8",)
+        assert not ds.rw and ds.all_squash
+        assert build_exports(cfg, store).exports.keys() == exports.exports.keys()   # stable ids, same dirs
+        single = build_exports(c.load(None), store)
+        [only] = single.exports.values()
+        assert only.root_ino == ROOT_INO
+    finally:
+        store.close()
