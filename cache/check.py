@@ -4,8 +4,6 @@ A full scan (admin CLI and tests only). Returns human-readable problems; [] = co
 """
 from __future__ import annotations
 
-import os
-
 from . import extents
 from .api import DataState, FileType, ROOT_INO
 from .index import DIRENT, F_PINNED, F_UNCOMMITTED, U64, U64x2, Inode

@@ -75,11 +75,19 @@ class Store:
             os.close(self._lockfd)
             raise StoreError(errno.EBUSY, f"store {path} is open in another process "
                              "or Store instance") from None
+        self.ix = None
         try:
-            self.ix = Index(os.path.join(path, "index"))
+            self._open(path, capacity, reserve, high_watermark, low_watermark, evict)
         except BaseException:
+            if self.ix is not None:
+                self.ix.close()
             os.close(self._lockfd)
             raise
+        log.info("store.opened", path=path, capacity=self.space.capacity,
+                 used=self.ix.used_bytes, dirty=self.ix.dirty_bytes)
+
+    def _open(self, path, capacity, reserve, high_watermark, low_watermark, evict):
+        self.ix = Index(os.path.join(path, "index"))
         self.data = DataFiles(path)
         self.space = Space(path, capacity, reserve, high_watermark, low_watermark)
         self.evict_on_write = evict
@@ -99,8 +107,6 @@ class Store:
         self.instance_id = self.ix.instance_id()
         self.committer.sync()
         self._closed = False
-        log.info("store.opened", path=path, capacity=self.space.capacity,
-                 used=self.ix.used_bytes, dirty=self.ix.dirty_bytes)
 
     def _ensure_root(self) -> None:
         with self.ix.write() as w:
@@ -117,8 +123,8 @@ class Store:
         if self._closed:
             return
         with self.ix.read() as v:
-            live = [ino for ino in v.keys(self.ix.dirty)
-                    if (r := v.inode(ino)) and (r.flags & F_UNCOMMITTED
+            live = [ino for ino in v.keys(self.ix.unsettled)
+                    if (r := v.inode(ino)) and (r.flags & (F_UNCOMMITTED | F_TRUNCATED)
                                                 or r.size != r.committed_size)]
         for ino in live:
             try:
