@@ -1,0 +1,8 @@
+"""The store ("cache" room): namespace + data + durability on local disk, no XDR, no S3.
+
+Callers use `cache.store.Store` (the API) and the types in `cache.api`; everything else
+here is the store's inside: index.py (LMDB layout), extents.py (per-file extent maps),
+data.py (extent files), namespace.py (namespace ops), commit.py (group commit),
+recovery.py (crash recovery at open), check.py (consistency checker), space.py
+(capacity, watermarks, admission).
+"""
