@@ -70,6 +70,15 @@ class LiveDaemon:
         raise AssertionError(f"no {field} from the daemon within {timeout} s (got {seen}); "
                              f"log:\n{self.read_log()[-4000:]}")
 
+    def wait_notify_prefix(self, prefix: str, timeout: float) -> str:
+        """The first field starting with `prefix` in the next notifications."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for field in self.messages(min(1.0, max(deadline - time.monotonic(), 0.01))):
+                if field.startswith(prefix):
+                    return field
+        raise AssertionError(f"no {prefix}... notification within {timeout} s")
+
     @property
     def nfs_port(self) -> int:
         return int(self.status["listen"].rsplit(":", 1)[1])

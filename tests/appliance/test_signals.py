@@ -151,6 +151,10 @@ def test_sighup_reloads_exports_and_rules_without_dropping_clients(live_daemon, 
         f.write(b"b" * 10_000)
     assert sorted(client.listdir("run")) == ["a.bin", "b.bin"]
 
+    # the heartbeat keeps systemd's STATUS= current
+    status = d.wait_notify_prefix("STATUS=", 30)
+    assert "client(s)" in status and "dirty" in status
+
     # a broken file: the daemon keeps running on the old configuration and says where it is wrong
     cfg.write_text(cfg.read_text() + '\n[server]\nlease_time = "forever"\n')
     d.signal(signal.SIGHUP)
