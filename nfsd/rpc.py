@@ -40,7 +40,7 @@ MAX_AUTHSYS_GIDS = 16           # authsys_parms.gids<16>
 DEFAULT_MAX_RECORD = 2 * 1024 * 1024 + 64 * 1024
 # Records below this size are assembled in the scratch buffer and copied out.
 DIRECT_RECEIVE_THRESHOLD = 16 * 1024
-SCRATCH_SIZE = 256 * 1024
+SCRATCH_SIZE = 64 * 1024         # per connection, allocated once
 
 _U32 = struct.Struct(">I")
 _CALL_HEAD = struct.Struct(">IIIIII")     # xid, mtype, rpcvers, prog, vers, proc

@@ -178,7 +178,13 @@ async def op_create_session(ctx, args) -> CREATE_SESSION4res:
     if args.csa_sequence != next_seqid(client.cs_seqid):
         raise NfsError(NFS4ERR_SEQ_MISORDERED,
                        f"csa_sequence {args.csa_sequence}, expected {next_seqid(client.cs_seqid)}")
-    fore = negotiate_fore(args.csa_fore_chan_attrs)
+    try:
+        fore = negotiate_fore(args.csa_fore_chan_attrs)
+    except NfsError as err:
+        # Past the sequence check an error consumes the seqid and is what a retry gets.
+        client.cs_seqid = args.csa_sequence
+        client.cs_reply = CREATE_SESSION4res(err.status)
+        raise
     back = accept_back(args.csa_back_chan_attrs)
     if not client.confirmed:
         # Confirming a rebooted client's new record releases the old one (18.35.4 case 5).

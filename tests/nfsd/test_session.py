@@ -110,10 +110,16 @@ def test_create_session_sequence_rules(server):
         assert (await c.create_session(0x1234, 1)).tag == NFS4ERR_STALE_CLIENTID
         bad = await c.create_session(ok.eir_clientid, ok.eir_sequenceid + 5)
         assert bad.tag == NFS4ERR_SEQ_MISORDERED
-        first = await c.create_session(ok.eir_clientid, ok.eir_sequenceid)
-        replay = await c.create_session(ok.eir_clientid, ok.eir_sequenceid)
+        c.channel_attrs = lambda slots: channel_attrs4(0, 100, 100, 0, 8, slots, [])
+        small = await c.create_session(ok.eir_clientid, ok.eir_sequenceid)
+        assert small.tag == NFS4ERR_TOOSMALL                  # consumes the seqid ...
+        again = await c.create_session(ok.eir_clientid, ok.eir_sequenceid)
+        assert again.tag == NFS4ERR_TOOSMALL                  # ... and a retry gets the same
+        del c.channel_attrs
+        first = await c.create_session(ok.eir_clientid, ok.eir_sequenceid + 1)
+        replay = await c.create_session(ok.eir_clientid, ok.eir_sequenceid + 1)
         assert first.tag == NFS4_OK and replay == first       # the cached answer
-        second = await c.create_session(ok.eir_clientid, ok.eir_sequenceid + 1)
+        second = await c.create_session(ok.eir_clientid, ok.eir_sequenceid + 2)
         assert second.tag == NFS4_OK
         assert second.value.csr_sessionid != first.value.csr_sessionid
     run(server.port, body, setup=False)
