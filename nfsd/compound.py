@@ -261,10 +261,12 @@ def _start_session_part(ctx, args, results: _Results, request_size: int):
                 results.add(error_result(op0.tag, NFS4ERR_NOT_ONLY_OP))
                 return None, None, None
             return 0, None, None
-        status = NFS4ERR_OP_NOT_IN_SESSION
         if not _op_in_version(op0.tag, args.minorversion):
-            status = NFS4ERR_OP_ILLEGAL
-        results.add(error_result(op0.tag, status))
+            results.add(error_result(OP_ILLEGAL, NFS4ERR_OP_ILLEGAL))
+        elif op0.tag in V40_ONLY_OPS:
+            results.add(error_result(op0.tag, NFS4ERR_NOTSUPP))
+        else:
+            results.add(error_result(op0.tag, NFS4ERR_OP_NOT_IN_SESSION))
         return None, None, None
     nops = len(ops) + (1 if args.illegal_opnum is not None else 0)
     try:

@@ -227,6 +227,11 @@ def test_ops_outside_a_session(server):
         assert res.status == NFS4ERR_NOT_ONLY_OP
         res = await c.compound_raw([])
         assert (res.status, res.resarray) == (NFS4_OK, [])
+        seek = op(OP_SEEK, SEEK4args(stateid4(0, bytes(12)), 0, NFS4_CONTENT_DATA))
+        res = await c.compound_raw([seek])                    # not a 4.1 op at all
+        assert res.status == NFS4ERR_OP_ILLEGAL and res.resarray[0].tag == OP_ILLEGAL
+        res = await c.compound_raw([op(OP_RENEW, RENEW4args(c.clientid))])
+        assert res.status == NFS4ERR_NOTSUPP                  # 4.0 only
     run(server.port, body)
 
 
