@@ -1,7 +1,6 @@
 """packaging/systemd/ckptgw.service: the directives the daemon relies on, and systemd's own check."""
 from __future__ import annotations
 
-import configparser
 import shutil
 import subprocess
 from pathlib import Path
