@@ -105,7 +105,7 @@ class AttrEnv:
 
     def mounted_on_fileid(self) -> int:
         exp = self.obj.export
-        if exp is not None and self.attr.ino == exp.root_ino:
+        if exp is not None and exp.mount_fileid and self.attr.ino == exp.root_ino:
             return exp.mount_fileid
         return self.attr.ino
 

@@ -47,7 +47,7 @@ class Export:
     anongid: int = 65534
     root_ino: int = ROOT_INO                    # store subtree (single export: the store root)
     _nets: list = field(default_factory=list, repr=False)
-    mount_fileid: int = 0                       # fileid of the pseudo dir it is mounted on
+    mount_fileid: int = 0                       # fileid of the pseudo dir it is mounted on (0: none)
 
     def __post_init__(self):
         if not 1 <= self.export_id <= 0xFFFF:
@@ -187,7 +187,7 @@ class Exports:
                 if len(exports) != 1:
                     raise ValueError("an export at / must be the only export")
                 self.root_export = exp
-                exp.mount_fileid = self.nodes[0].fileid
+                exp.mount_fileid = 0          # mounted on nothing: its own fileid
                 continue
             parts = exp.path.strip("/").split("/")
             node = self.nodes[0]
