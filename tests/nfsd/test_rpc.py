@@ -234,3 +234,11 @@ def test_any_split_of_a_call_stream_gives_the_same_calls(payloads, cuts):
     assert [e.xid for e in events] == list(range(len(payloads)))
     for e, p in zip(events, payloads):
         assert bytes(e.args) == p + b"\0" * (-len(p) % 4)
+
+
+def test_empty_and_tiny_records_are_dropped_and_the_stream_goes_on():
+    c = conn()
+    events = c.receive_data(struct.pack(">I", 0x80000000) + struct.pack(">I", 0x80000002) + b"ab"
+                            + call_bytes(xid=42))
+    assert [type(e) for e in events] == [SendReply, SendReply, CallReceived]
+    assert events[0].data == events[1].data == b"" and events[2].xid == 42
