@@ -39,7 +39,10 @@ class RequestGate:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     async def call(self, op: str, fn: Callable[[], T], *, nbytes: int = 0, what: str = "",
-                   retry_not_found: bool = False, priority: int = 0) -> T:
+                   retry_not_found: bool = False, priority: int = 0,
+                   on_send: Callable[[], None] | None = None, on_done: Callable[[], None] | None = None) -> T:
+        """on_send/on_done bracket every attempt that actually goes out (after the slot and
+        the tokens), so callers can tell bytes on the wire from bytes still waiting."""
         loop = asyncio.get_running_loop()
         attempt = 0
         while True:
@@ -48,7 +51,13 @@ class RequestGate:
                 await self.requests.take(1)
                 await self.bytes.take(nbytes)
                 self.counters.bytes_sent += nbytes
-                result = await loop.run_in_executor(self.pool, fn)
+                if on_send:
+                    on_send()
+                try:
+                    result = await loop.run_in_executor(self.pool, fn)
+                finally:
+                    if on_done:
+                        on_done()
             except Exception as exc:     # noqa: BLE001 - classified below
                 err = classify(exc)
             else:

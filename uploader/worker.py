@@ -53,7 +53,9 @@ class UploadProgress:
         unlink: abort (the object is not wanted). rename: finishing costs the remaining
         bytes (then a server-side copy, which crosses no network link of ours); aborting
         and starting again under the new name costs all of them. So finish once any byte
-        is sent or in flight, abort while nothing has left yet."""
+        is on the wire or confirmed, abort while nothing has left yet (parts still waiting
+        for a slot or rate tokens do not count: aborting then wastes nothing, and saves
+        the copy)."""
         if op == "unlink" or (self.bytes_done + self.bytes_in_flight == 0):
             self.abort_requested = True
             return "abort"
@@ -179,11 +181,13 @@ class Worker:
             return self.client.put_object(key, data, metadata=meta,
                                           checksum=checksum_b64(self.algorithm, data))
 
-        prog.bytes_in_flight = size
-        try:
-            result = await self.gate.call("PutObject", send, nbytes=size, what=key)
-        finally:
+        def sending() -> None:
+            prog.bytes_in_flight = size
+
+        def sent() -> None:
             prog.bytes_in_flight = 0
+
+        result = await self.gate.call("PutObject", send, nbytes=size, what=key, on_send=sending, on_done=sent)
         prog.bytes_done = size
         self.counters.bytes_uploaded += size
         return result
@@ -229,12 +233,14 @@ class Worker:
                 data = _pread_exact(fd, offset, length)
                 return self.client.upload_part(key, upload_id, number, data,
                                                checksum=checksum_b64(self.algorithm, data))
-            prog.bytes_in_flight += length
-            try:
-                part = await self.gate.call("UploadPart", send, nbytes=length, what=f"{key}#{number}",
-                                            priority=job_id)
-            finally:
+            def sending() -> None:
+                prog.bytes_in_flight += length
+
+            def sent() -> None:
                 prog.bytes_in_flight -= length
+
+            part = await self.gate.call("UploadPart", send, nbytes=length, what=f"{key}#{number}",
+                                        priority=job_id, on_send=sending, on_done=sent)
             prog.bytes_done += part.size
             self.counters.bytes_uploaded += part.size
             async with record_lock:

@@ -144,3 +144,30 @@ def test_delete_and_replace_and_modify(moto, proxy, bucket, store):
     # never uploaded: its data is never sent, nothing is deleted (a HEAD checks ownership)
     assert {r.method for r in proxy.requests(outcome=None) if "never" in r.path} <= {"HEAD"}
     assert not _uploads_of(proxy, "ck.tmp")
+
+
+def test_rename_while_parts_wait_for_rate_tokens_aborts_and_restarts(moto, proxy, bucket, store):
+    data = payload(2 * SMALL_PART, 14)
+
+    async def main():
+        # 128 KiB/s with a 32 KiB bucket: the first 256 KiB part waits ~1.8 s for its tokens
+        up = make_uploader(store, proxy.endpoint, bucket, bytes_per_second=SMALL_PART / 2,
+                           burst_seconds=0.25, max_concurrency=1)
+        await up.start()
+        try:
+            ino = write_file(store, "w.tmp", data)
+            await up.flush(wait=False)
+            await wait_for(lambda: up.file_state(ino)["state"] == "uploading", timeout=30, interval=0.005)
+            assert up.file_state(ino)["bytes_in_flight"] == 0
+            rename(store, "w.tmp", "w")
+            assert await up.flush(timeout=60)
+            return up, up.status()
+        finally:
+            await up.stop()
+
+    up, status = asyncio.run(main())
+    assert status["uploads_aborted"] == 1 and status["moves_done"] == 0
+    assert objects(up.client, "gw/") == {"gw/w": len(data)}
+    assert object_sha(up.client, "gw/w") == sha(data)
+    assert status["bytes_uploaded"] == len(data)
+    assert not [r for r in proxy.requests(outcome=None) if "w.tmp" in r.path and "partNumber" in r.query]
