@@ -41,6 +41,7 @@ class DataFiles:
         self.max_open = max_open
         self._lock = threading.Lock()
         self._open: OrderedDict[int, _Handle] = OrderedDict()
+        self._unsynced_dirs: set[int] = set()   # files created since their dir was synced
         for i in range(256):
             os.makedirs(os.path.join(self.root, f"{i:02x}"), exist_ok=True)
 
@@ -64,11 +65,17 @@ class DataFiles:
         with self._lock:
             h = self._open.get(ino)
             if h is None:
+                path = self.path(ino)
                 try:
-                    fd = os.open(self.path(ino), os.O_RDWR | os.O_CLOEXEC
-                                 | (os.O_CREAT if create else 0), 0o600)
+                    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
                 except FileNotFoundError:
-                    return None
+                    if not create:
+                        return None
+                    try:
+                        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_CREAT, 0o600)
+                    except OSError as e:
+                        raise _io_error(e, "create", ino) from None
+                    self._unsynced_dirs.add(ino)
                 except OSError as e:
                     raise _io_error(e, "open", ino) from None
                 h = self._open[ino] = _Handle(fd)
@@ -139,10 +146,19 @@ class DataFiles:
             buf[done:] = bytes(len(buf) - done)
 
     def datasync(self, ino: int) -> None:
+        """Make the file's bytes durable; the first time after creating it, also its
+        directory entry (fdatasync alone does not promise the name survives a power cut)."""
         with self.fd(ino, create=False) as fd:
             if fd is not None:
                 try:
                     os.fdatasync(fd)
+                    if ino in self._unsynced_dirs:
+                        self._unsynced_dirs.discard(ino)
+                        dfd = os.open(os.path.dirname(self.path(ino)), os.O_RDONLY)
+                        try:
+                            os.fsync(dfd)
+                        finally:
+                            os.close(dfd)
                 except OSError as e:
                     raise _io_error(e, "fdatasync", ino) from None
 
@@ -184,6 +200,7 @@ class DataFiles:
     def remove(self, ino: int) -> None:
         with self._lock:
             self._drop(ino)
+            self._unsynced_dirs.discard(ino)
         try:
             os.unlink(self.path(ino))
         except FileNotFoundError:
