@@ -32,6 +32,10 @@ CREATE_ATTRS = frozenset({FATTR4_MODE, FATTR4_OWNER, FATTR4_OWNER_GROUP,
                           FATTR4_TIME_ACCESS_SET, FATTR4_TIME_MODIFY_SET})
 
 
+def _text(name: bytes) -> str:
+    return name.decode("utf-8", "replace")
+
+
 def new_owner(cred: EffectiveCred, parent: Obj) -> tuple[int, int]:
     """Owner and group of a new object: the caller, with the parent's group when the
     parent directory is setgid (BSD group semantics, as Linux)."""
@@ -73,7 +77,7 @@ async def op_create(ctx, args) -> CREATE4res:
     set_current(ctx, obj)
     await sync_namespace(ctx)
     log.info("create", client=ctx.peer[0] if ctx.peer else None, parent=parent.ino,
-             name=name, ino=attr.ino, type=int(attr.type))
+             name=_text(name), ino=attr.ino, type=int(attr.type))
     return CREATE4res(NFS4_OK, CREATE4resok(cinfo=change_info(ci),
                                             attrset=fattr.bitmap_of(attrset)))
 
@@ -117,7 +121,7 @@ async def op_remove(ctx, args) -> REMOVE4res:
     with store_errors():
         ci = ctx.server.store.remove(d.ino, name)
     await sync_namespace(ctx)
-    log.info("remove", client=ctx.peer[0] if ctx.peer else None, parent=d.ino, name=name)
+    log.info("remove", client=ctx.peer[0] if ctx.peer else None, parent=d.ino, name=_text(name))
     return REMOVE4res(NFS4_OK, REMOVE4resok(cinfo=change_info(ci)))
 
 
@@ -146,7 +150,7 @@ async def op_rename(ctx, args) -> RENAME4res:
         ci_src, ci_dst = store.rename(src_dir.ino, oldname, dst_dir.ino, newname)
     await sync_namespace(ctx)
     log.info("rename", client=ctx.peer[0] if ctx.peer else None, src_dir=src_dir.ino,
-             old=oldname, dst_dir=dst_dir.ino, new=newname, ino=victim.ino)
+             old=_text(oldname), dst_dir=dst_dir.ino, new=_text(newname), ino=victim.ino)
     return RENAME4res(NFS4_OK, RENAME4resok(source_cinfo=change_info(ci_src),
                                             target_cinfo=change_info(ci_dst)))
 
