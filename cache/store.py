@@ -99,6 +99,7 @@ class Store:
         self._tseq: dict[int, int] = {}            # ino -> truncates since open
         self._inflight: dict[int, int] = {}        # ino -> writes between pwrite and index
         self._evictions = 0                        # bumped at each evicted data file
+        self._deferred: set[int] = set()           # unlinked during a write: reclaim after
         self._ensure_root()
         self.recovery_stats = recover(self.ix, self.data)
         with self.ix.write() as w:
@@ -143,13 +144,23 @@ class Store:
 
     # ---- internal helpers ---------------------------------------------------------
     def _is_open(self, ino: int) -> bool:
-        return ino in self._opens
+        """Open state, or a write between its pwrite and its index update: either keeps an
+        unlinked inode (and its data file) alive until it ends."""
+        return ino in self._opens or ino in self._inflight
+
+    def _reclaim_if_unlinked(self, ino: int) -> None:
+        with self.ix.write() as w:
+            rec = w.inode(ino)
+            if rec is not None and rec.nlink == 0 and not self._is_open(ino):
+                self._reclaim(w, rec, rec)
 
     def _reclaim(self, w: Writer, rec: Inode, old: Inode) -> None:
         """The last link of `rec` is gone (rec.nlink == 0): free it now, or at last close."""
         w.set_flag_key(self.ix.orphans, rec.ino, True)
         if self._is_open(rec.ino):
             w.put_inode(rec, old)            # stays readable through open state
+            if rec.ino in self._inflight:
+                self._deferred.add(rec.ino)
             return
         w.purge_inode(old)
         ino = rec.ino
@@ -350,10 +361,7 @@ class Store:
             if last:
                 del self._opens[ino]
         if last:
-            with self.ix.write() as w:
-                rec = w.inode(ino)
-                if rec is not None and rec.nlink == 0 and not self._is_open(ino):
-                    self._reclaim(w, rec, rec)
+            self._reclaim_if_unlinked(ino)
 
     def read(self, ino: int, offset: int, count: int) -> tuple[bytes | memoryview, bool]:
         """Up to `count` bytes at `offset` (holes read as zeros), and eof. Raises
@@ -448,6 +456,9 @@ class Store:
                     self._inflight[ino] = left
                 else:
                     del self._inflight[ino]
+                    if ino in self._deferred:      # unlinked while we wrote
+                        self._deferred.discard(ino)
+                        self._reclaim_if_unlinked(ino)
 
     def _write_applied(self, ino: int, offset: int, data) -> Attr:
         n = len(data)

@@ -328,3 +328,20 @@ def test_journal_for_every_namespace_op(store):
     assert ops == [("mkdir", None, "d"), ("link", "d/f", "h"), ("symlink", None, "d/l"),
                    ("unlink", "h", None), ("unlink", "d/l", None), ("unlink", "d/f", None),
                    ("rmdir", "d", None)]
+
+
+def test_unlink_during_a_write_defers_reclaim(store, monkeypatch):
+    f = mkfile(store, ROOT_INO, b"f", b"x")
+    real = store.data.pwrite
+
+    def pwrite_with_unlink(ino, off, data):     # the name goes away mid-write
+        store.unlink(ROOT_INO, b"f")
+        assert store.getattr(ino).nlink == 0    # kept alive by the write in flight
+        real(ino, off, data)
+
+    monkeypatch.setattr(store.data, "pwrite", pwrite_with_unlink)
+    store.write(f, 0, b"late bytes")
+    with pytest.raises(StoreError) as e:
+        store.getattr(f)
+    assert err(e) == errno.ESTALE
+    assert not os.path.exists(store.data.path(f))
