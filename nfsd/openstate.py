@@ -161,6 +161,12 @@ class OpenStateTable:
                 if not group:
                     del index[k]
 
+    def has_state(self, client) -> bool:
+        """Whether the client holds opens (DESTROY_CLIENTID then answers
+        NFS4ERR_CLIENTID_BUSY, RFC 8881 18.50.3)."""
+        clientid = client if isinstance(client, int) else client.clientid
+        return bool(self._by_client.get(clientid))
+
     def drop_client(self, client) -> None:
         """Release every open of an expired or destroyed client."""
         clientid = client if isinstance(client, int) else client.clientid

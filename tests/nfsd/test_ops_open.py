@@ -188,7 +188,9 @@ def test_store_open_accounting_and_client_expiry(fs, monkeypatch):
         await fs.open(exp, "f", access=OPEN4_SHARE_ACCESS_WRITE)
         assert calls == [("open", False), ("open", True), ("close", False)]
         g, gs, _ = await fs.open(exp, "g")
+        assert fs.server.opens.has_state(fs.client) and not fs.server.opens.has_state(12345)
         fs.server.opens.drop_client(fs.client)
+        assert not fs.server.opens.has_state(fs.client)
         assert len(fs.server.opens) == 0
         assert sorted(calls[3:]) == [("close", True), ("close", True), ("open", True)]
     run(main())
