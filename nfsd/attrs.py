@@ -78,6 +78,10 @@ def time_to_ns(t) -> int:
     return t.seconds * 1_000_000_000 + t.nseconds
 
 
+# One fsid per export (major = export id); the pseudo-filesystem is 0.
+_FSIDS: dict[int, object] = {}
+
+
 # ---- the environment a getter reads --------------------------------------------------------
 class AttrEnv:
     """What the getters need about one object: it, its export, the server."""
@@ -101,7 +105,11 @@ class AttrEnv:
 
     def fsid(self):
         exp = self.obj.export
-        return fsid4(major=exp.export_id if exp else 0, minor=0)
+        major = exp.export_id if exp else 0
+        fsid = _FSIDS.get(major)
+        if fsid is None:
+            fsid = _FSIDS[major] = fsid4(major=major, minor=0)
+        return fsid
 
     def mounted_on_fileid(self) -> int:
         exp = self.obj.export
@@ -181,17 +189,37 @@ EXCLCREAT_BITMAP = bitmap_of(sorted(EXCLCREAT))
 
 
 # ---- encode -------------------------------------------------------------------------------------
+_plans: dict[tuple, tuple] = {}
+_MAX_PLANS = 256
+
+
+def _plan(requested: list[int]) -> tuple:
+    """(returned bitmap, [(pack, getter)]) for a request bitmap, computed once: READDIR
+    encodes the same request for thousands of entries."""
+    key = tuple(requested)
+    plan = _plans.get(key)
+    if plan is None:
+        steps, returned = [], []
+        for bit in bits_of(requested):
+            d = ATTRS.get(bit)
+            if d is None or d.get is None:
+                continue
+            steps.append((d.xdr.pack, d.get))
+            returned.append(bit)
+        plan = (bitmap_of(returned), tuple(steps))
+        if len(_plans) >= _MAX_PLANS:
+            _plans.clear()
+        _plans[key] = plan
+    return plan
+
+
 def encode(env: AttrEnv, requested: list[int]):
     """fattr4 with every requested, supported, readable attribute (others left out)."""
-    returned = []
+    mask, steps = _plan(requested)
     out = bytearray()
-    for bit in bits_of(requested):
-        d = ATTRS.get(bit)
-        if d is None or d.get is None:
-            continue
-        d.xdr.pack(d.get(env), out)
-        returned.append(bit)
-    return fattr4(attrmask=bitmap_of(returned), attr_vals=bytes(out))
+    for pack, get in steps:
+        pack(get(env), out)
+    return fattr4(attrmask=list(mask), attr_vals=bytes(out))
 
 
 def encode_rdattr_error(status: int):
