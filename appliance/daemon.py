@@ -170,6 +170,8 @@ class Daemon:
         # eviction to the watermarks is the uploader's evictor (store.maybe_evict, a no-op when the
         # store was opened with evict=False, as in try-out mode)
         self._tasks.append(asyncio.create_task(self._heartbeat(), name="heartbeat"))
+        if self.embedded is None:
+            self._tasks.append(asyncio.create_task(self._probe_s3(), name="s3-probe"))
         if self.uploader is not None:
             self._tasks.append(asyncio.create_task(self._retention_forever(), name="retention"))
         self._ready = True
@@ -279,6 +281,19 @@ class Daemon:
                 raise
             except Exception:         # noqa: BLE001 - keep the schedule alive; the next round retries
                 log.exception("retention_scheduled_apply_failed")
+
+    async def _probe_s3(self) -> None:
+        """One listing request at start, so a wrong endpoint, bucket or credential shows up in the
+        log at once. Never fatal: writes are cached while S3 is away and go up when it is back."""
+        def probe():
+            next(iter(self.object_client.list_objects(self.s3_prefix)), None)
+        try:
+            await asyncio.to_thread(probe)
+            log.info("s3_reachable", endpoint=self.s3_endpoint, bucket=self.config.s3.bucket)
+        except Exception as e:        # noqa: BLE001 - reported, not fatal
+            log.warning("s3_unreachable", endpoint=self.s3_endpoint, bucket=self.config.s3.bucket,
+                        error=f"{type(e).__name__}: {e}",
+                        detail="writes are cached and uploaded once S3 answers")
 
     async def _heartbeat(self) -> None:
         """Sample the upload rate; under systemd, keep `systemctl status` showing the gist."""

@@ -131,3 +131,21 @@ def test_several_exports_are_cache_directories(tmp_path):
         assert only.root_ino == ROOT_INO
     finally:
         store.close()
+
+
+def test_unreachable_s3_is_reported_not_fatal(live_daemon, tmp_path):
+    with socket.socket() as closed:          # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    d = live_daemon("--s3-endpoint", f"http://127.0.0.1:{port}", "--s3-bucket", "nowhere",
+                    "--s3-connect-timeout", "1", "--s3-read-timeout", "1")
+    assert d.status["tryout"] is False and d.status["nfs"]["running"]
+    import time
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        events = [e for e in d.log_events() if e.get("event") == "s3_unreachable"]
+        if events:
+            break
+        time.sleep(0.2)
+    assert events and events[0]["level"] == "warning" and events[0]["bucket"] == "nowhere"
+    assert d.stop() == 0
