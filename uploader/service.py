@@ -169,7 +169,10 @@ class Uploader:
 
     async def _enqueue_ready(self) -> None:
         now = time.time_ns()
-        ready = self.store.ready_for_upload(now, int(self.settings.settle_seconds * 1e9), 1000)
+        # files with a job already (e.g. waiting out a permanent error, state DIRTY) come back
+        # too: ask for that many more so they never crowd out new ones
+        ready = self.store.ready_for_upload(now, int(self.settings.settle_seconds * 1e9),
+                                            1000 + len(self._upload_inos))
         if self._flush_prefixes:
             # a flush skips the settle window for the files under its path
             for ino in self.store.ready_for_upload(now, 0, 1 << 30):
@@ -370,7 +373,7 @@ class Uploader:
             self._flush_prefixes.remove(prefix)
 
     def _flushed(self, prefix: str | None) -> bool:
-        for _, job in self.store.queue_list(QUEUE_WINDOW):
+        for _, job in self.store.queue_list(1 << 30):
             if job.get("kind") == UPLOAD:
                 path = self._upload_path(job["ino"])
                 if path is not None and _under(path, prefix):
