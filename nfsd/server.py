@@ -22,7 +22,7 @@ from nfsd.rpc import (
     start_success_reply, system_err_reply,
 )
 from nfsd.state import DEFAULT_LEASE_TIME, SessionManager
-from nfsd.transport import NfsConnection
+from nfsd.transport import DEFAULT_MAX_INFLIGHT, NfsConnection
 from nfsd.xdr.rpc import AUTH_TOOWEAK
 
 log = structlog.get_logger(__name__)
@@ -37,7 +37,7 @@ SHUTDOWN_DRAIN_SECONDS = 30.0
 class NfsServer:
     def __init__(self, store, exports, lease_time: float = DEFAULT_LEASE_TIME, *,
                  handlers: dict | None = None, opens=None, max_record: int = DEFAULT_MAX_RECORD,
-                 blocking_threads: int = 4):
+                 max_inflight: int = DEFAULT_MAX_INFLIGHT, blocking_threads: int = 4):
         self.store = store
         self.exports = exports
         self.lease_time = lease_time
@@ -58,6 +58,7 @@ class NfsServer:
         if attach is not None:
             attach(self.sessions)
         self.max_record = max_record
+        self.max_inflight = max_inflight          # calls running at once per connection
         self.programs = {NFS_PROGRAM: Program(NFS_PROGRAM, NFS_V4, NFS_V4,
                                               frozenset({PROC_NULL, PROC_COMPOUND}))}
         self.log = log
@@ -70,7 +71,7 @@ class NfsServer:
     async def start(self, host: str = "127.0.0.1", port: int = 2049) -> None:
         loop = asyncio.get_running_loop()
         self._listener = await loop.create_server(
-            lambda: NfsConnection(self), host, port, reuse_address=True, backlog=256)
+            lambda: NfsConnection(self, self.max_inflight), host, port, reuse_address=True, backlog=256)
         self.address = self._listener.sockets[0].getsockname()[:2]
         self.sessions.start_reaper()
         log.info("nfsd_listening", host=self.address[0], port=self.address[1],

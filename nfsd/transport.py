@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections import deque
 
 import structlog
 
@@ -36,6 +37,7 @@ class NfsConnection(asyncio.BufferedProtocol):
         self.allowed = True                 # export network check, once per connection
         self.closed = False
         self._inflight: set[asyncio.Task] = set()
+        self._queued: deque[CallReceived] = deque()   # parsed, waiting for an in-flight place
         self._reading_paused = False
         self._writing_paused = False
 
@@ -57,9 +59,10 @@ class NfsConnection(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         for event in self.rpc.buffer_updated(nbytes):
             if isinstance(event, CallReceived):
-                task = asyncio.get_running_loop().create_task(self._serve(event))
-                self._inflight.add(task)
-                task.add_done_callback(self._call_done)
+                if len(self._inflight) < self.max_inflight:
+                    self._start(event)
+                else:                      # parsed in the same read: waits its turn
+                    self._queued.append(event)
             elif isinstance(event, SendReply):
                 if event.data:
                     self.transport.write(event.data)
@@ -68,7 +71,7 @@ class NfsConnection(asyncio.BufferedProtocol):
                 log.warning("rpc_stream_error", peer=self.peer[0], reason=event.reason)
                 self.transport.abort()
                 return
-        if len(self._inflight) >= self.max_inflight:
+        if self._queued or len(self._inflight) >= self.max_inflight:
             self._pause_reading()
 
     def eof_received(self) -> bool:
@@ -94,10 +97,17 @@ class NfsConnection(asyncio.BufferedProtocol):
         if reply and not self.closed:
             self.transport.write(reply)
 
+    def _start(self, call: CallReceived) -> None:
+        task = asyncio.get_running_loop().create_task(self._serve(call))
+        self._inflight.add(task)
+        task.add_done_callback(self._call_done)
+
     def _call_done(self, task: asyncio.Task) -> None:
         self._inflight.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("call_task_failed", peer=self.peer[0], error=repr(task.exception()))
+        while self._queued and len(self._inflight) < self.max_inflight:
+            self._start(self._queued.popleft())
         self._maybe_resume_reading()
 
     def _pause_reading(self) -> None:
@@ -107,18 +117,19 @@ class NfsConnection(asyncio.BufferedProtocol):
 
     def _maybe_resume_reading(self) -> None:
         if (self._reading_paused and not self._writing_paused and not self.closed
-                and len(self._inflight) < self.max_inflight):
+                and not self._queued and len(self._inflight) < self.max_inflight):
             self._reading_paused = False
             self.transport.resume_reading()
 
     # ---- server side --------------------------------------------------------------
     @property
     def inflight(self) -> int:
-        return len(self._inflight)
+        return len(self._inflight) + len(self._queued)
 
     async def drain_calls(self) -> None:
-        """Wait for this connection's calls to finish (server shutdown)."""
-        if self._inflight:
+        """Wait for this connection's calls, the received ones included, to finish
+        (server shutdown)."""
+        while self._inflight or self._queued:
             await asyncio.gather(*list(self._inflight), return_exceptions=True)
 
     def stop_reading(self) -> None:

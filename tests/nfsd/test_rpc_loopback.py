@@ -167,3 +167,30 @@ def test_auth_sys_credentials_reach_the_handlers(fake_server_factory):
 def test_reply_parser_rejects_truncation():
     with pytest.raises(ValueError):
         parse_reply(b"\0\0\0\1\0\0\0\1")
+
+
+def test_at_most_max_inflight_calls_run_per_connection(fake_server_factory):
+    from nfsd.ops import session as session_ops
+    from nfsd.xdr.nfs4 import NFS4_OK, OP_PUTROOTFH, PUTROOTFH4res, nfs_argop4
+    running = []
+    gate = {}
+
+    async def held(ctx, args):
+        running.append(1)
+        await gate["ev"].wait()
+        return PUTROOTFH4res(NFS4_OK)
+    server = fake_server_factory({**session_ops.HANDLERS, OP_PUTROOTFH: held}, max_inflight=3)
+    server.call(gate.__setitem__, "ev", asyncio.Event())     # made on the server's loop
+
+    async def body(c):
+        await c.setup_session()
+        calls = [asyncio.ensure_future(c.compound([nfs_argop4(OP_PUTROOTFH, None)]))
+                 for _ in range(10)]
+        try:
+            await asyncio.sleep(0.5)
+            assert len(running) == 3           # the others wait their turn
+        finally:
+            server.loop.call_soon_threadsafe(gate["ev"].set)
+        results = await asyncio.gather(*calls)
+        assert [r.status for r in results] == [NFS4_OK] * 10 and len(running) == 10
+    run(server.port, body)
