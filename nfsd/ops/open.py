@@ -128,10 +128,12 @@ def _create(ctx, parent: Obj, name: bytes, how) -> _Created:
             with store_errors():
                 existing = store.lookup(parent.ino, name)
         else:
-            obj = export_obj(ctx, parent.export, attr)
-            with store_errors():
-                attrset = _initialise(ctx, obj, values, verf)
-            return _Created(obj, ci, created, attrset)
+            if created:
+                obj = export_obj(ctx, parent.export, attr)
+                with store_errors():
+                    attrset = _initialise(ctx, obj, values, verf)
+                return _Created(obj, ci, True, attrset)
+            existing = attr               # UNCHECKED4 lost a race: open the winner's file
     # The name exists.
     obj = export_obj(ctx, parent.export, existing)
     cinfo = change_info4(atomic=True, before=before, after=before)
