@@ -270,7 +270,9 @@ def _start_session_part(ctx, args, results: _Results, request_size: int):
         return None, None, None
     nops = len(ops) + (1 if args.illegal_opnum is not None else 0)
     try:
-        seq = session_ops.sequence(ctx, op0.value, request_size, nops)
+        # What a retransmission must match (a cheap test, as Linux knfsd's): size and ops.
+        signature = (request_size, tuple(o.tag for o in ops), args.illegal_opnum)
+        seq = session_ops.sequence(ctx, op0.value, request_size, nops, signature)
     except NfsError as err:
         _log_op_error(ctx, op0.tag, err)
         results.add(error_result(OP_SEQUENCE, err.status))

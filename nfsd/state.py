@@ -41,11 +41,12 @@ class ChannelAttrs:
 
 class Slot:
     """One slot of a session's fore channel with its reply cache (RFC 8881 2.10.6)."""
-    __slots__ = ("seqid", "reply", "cached", "in_progress", "used")
+    __slots__ = ("seqid", "reply", "cached", "in_progress", "used", "signature")
 
     def __init__(self) -> None:
         self.seqid = 0             # the last sequence id seen; the first request uses 1
         self.used = False          # a request was ever accepted here (else no "retry" exists)
+        self.signature: tuple = ()  # size and op numbers of that request, to spot false retries
         self.reply: bytes | None = None   # the encoded COMPOUND4res of the last request
         self.cached = False        # False: the last reply was not kept (sa_cachethis unset)
         self.in_progress = False

@@ -27,7 +27,8 @@ from nfsd.xdr.nfs4 import (
     NFS4_OK, NFS4ERR_BADSESSION, NFS4ERR_BADSLOT, NFS4ERR_CLID_INUSE,
     NFS4ERR_CLIENTID_BUSY, NFS4ERR_COMPLETE_ALREADY, NFS4ERR_DELAY, NFS4ERR_INVAL,
     NFS4ERR_NOENT, NFS4ERR_NOT_ONLY_OP, NFS4ERR_NOT_SAME, NFS4ERR_NOTSUPP, NFS4ERR_PERM,
-    NFS4ERR_RESOURCE, NFS4ERR_SEQ_MISORDERED, NFS4ERR_STALE_CLIENTID, NFS4ERR_TOOSMALL,
+    NFS4ERR_RESOURCE, NFS4ERR_SEQ_FALSE_RETRY, NFS4ERR_SEQ_MISORDERED, NFS4ERR_STALE_CLIENTID,
+    NFS4ERR_TOOSMALL,
     NFS4ERR_TOO_MANY_OPS, NFS4ERR_REQ_TOO_BIG,
     OP_BIND_CONN_TO_SESSION, OP_CREATE_SESSION, OP_DESTROY_CLIENTID, OP_DESTROY_SESSION,
     OP_EXCHANGE_ID, OP_RECLAIM_COMPLETE, RECLAIM_COMPLETE4res, SEQUENCE4res,
@@ -281,7 +282,7 @@ class SequenceOutcome:
     uncached_retry: bool = False      # a retransmission whose reply was not kept
 
 
-def sequence(ctx, args, request_size: int, nops: int) -> SequenceOutcome:
+def sequence(ctx, args, request_size: int, nops: int, signature: tuple = ()) -> SequenceOutcome:
     mgr = ctx.server.sessions
     session: Session | None = mgr.sessions.get(bytes(args.sa_sessionid))
     if session is None:
@@ -294,6 +295,10 @@ def sequence(ctx, args, request_size: int, nops: int) -> SequenceOutcome:
         # A retransmission (2.10.6.1.3); the original may still be running.
         if slot.in_progress:
             raise NfsError(NFS4ERR_DELAY, "retry while the original is in progress")
+        if signature != slot.signature:
+            # Same slot and seqid but another request: a client bug (2.10.6.1.3.1).
+            raise NfsError(NFS4ERR_SEQ_FALSE_RETRY,
+                           f"slot {args.sa_slotid} seqid {args.sa_sequenceid}")
         ctx.session, ctx.client = session, client
         client.renew()
         result = _sequence_ok(session, args)
@@ -309,6 +314,7 @@ def sequence(ctx, args, request_size: int, nops: int) -> SequenceOutcome:
         raise NfsError(NFS4ERR_REQ_TOO_BIG, f"{request_size} bytes")
     slot.seqid = args.sa_sequenceid
     slot.used = True
+    slot.signature = signature
     slot.reply = None
     slot.cached = False
     slot.in_progress = True

@@ -101,7 +101,9 @@ os.fsync(fd)
 os.close(fd)
 PY
 echo 3 > /proc/sys/vm/drop_caches
-python3 -c 'd = open("/mnt/across-restart", "rb").read(); assert d == b"A" * 100000 + b"B" * 100000, len(d); print("DATA_OK")'
+python3 -c 'd = open("/mnt/across-restart", "rb").read()
+assert d == b"A" * 100000 + b"B" * 100000, len(d)
+print("DATA_OK")'
 echo more > /mnt/after && cat /mnt/after'''
     res = KernelClient(server.port, export=EXPORT, vers="4.1").run(
         cmd, timeout=600, host_calls={"restart": server.restart})

@@ -154,6 +154,9 @@ def test_sequence_replay_returns_the_cached_reply_byte_for_byte(server):
         first = await c.call(1, args)
         again = await c.call(1, args)                        # a retransmission (new xid)
         assert bytes(again.body) == bytes(first.body)
+        # The same slot and seqid with other ops is not a retry.
+        res = await c.compound_raw([sequence_op(sid, 1, 3, cachethis=True), op(OP_PUTROOTFH)])
+        assert res.status == NFS4ERR_SEQ_FALSE_RETRY
         # The GETFH result counts up per execution, so equal bytes mean not re-executed.
         nxt = await c.call(1, compound_bytes([sequence_op(sid, 2, 3), op(OP_PUTROOTFH),
                                               op(OP_GETFH)]))
