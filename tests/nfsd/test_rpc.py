@@ -242,3 +242,13 @@ def test_empty_and_tiny_records_are_dropped_and_the_stream_goes_on():
                             + call_bytes(xid=42))
     assert [type(e) for e in events] == [SendReply, SendReply, CallReceived]
     assert events[0].data == events[1].data == b"" and events[2].xid == 42
+
+
+def test_several_large_fragments_are_received_directly_and_joined():
+    c = conn(direct_threshold=1024, scratch_size=4096)
+    payload = bytes(range(256)) * 600                      # 150 KiB of args
+    data = fragments(call_bytes(xid=9, args=payload), [50_000, 50_000, 50_000])
+    events = []
+    for i in range(0, len(data), 7000):                    # reads of a realistic size
+        events += c.receive_data(data[i:i + 7000])
+    assert bytes(only_call(events).args) == payload

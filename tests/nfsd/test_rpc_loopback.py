@@ -194,3 +194,25 @@ def test_at_most_max_inflight_calls_run_per_connection(fake_server_factory):
         results = await asyncio.gather(*calls)
         assert [r.status for r in results] == [NFS4_OK] * 10 and len(running) == 10
     run(server.port, body)
+
+
+def test_large_multi_fragment_call_over_tcp(fake_server):
+    async def body(c):
+        from nfsd.xdr.core import encode
+        from nfsd.xdr.nfs4 import (COMPOUND4args, OP_WRITE, UNSTABLE4, WRITE4args, nfs_argop4,
+                                   stateid4)
+        xid = c.next_xid()
+        args = encode(COMPOUND4args, COMPOUND4args(b"", 1, [nfs_argop4(OP_WRITE, WRITE4args(
+            stateid4(0, bytes(12)), 0, UNSTABLE4, b"w" * 300_000))]))
+        payload = encode_call(xid, 100003, 4, 1, c.cred, args)[4:]
+        data, step = b"", 100_000
+        for i in range(0, len(payload), step):
+            chunk = payload[i:i + step]
+            last = i + step >= len(payload)
+            data += struct.pack(">I", (0x80000000 if last else 0) | len(chunk)) + chunk
+        r = await c.send_raw(data, xid)
+        from nfsd.xdr.core import decode
+        from nfsd.xdr.nfs4 import COMPOUND4res, NFS4ERR_OP_NOT_IN_SESSION
+        assert (r.accepted, r.stat) == (True, SUCCESS)     # decoded whole: a COMPOUND reply
+        assert decode(COMPOUND4res, r.body).status == NFS4ERR_OP_NOT_IN_SESSION
+    run(fake_server.port, body)
