@@ -24,8 +24,8 @@ from nfsd.xdr.nfs4 import (
     NFS4ERR_NOT_ONLY_OP, NFS4ERR_OP_ILLEGAL, NFS4ERR_OP_NOT_IN_SESSION, NFS4ERR_REP_TOO_BIG,
     NFS4ERR_RESOURCE, NFS4ERR_RETRY_UNCACHED_REP, NFS4ERR_SEQUENCE_POS, NFS4ERR_SERVERFAULT,
     NFS4ERR_TOO_MANY_OPS, OP_BIND_CONN_TO_SESSION, OP_CREATE_SESSION, OP_DESTROY_CLIENTID,
-    OP_DESTROY_SESSION, OP_EXCHANGE_ID, OP_ILLEGAL, OP_SEQUENCE, nfs_argop4, nfs_resop4,
-    utf8str_cs,
+    OP_DESTROY_SESSION, OP_EXCHANGE_ID, OP_ILLEGAL, OP_READ, OP_SEQUENCE, OP_WRITE, nfs_argop4,
+    nfs_resop4, utf8str_cs,
 )
 
 log = structlog.get_logger(__name__)
@@ -294,6 +294,7 @@ def _op_in_version(opnum: int, minorversion: int) -> bool:
 
 async def _run_ops(ctx, args: CompoundArgs, ops: list, first: int, results: _Results) -> None:
     handlers = ctx.server.handlers
+    observer = getattr(ctx.server, "observer", None)
     last = len(ops) - 1
     for i in range(first, len(ops)):
         op = ops[i]
@@ -312,6 +313,7 @@ async def _run_ops(ctx, args: CompoundArgs, ops: list, first: int, results: _Res
         if handler is None:        # pNFS, delegations, locks, 4.2 extras: not offered
             results.add(error_result(opnum, NFS4ERR_NOTSUPP))
             return
+        started = time.monotonic()
         try:
             res = await handler(ctx, op.value)
             resop = nfs_resop4(opnum, res)
@@ -321,10 +323,28 @@ async def _run_ops(ctx, args: CompoundArgs, ops: list, first: int, results: _Res
         except Exception:
             log.exception("op_failed", op=op_name(opnum), client=_client_name(ctx))
             resop = error_result(opnum, NFS4ERR_SERVERFAULT)
-        if results.add(resop) != NFS4_OK:
+        status = results.add(resop)
+        if observer is not None:
+            _observe(observer, opnum, status, time.monotonic() - started, resop)
+        if status != NFS4_OK:
             return
     if args.illegal_opnum is not None:
         results.add(error_result(OP_ILLEGAL, NFS4ERR_OP_ILLEGAL))
+
+
+def _observe(observer, opnum: int, status: int, seconds: float, resop) -> None:
+    """Per-op accounting for metrics: observer(op, status, seconds, nbytes). Every op
+    that runs is counted except SEQUENCE (it is in every 4.1 COMPOUND)."""
+    nbytes = 0
+    if status == NFS4_OK:
+        if opnum == OP_READ:
+            nbytes = len(resop.value.value.data)
+        elif opnum == OP_WRITE:
+            nbytes = resop.value.value.count
+    try:
+        observer(op_name(opnum), status_name(status), seconds, nbytes)
+    except Exception:           # metrics must never fail an op
+        log.exception("op_observer_failed", op=op_name(opnum))
 
 
 # ---- logging ----------------------------------------------------------------------

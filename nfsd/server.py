@@ -57,6 +57,8 @@ class NfsServer:
         attach = getattr(opens, "attach", None)
         if attach is not None:
             attach(self.sessions)
+        # Per-op hook for metrics: observer(op_name, status_name, seconds, nbytes) (appliance).
+        self.observer = None
         self.max_record = max_record
         self.max_inflight = max_inflight          # calls running at once per connection
         self.programs = {NFS_PROGRAM: Program(NFS_PROGRAM, NFS_V4, NFS_V4,
@@ -119,6 +121,13 @@ class NfsServer:
         if not allowed:
             log.warning("client_refused", peer=ip, reason="no export admits this address")
         return allowed
+
+    def set_exports(self, exports) -> None:
+        """Swap the exports (config reload); the network check is redone for every open
+        connection, so a client no longer admitted gets AUTH_ERROR from its next call."""
+        self.exports = exports
+        for conn in list(self.connections):
+            conn.allowed = self.client_allowed(conn.peer[0])
 
     def connection_made(self, conn: NfsConnection) -> None:
         self.connections.add(conn)

@@ -141,6 +141,19 @@ def test_refused_network_gets_auth_tooweak(fake_server_factory):
     run(server.port, body)
 
 
+def test_set_exports_rechecks_open_connections(fake_server):
+    class NoOne:
+        def client_allowed(self, ip):
+            return False
+
+    async def body(c):
+        await c.null()
+        fake_server.call(fake_server.server.set_exports, NoOne())
+        r = await c.call(0)
+        assert (r.accepted, r.stat, r.detail) == (False, AUTH_ERROR, (AUTH_TOOWEAK,))
+    run(fake_server.port, body)
+
+
 def test_auth_sys_credentials_reach_the_handlers(fake_server_factory):
     from nfsd.ops import session as session_ops
     from nfsd.xdr.nfs4 import NFS4_OK, OP_PUTROOTFH, PUTROOTFH4res, nfs_argop4

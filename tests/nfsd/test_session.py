@@ -206,6 +206,22 @@ def test_session_limits_on_ops_and_reply_size(server):
     run(server.port, body)
 
 
+def test_observer_sees_every_op_but_sequence(server):
+    seen = []
+    server.call(setattr, server.server, "observer", lambda *a: seen.append(a))
+
+    async def body(c):
+        read = op(OP_READ, READ4args(stateid4(0, bytes(12)), 0, 1000))
+        await c.compound([op(OP_PUTROOTFH), read])
+        await c.compound([op(OP_GETFH)])                      # fails: no current fh
+    run(server.port, body)
+    assert [(a[0], a[1], a[3]) for a in seen] == [
+        ("EXCHANGE_ID", "NFS4_OK", 0), ("CREATE_SESSION", "NFS4_OK", 0),
+        ("RECLAIM_COMPLETE", "NFS4_OK", 0), ("PUTROOTFH", "NFS4_OK", 0), ("READ", "NFS4_OK", 1000),
+        ("GETFH", "NFS4ERR_NOFILEHANDLE", 0)]
+    assert all(a[2] >= 0 for a in seen)
+
+
 def test_seqid_wraps_around(server):
     def set_seqid():
         session = next(iter(server.server.sessions.sessions.values()))
