@@ -35,6 +35,9 @@ SHUTDOWN_DRAIN_SECONDS = 30.0
 
 
 class NfsServer:
+    # Per-op hook for metrics, set by the appliance: observer(op_name, status_name, seconds, nbytes).
+    observer = None
+
     def __init__(self, store, exports, lease_time: float = DEFAULT_LEASE_TIME, *,
                  handlers: dict | None = None, opens=None, max_record: int = DEFAULT_MAX_RECORD,
                  max_inflight: int = DEFAULT_MAX_INFLIGHT, blocking_threads: int = 4):
@@ -57,8 +60,6 @@ class NfsServer:
         attach = getattr(opens, "attach", None)
         if attach is not None:
             attach(self.sessions)
-        # Per-op hook for metrics: observer(op_name, status_name, seconds, nbytes) (appliance).
-        self.observer = None
         self.max_record = max_record
         self.max_inflight = max_inflight          # calls running at once per connection
         self.programs = {NFS_PROGRAM: Program(NFS_PROGRAM, NFS_V4, NFS_V4,
