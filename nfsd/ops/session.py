@@ -53,8 +53,10 @@ MAX_RESPONSE_SIZE = MAX_IO_SIZE + 64 * 1024
 MAX_OPERATIONS = 256
 MAX_SLOTS = 64
 # Replies up to this size are kept in the slot whatever sa_cachethis says, so a
-# retransmission is answered exactly (READ data is the only thing usually bigger).
-REPLY_CACHE_LIMIT = 64 * 1024
+# retransmission is answered exactly (READ data and big READDIRs are usually bigger;
+# their retries get NFS4ERR_RETRY_UNCACHED_REP and are simply sent again). At most
+# 64 slots x 16 KiB = 1 MiB per session.
+REPLY_CACHE_LIMIT = 16 * 1024
 MIN_REQUEST_SIZE = 1024            # below this no useful COMPOUND fits (NFS4ERR_TOOSMALL)
 
 SERVER_IMPL = nfs_impl_id4(nii_domain=b"ckptgw.invalid", nii_name=b"ckptgw nfsd",
