@@ -16,7 +16,7 @@ import structlog
 from cache.api import FileType, SetAttr, StoreError
 from nfsd import attrs as fattr
 from nfsd.errors import NfsError
-from nfsd.exports import MAY_READ, MAY_WRITE
+from nfsd.exports import MAY_EXEC, MAY_READ, MAY_WRITE
 from nfsd.openstate import SHARE_ACCESS_READ, SHARE_ACCESS_WRITE, invalid_stateid
 from nfsd.ops._common import (Obj, change_info, check_name, clientid_of, current, export_obj,
                               nfs_error, require_dir, require_dir_modify, require_perm,
@@ -107,6 +107,7 @@ def _create(ctx, parent: Obj, name: bytes, how) -> _Created:
         raise NfsError(NFS4ERR_INVAL, f"createmode {mode}")
     if parent.is_pseudo or not parent.export.rw:
         raise NfsError(NFS4ERR_ROFS)
+    require_perm(parent, who(ctx, parent), MAY_EXEC)       # search permission, as LOOKUP
     store = ctx.server.store
     before = parent.attr.change
     try:

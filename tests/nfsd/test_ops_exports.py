@@ -140,6 +140,10 @@ def test_permission_denials_as_other_uid(tmp_path):
             assert await bob.status([(OP_PUTFH, PUTFH4args(priv)), (OP_REMOVE, REMOVE4args(b"mine"))]) == NFS4ERR_ACCESS
             assert await bob.status([(OP_PUTFH, PUTFH4args(priv)), (OP_SAVEFH, None),
                                      (OP_RENAME, RENAME4args(b"mine", b"x"))]) == NFS4ERR_ACCESS
+            for create in (True, False):          # no search permission: not even an existing name
+                with pytest.raises(Failed) as e:
+                    await bob.open(priv, "mine", create=create, access=OPEN4_SHARE_ACCESS_READ)
+                assert e.value.status == NFS4ERR_ACCESS
             # nor open alice's 0600 file for reading, nor write it anonymously
             shared = await fs.mkdir(exp, "shared", mode=0o1777)     # sticky, world-writable
             g, gs, _ = await alice.open(shared, "g", mode=0o600)
