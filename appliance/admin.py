@@ -238,7 +238,11 @@ class AdminClient:
         else:
             self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self.sock.settimeout(timeout)
-            self.sock.connect(socket_path)
+            try:
+                self.sock.connect(socket_path)
+            except BaseException:
+                self.sock.close()
+                raise
         self.file = self.sock.makefile("rwb")
 
     def call(self, cmd: str, args: dict | None = None,

@@ -36,6 +36,7 @@ class LoopThread:
     """An event loop in a thread, so blocking clients in the test can talk to the server."""
 
     def __init__(self):
+        self.servers: list[AdminServer] = []
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -44,8 +45,11 @@ class LoopThread:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)
 
     def close(self):
+        for server in self.servers:
+            self.run(server.stop())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
+        self.loop.close()
 
 
 @pytest.fixture
@@ -68,6 +72,7 @@ def sockdir():
 def start(loop_thread, path, **kw) -> AdminServer:
     server = AdminServer(dispatch, path, **kw)
     loop_thread.run(server.start())
+    loop_thread.servers.append(server)
     return server
 
 
@@ -93,6 +98,7 @@ def test_requests_replies_progress_and_errors(loop_thread, sockdir):
         reply = json.loads(s.makefile("rb").readline())
         assert reply["ok"] is False and reply["code"] == "bad_request"
     loop_thread.run(server.stop())
+    loop_thread.servers.remove(server)
     assert not os.path.exists(path)
 
 
@@ -101,7 +107,6 @@ def test_a_second_daemon_cannot_steal_the_socket(loop_thread, sockdir):
     server = start(loop_thread, path)
     with pytest.raises(OSError, match="another ckptgw"):
         start(loop_thread, path)
-    loop_thread.run(server.stop())
 
 
 def _as_nobody(path: str, gid: int | None = None) -> dict:

@@ -31,6 +31,7 @@ def daemon(tmp_path_factory):
     yield d
     client.close()
     assert d.stop() == 0
+    d.notify.close()
 
 
 def rows(text: str) -> dict[str, list[str]]:
@@ -234,7 +235,8 @@ def test_admin_over_tcp_needs_the_token(live_daemon, tmp_path):
 
 def scrape(daemon) -> dict:
     url = f"http://{daemon.cli_json('status')['metrics']}/metrics"
-    body = urllib.request.urlopen(url, timeout=10).read().decode()
+    with urllib.request.urlopen(url, timeout=10) as response:
+        body = response.read().decode()
     out = {}
     for fam in text_string_to_metric_families(body):
         for s in fam.samples:

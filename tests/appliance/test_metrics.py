@@ -9,7 +9,8 @@ from appliance.metrics import MetricsServer, OpStats
 
 
 def scrape(address) -> dict:
-    body = urllib.request.urlopen(f"http://{address[0]}:{address[1]}/metrics", timeout=10).read().decode()
+    with urllib.request.urlopen(f"http://{address[0]}:{address[1]}/metrics", timeout=10) as response:
+        body = response.read().decode()
     samples = {}
     for family in text_string_to_metric_families(body):
         for s in family.samples:
