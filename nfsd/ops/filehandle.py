@@ -35,8 +35,7 @@ async def op_putpubfh(ctx, args) -> PUTPUBFH4res:
 async def op_putfh(ctx, args) -> PUTFH4res:
     try:
         fh = codec(ctx).decode(args.object)
-    except BadHandle as e:
-        log.info("bad_filehandle", client=ctx.peer[0] if ctx.peer else None, reason=str(e))
+    except BadHandle as e:            # the COMPOUND loop logs the status with this detail
         raise NfsError(NFS4ERR_BADHANDLE, str(e)) from None
     set_current(ctx, resolve(ctx, fh))
     return PUTFH4res(NFS4_OK)
