@@ -2,8 +2,6 @@
 (RFC 8881 sections 18.19-18.23, 18.13, 18.14, 18.27, 18.28)."""
 from __future__ import annotations
 
-import structlog
-
 from cache.api import StoreError
 from nfsd.errors import NfsError
 from nfsd.exports import MAY_EXEC
@@ -17,9 +15,6 @@ from nfsd.xdr.nfs4 import (
     GETFH4res, GETFH4resok, LOOKUP4res, LOOKUPP4res, PUTFH4res, PUTPUBFH4res,
     PUTROOTFH4res, RESTOREFH4res, SAVEFH4res,
 )
-
-log = structlog.get_logger(__name__)
-
 
 async def op_putrootfh(ctx, args) -> PUTROOTFH4res:
     set_current(ctx, root_obj(ctx))
