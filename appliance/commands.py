@@ -127,7 +127,9 @@ class Commands:
 
     async def cmd_exports(self, args, progress):
         return {"exports": [{"path": e.path, "networks": list(e.networks), "access": e.access,
-                             "squash": e.squash, "anon_uid": e.anon_uid, "anon_gid": e.anon_gid}
+                             "squash": e.squash, "anon_uid": e.anon_uid, "anon_gid": e.anon_gid,
+                             "owner": f"{e.owner[0]}:{e.owner[1]}" if e.owner else None,
+                             "mode": f"{e.mode:04o}" if e.mode is not None else None}
                             for e in self.d.config.exports]}
 
     async def cmd_check(self, args, progress):

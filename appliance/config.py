@@ -170,6 +170,26 @@ def _mode(v):
     raise ValueError(f'expected an octal file mode such as "0600" or "0660", got {_describe(v)}')
 
 
+def _dir_mode(v):
+    """A directory's permission bits, sticky/setgid included ("0775", "1777"); "" for unset."""
+    if v == "":
+        return None
+    if isinstance(v, str) and re.fullmatch(r"[0-7]{3,4}", v):
+        return int(v, 8)
+    raise ValueError(f'expected "" or an octal mode such as "0775" or "1777", got {_describe(v)}')
+
+
+def _owner(v):
+    """ "UID:GID" (numbers: names differ between clients and the gateway); "" for unset."""
+    v = _str(v)
+    if not v:
+        return None
+    m = re.fullmatch(r"(\d+):(\d+)", v)
+    if not m or int(m.group(1)) >= 2**32 or int(m.group(2)) >= 2**32:
+        raise ValueError(f'expected "" or numeric "UID:GID" such as "1000:1000", got {v!r}')
+    return (int(m.group(1)), int(m.group(2)))
+
+
 def _group(v):
     """A group name or gid that exists on this host; "" for none."""
     v = _str(v) if not isinstance(v, int) or isinstance(v, bool) else str(v)
@@ -335,6 +355,11 @@ class ExportSettings:
                        'everyone does; "none": trust client uids.')
     anon_uid: int = _opt(65534, _int(0, 2**32 - 1), "uid squashed requests run as.")
     anon_gid: int = _opt(65534, _int(0, 2**32 - 1), "gid squashed requests run as.")
+    owner: tuple | None = _opt(None, _owner, 'Owner of the export\'s root directory, "UID:GID", set at start and '
+                               'on reload ("": leave it). A squashed root cannot chown it over NFS: set it here.',
+                               example='""')
+    mode: int | None = _opt(None, _dir_mode, 'Permissions of the export\'s root directory, e.g. "0775" or "1777" '
+                            '(like /tmp), set at start and on reload ("": leave it).', example='""')
 
 
 @dataclass(frozen=True)

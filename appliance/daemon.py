@@ -23,7 +23,7 @@ from dataclasses import asdict
 
 import structlog
 
-from cache.api import ROOT_INO, DataState, FileType, StoreError
+from cache.api import ROOT_INO, DataState, FileType, SetAttr, StoreError
 
 from . import config as configmod
 from . import logs, sdnotify, tree
@@ -86,10 +86,32 @@ def build_exports(cfg: configmod.Config, store):
             raise StartupError(f"exports {ids[eid]!r} and {e.path!r} hash to the same export id; rename one")
         ids[eid] = e.path
         root = ROOT_INO if len(cfg.exports) == 1 else _ensure_dir(store, e.path.strip("/"))
+        _prepare_root(store, e, root)
         out.append(Export(eid, e.path, networks=tuple(e.networks), rw=e.access == "rw",
                           root_squash=e.squash in ("root", "all"), all_squash=e.squash == "all",
                           anonuid=e.anon_uid, anongid=e.anon_gid, root_ino=root))
     return Exports(out)
+
+
+def _prepare_root(store, e: configmod.ExportSettings, ino: int) -> None:
+    """Give the export's root directory its configured owner and mode; warn when nobody but a
+    root that the export squashes could write there (a fresh cache's root is 0755 root:root)."""
+    attr = store.getattr(ino)
+    sa = SetAttr()
+    if e.owner is not None and (attr.uid, attr.gid) != e.owner:
+        sa.uid, sa.gid = e.owner
+    if e.mode is not None and attr.mode & 0o7777 != e.mode:
+        sa.mode = e.mode
+    if sa.uid is not None or sa.mode is not None:
+        attr = store.setattr(ino, sa)
+        store.sync()
+        log.info("export_root_set", export=e.path, uid=attr.uid, gid=attr.gid, mode=oct(attr.mode & 0o7777))
+    if (e.access == "rw" and e.squash != "none" and attr.uid == 0 and not attr.mode & 0o002
+            and not (attr.gid == e.anon_gid and attr.mode & 0o020)):
+        log.warning("export_root_not_writable", export=e.path, uid=attr.uid, gid=attr.gid,
+                    mode=oct(attr.mode & 0o7777), squash=e.squash,
+                    detail="root is squashed and the directory is root's: set the export's owner or mode "
+                           '(e.g. owner = "1000:1000", mode = "1777"), or squash = "none"')
 
 
 def _ensure_dir(store, rel: str) -> int:

@@ -149,3 +149,37 @@ def test_unreachable_s3_is_reported_not_fatal(live_daemon, tmp_path):
         time.sleep(0.2)
     assert events and events[0]["level"] == "warning" and events[0]["bucket"] == "nowhere"
     assert d.stop() == 0
+
+
+def test_export_root_owner_and_mode(tmp_path, capsys):
+    import io
+    import json
+    from appliance import config as c
+    from appliance import logs
+    from appliance.daemon import build_exports
+    from cache.api import ROOT_INO
+    from cache.store import Store
+    stream = io.StringIO()
+    logs.configure("json", "info", stream=stream)
+    store = Store.open(str(tmp_path / "cache"), evict=False)
+    try:
+        build_exports(c.load(None), store)                      # fresh root: 0755 root, root squashed
+        events = [json.loads(line) for line in stream.getvalue().splitlines()]
+        assert [e["event"] for e in events if e["event"].startswith("export_root")] == ["export_root_not_writable"]
+        cfg_file = tmp_path / "c.toml"
+        cfg_file.write_text('[[exports]]\npath = "/checkpoints"\nowner = "1000:1001"\nmode = "1777"\n')
+        cfg = c.load(str(cfg_file))
+        assert cfg.exports[0].owner == (1000, 1001) and cfg.exports[0].mode == 0o1777
+        build_exports(cfg, store)
+        attr = store.getattr(ROOT_INO)
+        assert (attr.uid, attr.gid, attr.mode & 0o7777) == (1000, 1001, 0o1777)
+        stream.truncate(0)
+        stream.seek(0)
+        build_exports(cfg, store)                               # already so: nothing to do, no warning
+        assert "export_root" not in stream.getvalue()
+    finally:
+        store.close()
+        logs.configure("json", "info", stream=io.StringIO())
+    cfg_file.write_text('[[exports]]\nowner = "alice"\n')
+    with pytest.raises(c.ConfigError, match='UID:GID'):
+        c.load(str(cfg_file))
