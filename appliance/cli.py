@@ -191,7 +191,7 @@ def status(as_json):
         ["exports", ", ".join(st.get("exports", []))],
         ["uptime", fmt_seconds(st.get("uptime_s"))],
         ["clients", nfs.get("clients", 0)],
-        ["nfs ops", f"{nfs.get('ops_total', 0)} ({nfs.get('errors_total', 0)} errors)"],
+        ["nfs ops", f"{nfs.get('ops_total', 0)} ({nfs.get('errors_total', 0)} not NFS4_OK)"],
         ["cache used", f"{fmt_bytes(cache.get('used'))} of {fmt_bytes(cache.get('capacity'))}"],
         ["dirty", fmt_bytes(cache.get("dirty_bytes"))],
         ["upload queue", up.get("queue_depth", "-") if up.get("running") else "uploader not running"],
