@@ -202,6 +202,12 @@ def status(as_json):
         ["throttles", up.get("throttles", 0)],
     ]
     click.echo(table(["", ""], rows).split("\n", 1)[1])
+    uploading = up.get("uploading") or []
+    if uploading:
+        click.echo("uploading:")
+        click.echo(table(["  PATH", "DONE", "SIZE"],
+                         [[f"  {u.get('path')}", f"{int(100 * u['bytes_done'] / u['size']) if u.get('size') else 0}%",
+                           fmt_bytes(u.get("size"))] for u in uploading[:10]], right={1, 2}))
     errors = up.get("last_errors") or []
     if errors:
         click.echo("last errors:")
