@@ -20,6 +20,8 @@ def check(store) -> list[str]:
         orphans = set(v.keys(ix.orphans))
         dirty = set(v.keys(ix.dirty))
         unsettled = set(v.keys(ix.unsettled))
+        ready = {U64x2.unpack(k)[1]: U64x2.unpack(k)[0]
+                 for k in txn.cursor(db=ix.ready).iternext(values=False)}
         pins = set(v.keys(ix.pins))
         lru = {U64x2.unpack(k)[1]: U64x2.unpack(k)[0]
                for k in txn.cursor(db=ix.lru).iternext(values=False)}
@@ -79,6 +81,8 @@ def check(store) -> list[str]:
                 p(f"inode {ino}: dirty index disagrees with state {rec.state}")
             if rec.unsettled != (ino in unsettled):
                 p(f"inode {ino}: unsettled index disagrees")
+            if rec.ready != (ino in ready) or (ino in ready and ready[ino] != max(rec.mtime_ns, 0)):
+                p(f"inode {ino}: ready index disagrees")
             if rec.in_lru != (ino in lru) or (ino in lru and lru[ino] != rec.lru_ns):
                 p(f"inode {ino}: lru index disagrees")
             if bool(rec.flags & F_PINNED) != (ino in pins):

@@ -15,6 +15,8 @@ Keys are big-endian so cursor order is numeric order. Named databases:
   dirty     ino -> b""     regular files whose bytes S3 lacks (the upload set)
   unsettled ino -> b""     files crash recovery must visit: maybe uncommitted bytes, a
                            truncate in flight, or an upload in progress (a subset of dirty)
+  ready     mtime+ino -> b""    dirty files that are settled (committed, state DIRTY,
+                                linked): upload candidates, oldest change first
   lru       lru_ns+ino -> b""   CLEAN files with local bytes (eviction order)
   orphans   ino -> b""     inodes to reclaim: unlinked while open, or data file not yet removed
   remote    ino -> JSON RemoteInfo
@@ -43,7 +45,8 @@ log = structlog.get_logger(__name__)
 FORMAT = b"ckptgw-store/1"
 MAP_SIZE = 64 << 30           # sparse; LMDB only uses what it writes
 DB_NAMES = (b"meta", b"inodes", b"dirents", b"cookies", b"links", b"extents", b"symlinks",
-            b"dirty", b"unsettled", b"lru", b"orphans", b"remote", b"pins", b"queue")
+            b"dirty", b"unsettled", b"ready", b"lru", b"orphans", b"remote", b"pins",
+            b"queue")
 
 U64 = struct.Struct(">Q")
 U64x2 = struct.Struct(">QQ")
@@ -109,6 +112,10 @@ class Inode:
             or self.state != DataState.DIRTY)
 
     @property
+    def ready(self) -> bool:
+        return self.is_dirty and self.nlink > 0 and not self.unsettled
+
+    @property
     def in_lru(self) -> bool:
         return (self.type == FileType.REG and self.state == DataState.CLEAN
                 and self.local_bytes > 0 and self.nlink > 0)
@@ -118,6 +125,10 @@ class Inode:
                     self.gid, self.size, self.local_bytes, self.atime_ns, self.mtime_ns,
                     self.ctime_ns, self.change, self.parent, DataState(self.state),
                     bool(self.flags & F_PINNED))
+
+
+def ready_key(rec: Inode) -> bytes:
+    return U64x2.pack(max(rec.mtime_ns, 0), rec.ino)      # pre-1970 mtimes sort first
 
 
 def dirent_key(parent: int, name: bytes) -> bytes:
@@ -278,6 +289,12 @@ class Writer(View):
                 self.txn.put(key, b"", db=ix.unsettled)
             else:
                 self.txn.delete(key, db=ix.unsettled)
+        old_ready = old is not None and old.ready
+        new_ready = new is not None and new.ready
+        if old_ready and (not new_ready or old.mtime_ns != new.mtime_ns):
+            self.txn.delete(ready_key(old), db=ix.ready)
+        if new_ready and (not old_ready or old.mtime_ns != new.mtime_ns):
+            self.txn.put(ready_key(new), b"", db=ix.ready)
         old_lru = old is not None and old.in_lru
         new_lru = new is not None and new.in_lru
         if old_lru and (not new_lru or old.lru_ns != new.lru_ns):

@@ -38,8 +38,8 @@ from .api import (Attr, ChangeInfo, DataState, DirEntry, Extent, FileType, Remot
                   SetAttr, StatFS, StoreError, ROOT_INO)
 from .commit import GroupCommit
 from .data import DataFiles
-from .index import (F_PINNED, F_TRUNCATED, F_UNCOMMITTED, FIRST_COOKIE, U64, Index, Inode,
-                    Writer)
+from .index import (F_PINNED, F_TRUNCATED, F_UNCOMMITTED, FIRST_COOKIE, U64, U64x2, Index,
+                    Inode, Writer)
 from .namespace import Namespace, validate_name
 from .recovery import recover
 from .space import Space
@@ -523,22 +523,18 @@ class Store:
 
     def ready_for_upload(self, now_ns: int, settle_ns: int, limit: int = 100) -> list[int]:
         """Inodes whose data is dirty, committed, not open for write, and quiet for settle_ns
-        (settle_ns=0: flush). Uses an index, no full scan. Only files in state DIRTY are
-        returned (QUEUED/UPLOADING ones are the uploader's already)."""
+        (settle_ns=0: flush), oldest modification first. Walks the `ready` index from its
+        oldest entry and stops at the first one not quiet long enough: O(result), no scan.
+        Only files in state DIRTY are returned (QUEUED/UPLOADING ones are the uploader's)."""
         out = []
         with self.ix.read() as v:
-            for ino in v.keys(self.ix.dirty):
-                rec = v.inode(ino)
-                if (rec is None or rec.state != DataState.DIRTY or rec.nlink == 0
-                        or rec.flags & F_UNCOMMITTED or rec.committed_size != rec.size
-                        or now_ns - rec.mtime_ns < settle_ns):
-                    continue
-                counts = self._opens.get(ino)
-                if counts is not None and counts[1] > 0:
-                    continue
-                out.append(ino)
-                if len(out) >= limit:
+            for key in v.txn.cursor(db=self.ix.ready).iternext(values=False):
+                mtime, ino = U64x2.unpack(key)
+                if now_ns - mtime < settle_ns or len(out) >= limit:
                     break
+                counts = self._opens.get(ino)
+                if counts is None or counts[1] == 0:
+                    out.append(ino)
         return out
 
     def extents(self, ino: int) -> list[Extent]:

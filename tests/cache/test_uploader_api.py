@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from cache.api import DataState, RemoteInfo, ROOT_INO, StoreError
+from cache.api import DataState, RemoteInfo, ROOT_INO, SetAttr, StoreError
 from cache.store import Store
 
 from storehelp import crash
@@ -48,6 +48,11 @@ def test_ready_for_upload_rules(store):
     assert store.ready_for_upload(FAR, 0) == []          # the uploader has it
     empty = mkfile(store, b"empty")
     assert store.ready_for_upload(FAR, 0) == [empty]     # an empty new file is uploadable
+    old = mkfile(store, b"old")
+    store.setattr(old, SetAttr(mtime_ns=-5))             # pre-1970: sorts first
+    store.set_data_state(f, DataState.DIRTY)
+    assert store.ready_for_upload(FAR, 0) == [old, f, empty]
+    assert store.ready_for_upload(FAR, 0, limit=2) == [old, f]
 
 
 def test_upload_cycle_and_change_race(store):
