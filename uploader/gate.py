@@ -39,10 +39,12 @@ class RequestGate:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     async def call(self, op: str, fn: Callable[[], T], *, nbytes: int = 0, what: str = "",
-                   retry_not_found: bool = False, priority: int = 0,
+                   retry_not_found: bool = False, priority: int = 0, max_attempts: int = 0,
                    on_send: Callable[[], None] | None = None, on_done: Callable[[], None] | None = None) -> T:
         """on_send/on_done bracket every attempt that actually goes out (after the slot and
-        the tokens), so callers can tell bytes on the wire from bytes still waiting."""
+        the tokens), so callers can tell bytes on the wire from bytes still waiting.
+        max_attempts > 0: give the last TransientError back after that many attempts, so the
+        caller can check whether retrying still makes sense (0: retry for ever)."""
         loop = asyncio.get_running_loop()
         attempt = 0
         while True:
@@ -75,9 +77,11 @@ class RequestGate:
                     raise err
             elif not isinstance(err, TransientError):
                 raise err                # PermanentError: the caller surfaces it
-            self.counters.retries += 1
-            delay = self.backoff.delay(attempt)
             attempt += 1
+            if max_attempts and attempt >= max_attempts:
+                raise err
+            self.counters.retries += 1
+            delay = self.backoff.delay(attempt - 1)
             log.info("s3_retry", op=op, key=what, code=err.code, attempt=attempt, delay=round(delay, 3),
                      limit=round(self.limiter.limit, 2))
             self.waiting_retry += 1

@@ -90,8 +90,11 @@ class Uploader:
         self._tasks = [asyncio.create_task(self._scheduler(), name="uploader-scheduler"),
                        asyncio.create_task(self._evictor(), name="uploader-evictor")]
         if self.settings.abort_orphan_uploads:
-            # in the background: start() must not wait for S3 (it may be down or misconfigured)
+            # in the background: start() must not wait for S3 (it may be down or misconfigured);
+            # new multipart uploads wait for it (worker.orphans_swept), single PUTs do not
             self._tasks.append(asyncio.create_task(self._orphan_sweeper(jobs), name="uploader-orphans"))
+        else:
+            self.worker.orphans_swept.set()
         log.info("uploader_started", queued=len(jobs), prefix=self.keys.prefix)
 
     async def stop(self) -> None:
@@ -106,21 +109,23 @@ class Uploader:
         log.info("uploader_stopped")
 
     async def _orphan_sweeper(self, jobs) -> None:
-        while True:
-            try:
-                await self._abort_orphans(jobs)
-                return
-            except PermanentError as e:
-                self.counters.permanent_errors += 1
-                self.counters.last_error = self.permanent_error = f"{e.code}: {e}"
-                log.error("s3_permanent_error", op="abort_orphans", code=e.code, error=str(e),
-                          retry_in=self.permanent_retry_seconds)
-                await asyncio.sleep(self.permanent_retry_seconds)
+        try:
+            await self._abort_orphans(jobs)
+        except PermanentError as e:
+            # e.g. a policy without s3:ListBucketMultipartUploads, or no bucket yet: say so and
+            # go on without the sweep (a bucket lifecycle rule AbortIncompleteMultipartUpload
+            # cleans up instead)
+            self.counters.permanent_errors += 1
+            self.counters.last_error = self.permanent_error = f"{e.code}: {e}"
+            log.error("s3_permanent_error", op="abort_orphans", code=e.code, error=str(e),
+                      detail="orphan multipart uploads under the prefix are not aborted")
+        finally:
+            self.worker.orphans_swept.set()
 
     async def _abort_orphans(self, jobs) -> None:
         """Abort multipart uploads under our prefix that neither a queued job (at start) nor
         this run created."""
-        known = set(self.worker.created_upload_ids)
+        known = set()
         for _, job in jobs:
             if job.get("upload_id"):
                 known.add(job["upload_id"])
@@ -135,7 +140,7 @@ class Uploader:
                                        lambda: self.client.list_multipart_uploads(self.keys.prefix),
                                        what=self.keys.prefix)
         for u in uploads:
-            if u.upload_id in known or u.upload_id in self.worker.created_upload_ids:
+            if u.upload_id in known:
                 continue
             try:
                 await self.gate.call("AbortMultipartUpload",

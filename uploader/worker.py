@@ -20,13 +20,15 @@ from cache.api import DataState, FileType, RemoteInfo, StoreError
 
 from .gate import RequestGate
 from .keys import DIR_CONTENT_TYPE, INO_META, KeyMap, object_metadata, part_ranges, part_size_for
-from .objectclient import NotFoundError, ObjectClient, PartInfo, PermanentError, PutResult, checksum_b64
+from .objectclient import (NotFoundError, ObjectClient, PartInfo, PermanentError, PutResult, TransientError,
+                           checksum_b64)
 from .settings import S3_MAX_COPY, UploadSettings
 from .stats import Counters
 
 log = structlog.get_logger(__name__)
 
 COPY_PART = 1 << 30          # UploadPartCopy piece size for objects above 5 GiB
+PART_ATTEMPTS_BEFORE_PROBE = 8
 
 
 class Restart(Exception):
@@ -95,8 +97,8 @@ class Worker:
         self.counters = counters
         self.store_id = getattr(store, "instance_id", b"").hex()
         self.algorithm = client.checksum_algorithm
-        self.created_upload_ids: set[str] = set()     # this run's uploads (never orphans)
         self.fetch_missing = None    # async (ino, ranges): read-through, set by the service
+        self.orphans_swept = asyncio.Event()          # set by the service once the start sweep is over
 
     async def _store(self, fn, *args):
         return await asyncio.to_thread(fn, *args)
@@ -214,9 +216,9 @@ class Worker:
             if upload_id is None:
                 await self._abort_recorded_upload(job, remote)
         if upload_id is None:
+            await self.orphans_swept.wait()     # the sweep must never see (and abort) a new upload
             upload_id = await self.gate.call(
                 "CreateMultipartUpload", lambda: self.client.create_multipart_upload(key, metadata=meta), what=key)
-            self.created_upload_ids.add(upload_id)
             job.update(key=key, upload_id=upload_id, upload_change=change, part_size=part_size)
             await self._store(self.store.queue_update, job_id, job)
             remote.upload_id, remote.parts = upload_id, []
@@ -239,8 +241,16 @@ class Worker:
             def sent() -> None:
                 prog.bytes_in_flight -= length
 
-            part = await self.gate.call("UploadPart", send, nbytes=length, what=f"{key}#{number}",
-                                        priority=job_id, on_send=sending, on_done=sent)
+            while True:
+                try:
+                    part = await self.gate.call("UploadPart", send, nbytes=length, what=f"{key}#{number}",
+                                                priority=job_id, on_send=sending, on_done=sent,
+                                                max_attempts=PART_ATTEMPTS_BEFORE_PROBE)
+                    break
+                except TransientError:
+                    # a long run of failures: is the upload still there? (some servers answer
+                    # 5xx, not NoSuchUpload, for an aborted upload; NotFoundError -> restart)
+                    await self.gate.call("ListParts", lambda: self.client.list_parts(key, upload_id), what=key)
             prog.bytes_done += part.size
             self.counters.bytes_uploaded += part.size
             async with record_lock:
@@ -392,9 +402,9 @@ class Worker:
         from a HEAD of the source, since multipart copies do not copy it)."""
         info = await self.gate.call("HeadObject", lambda: self.client.head_object(src), what=src)
         meta = info.metadata if info else {}
+        await self.orphans_swept.wait()
         upload_id = await self.gate.call(
             "CreateMultipartUpload", lambda: self.client.create_multipart_upload(dst, metadata=meta), what=dst)
-        self.created_upload_ids.add(upload_id)
         piece = max(COPY_PART, part_size_for(size, COPY_PART))
         try:
             parts = await asyncio.gather(*(

@@ -69,3 +69,19 @@ def test_unexpected_exceptions_are_classified_transient():
     finally:
         gate.close()
     assert gate.counters.retries == 2
+
+
+def test_max_attempts_hands_the_transient_error_back():
+    gate = _gate()
+    calls = []
+
+    def fn():
+        calls.append(1)
+        raise TransientError("InternalError", status=500)
+
+    try:
+        with pytest.raises(TransientError):
+            asyncio.run(gate.call("UploadPart", fn, max_attempts=3))
+    finally:
+        gate.close()
+    assert len(calls) == 3 and gate.counters.retries == 2

@@ -79,3 +79,31 @@ def test_multipart_resumes_after_kill_9_and_orphans_are_aborted(moto, proxy, buc
     assert orphan
     assert objects(client, "gw/ck/") == {"gw/ck/": 0, "gw/ck/model.pt": len(data)}
     assert object_sha(client, "gw/ck/model.pt") == sha(data)
+
+
+def test_an_upload_aborted_behind_our_back_is_restarted(moto, proxy, bucket, store):
+    """Somebody aborts our multipart upload mid-way (moto then answers UploadPart with 500,
+    S3 with NoSuchUpload): the uploader notices and starts a new upload."""
+    import asyncio as aio
+
+    from conftest import wait_for
+    data = payload(6 * SMALL_PART, 43)
+
+    async def main():
+        up = make_uploader(store, proxy.endpoint, bucket, bytes_per_second=2 * SMALL_PART,
+                           burst_seconds=0.1, max_concurrency=1)
+        await up.start()
+        try:
+            ino = write_file(store, "victim", data)
+            await up.flush(wait=False)
+            await wait_for(lambda: up.file_state(ino).get("bytes_done", 0) > 0, timeout=30, interval=0.01)
+            uid = store.remote_info(ino).upload_id
+            up.client.abort_multipart_upload("gw/victim", uid)
+            assert await up.flush(timeout=120)
+            return up, uid
+        finally:
+            await up.stop()
+
+    up, uid = aio.run(main())
+    assert object_sha(up.client, "gw/victim") == sha(data)
+    assert up.client.list_multipart_uploads("gw/") == []
