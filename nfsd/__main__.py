@@ -42,11 +42,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def run(args) -> None:
-    store = Store.open(args.cache_dir)
+    try:
+        store = Store.open(args.cache_dir)
+    except OSError as exc:                  # StoreError included: it names the problem
+        raise SystemExit(f"python -m nfsd: cannot open the store in {args.cache_dir}: {exc}") from None
     try:
         server = NfsServer(store, Exports.single(args.export, root_squash=args.root_squash),
                            args.lease_time)
-        await server.start(*args.listen)
+        try:
+            await server.start(*args.listen)
+        except OSError as exc:
+            raise SystemExit(f"python -m nfsd: cannot listen on {args.listen[0]}:{args.listen[1]}: "
+                             f"{exc.strerror or exc}") from None
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
