@@ -100,7 +100,7 @@ chmod_modes() {
 		expect "chmod $mode" "$(stat -c %a m)" "$mode"
 	done
 	chmod u+x,g+w m
-	expect "symbolic chmod" "$(stat -c %a m)" 674
+	expect "symbolic chmod" "$(stat -c %a m)" 764
 	mkdir md
 	chmod 711 md
 	kc_drop_caches
