@@ -203,7 +203,9 @@ class Worker:
         upload_id = None
         if remote.upload_id:
             same = (job.get("upload_id") == remote.upload_id and job.get("key") == key
-                    and job.get("upload_change") == change and job.get("part_size") == part_size)
+                    and job.get("part_size") == part_size
+                    and (job.get("upload_change") == change
+                         or _same_data(attr, job.get("upload_mtime_ns"), job.get("upload_size"))))
             if same:
                 done = await self._resumable_parts(key, remote, ranges)
                 if done is not None:
@@ -219,7 +221,8 @@ class Worker:
             await self.orphans_swept.wait()     # the sweep must never see (and abort) a new upload
             upload_id = await self.gate.call(
                 "CreateMultipartUpload", lambda: self.client.create_multipart_upload(key, metadata=meta), what=key)
-            job.update(key=key, upload_id=upload_id, upload_change=change, part_size=part_size)
+            job.update(key=key, upload_id=upload_id, upload_change=change, part_size=part_size,
+                       upload_mtime_ns=attr.mtime_ns, upload_size=size)
             await self._store(self.store.queue_update, job_id, job)
             remote.upload_id, remote.parts = upload_id, []
             await self._store(self.store.set_remote_info, ino, remote)
@@ -324,7 +327,7 @@ class Worker:
         return keep
 
     async def _forget_upload(self, job_id: int, job: dict, ino: int, remote: RemoteInfo) -> None:
-        for k in ("key", "upload_id", "upload_change", "part_size"):
+        for k in ("key", "upload_id", "upload_change", "part_size", "upload_mtime_ns", "upload_size"):
             job.pop(k, None)
         await self._store(self.store.queue_update, job_id, job)
         remote.upload_id, remote.parts = None, []
@@ -344,7 +347,7 @@ class Worker:
         except NotFoundError:
             pass
         log.info("multipart_abort", key=key, upload_id=upload_id)
-        for k in ("key", "upload_id", "upload_change", "part_size"):
+        for k in ("key", "upload_id", "upload_change", "part_size", "upload_mtime_ns", "upload_size"):
             job.pop(k, None)
         if remote is not None:
             remote.upload_id, remote.parts = None, []
