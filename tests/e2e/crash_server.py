@@ -34,6 +34,7 @@ class ServerProcess:
         self.port = 0
         self.starts = 0
         self.kills = 0
+        self._killed = False
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "nfsd", "--listen", "127.0.0.1:0", "--cache-dir",
@@ -43,6 +44,7 @@ class ServerProcess:
         """Start a server process and return its port once it listens."""
         assert self.proc is None or self.proc.poll() is not None, "server already running"
         self.starts += 1
+        self._killed = False
         with open(self.log_path, "ab") as log:
             log.write(f"===== start #{self.starts}\n".encode())
             offset = log.tell()
@@ -68,8 +70,9 @@ class ServerProcess:
     def send_kill(self) -> None:
         """SIGKILL the server process (a crash: no cleanup runs); does not wait (an event
         loop may call it)."""
-        if self.proc is not None and self.proc.poll() is None:
+        if self.proc is not None and self.proc.poll() is None and not self._killed:
             os.kill(self.proc.pid, signal.SIGKILL)
+            self._killed = True
             self.kills += 1
 
     def kill9(self) -> None:
