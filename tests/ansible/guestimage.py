@@ -12,9 +12,10 @@ The image is a bootable root file system (mmdebstrap, then `mkfs.ext4 -d`) with:
     no network beyond its forwarded SSH port.
 
 Cache: $CKPTGW_ANSIBLE_IMAGE_CACHE (default /var/cache/ckptgw-ansible-image)/<hash>/, where the
-hash covers everything the image is made from (this file, the package list, the suite and
-the project's dependency list). A build goes to a temporary folder and is renamed into place
-when complete, under a file lock, so a crashed or concurrent build never leaves a half image.
+hash covers everything the image is made from (the build functions in this file, the package
+list, the suite and the project's dependency list). A build goes to a temporary folder and is
+renamed into place when complete, under a file lock, so a crashed or concurrent build never
+leaves a half image.
 
 Run directly to build (or show) the image:  python3 tests/ansible/guestimage.py
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import inspect
 import json
 import os
 import shutil
@@ -40,11 +42,12 @@ GUEST_WHEELHOUSE = "/opt/ckptgw-wheelhouse"
 DISK_SIZE = "4G"
 
 # What a freshly provisioned fleet host has (the brief's base set) plus what the role would
-# apt-install on it (python3-venv; e2fsprogs for the cache disk; python3-apt for Ansible's apt
-# module), the guest kernel, and nfs-common for the test's own NFS mount.
+# apt-install on it (python3-venv; python3-packaging for Ansible's pip module; e2fsprogs for the
+# cache disk; python3-apt for Ansible's apt module), the guest kernel, and nfs-common for the
+# test's own NFS mount.
 PACKAGES = [
     "systemd-sysv", "udev", "openssh-server", "sudo", "iproute2",
-    "python3", "python3-venv", "python3-apt", "e2fsprogs",
+    "python3", "python3-venv", "python3-packaging", "python3-apt", "e2fsprogs",
     "nfs-common",
     "linux-image-amd64", "initramfs-tools",
 ]
@@ -92,7 +95,8 @@ def project_dependencies() -> list[str]:
 def image_key() -> str:
     """Hash of every input of the image: change one and a new image is built."""
     h = hashlib.sha256()
-    h.update(Path(__file__).read_bytes())
+    for recipe in (_build, _configure, _wheelhouse, _boot_files):      # what shapes the image, not the
+        h.update(inspect.getsource(recipe).encode())                    # tooling around it
     h.update(json.dumps({"suite": SUITE, "packages": PACKAGES, "masked": MASKED_UNITS,
                          "deps": project_dependencies()}, sort_keys=True).encode())
     return h.hexdigest()[:16]
@@ -105,6 +109,7 @@ def cached_image() -> GuestImage | None:
 
 def ensure_image(log=print) -> tuple[GuestImage, bool]:
     """The cached image, built first if missing. Returns (image, built_now)."""
+    ensure_host_tools(log)
     image = cached_image()
     if image:
         return image, False
@@ -114,7 +119,17 @@ def ensure_image(log=print) -> tuple[GuestImage, bool]:
         image = cached_image()
         if image:
             return image, False
-        return _build(CACHE_ROOT / image_key(), log), True
+        image = _build(CACHE_ROOT / image_key(), log)
+        _prune(keep=image.root, log=log)
+        return image, True
+
+
+def _prune(keep: Path, log) -> None:
+    """Drop images of older recipes (a VM still running on one keeps its open file)."""
+    for old in CACHE_ROOT.iterdir():
+        if old != keep and old.is_dir() and (old / "manifest.json").exists():
+            log(f"guest image: removing outdated {old}")
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def _run(cmd: list[str], log, **kw) -> subprocess.CompletedProcess:
@@ -124,17 +139,26 @@ def _run(cmd: list[str], log, **kw) -> subprocess.CompletedProcess:
     return proc
 
 
-def _require_tools() -> None:
-    missing = [t for t in ("mmdebstrap", "mkfs.ext4", "ssh-keygen") if not shutil.which(t)]
-    if missing:
-        raise ImageError(f"missing host tools: {', '.join(missing)} (apt-get install mmdebstrap e2fsprogs "
-                         "openssh-client)")
+HOST_TOOLS = {"mmdebstrap": "mmdebstrap", "mkfs.ext4": "e2fsprogs", "ssh-keygen": "openssh-client",
+              "ssh": "openssh-client", "qemu-system-x86_64": "qemu-system-x86", "qemu-img": "qemu-utils"}
+
+
+def ensure_host_tools(log=print) -> None:
+    """Install the Debian packages the image build and the VM need, when missing (as root)."""
     if os.geteuid() != 0:
-        raise ImageError("building the guest image needs root (mmdebstrap, file ownership in the image)")
+        raise ImageError("building and booting the guest image needs root (mmdebstrap, image ownership)")
+    missing = sorted({pkg for tool, pkg in HOST_TOOLS.items() if not shutil.which(tool)})
+    if not missing:
+        return
+    log(f"guest image: apt-get install {' '.join(missing)}")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing]
+    if subprocess.run(cmd, env=env, capture_output=True).returncode != 0:
+        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True)
+        _run(cmd, log, env=env)
 
 
 def _build(final: Path, log) -> GuestImage:
-    _require_tools()
     started = time.monotonic()
     work = final.with_name(f".build-{final.name}-{os.getpid()}")
     shutil.rmtree(work, ignore_errors=True)

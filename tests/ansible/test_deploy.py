@@ -1,0 +1,163 @@
+"""Deploy with ansible/site.yml to a real Debian 12 host (qemu, software emulation) over SSH.
+
+One VM for the module, the tests run in order against it:
+  first run (fresh host) -> service active, NFS mount from the guest's own kernel client works
+  -> second run changes nothing -> --check --diff previews a config change without applying it
+  -> the applied config change reloads the service (same PID, a reload in the journal).
+The guest has no network but its forwarded SSH port: ckptgw is installed from the wheel of
+this checkout plus the image's wheelhouse (the role's offline path).
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import report
+from guestimage import DEPLOY_USER, GUEST_WHEELHOUSE
+from guestvm import GuestVM
+from playbook import run_playbook
+
+pytestmark = [pytest.mark.ansible, pytest.mark.slow]
+
+HOST = "testgw"
+SECRET_KEY = "test-secret-must-never-be-printed-0123456789"
+
+
+def inventory(path: Path, vm: GuestVM, wheel: Path) -> Path:
+    hosts = {"ckptgw_gateways": {"hosts": {HOST: {
+        "ansible_host": "127.0.0.1",
+        "ansible_port": vm.ssh_port,
+        "ansible_user": DEPLOY_USER,
+        "ansible_ssh_private_key_file": str(vm.image.ssh_key),
+        "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
+        "ansible_python_interpreter": "/usr/bin/python3",
+        # the test's choices, as an inventory would make them
+        "ckptgw_install_source": "wheel",
+        "ckptgw_wheel": str(wheel),
+        "ckptgw_wheelhouse": GUEST_WHEELHOUSE,
+        "ckptgw_cache_device": "/dev/vdb",
+        "ckptgw_s3_endpoint": "",                     # embedded S3: the guest has no network
+        "ckptgw_s3_access_key": "AKIDTESTGATEWAY",
+        "ckptgw_s3_secret_key": SECRET_KEY,
+        "ckptgw_exports": [{"path": "/checkpoints", "networks": ["127.0.0.0/8"], "access": "rw",
+                            "squash": "none"}],
+        "ckptgw_log_level": "info",
+    }}}}
+    path.write_text(yaml.safe_dump(hosts))
+    return path
+
+
+def service(vm: GuestVM, prop: str) -> str:
+    return vm.ssh(f"systemctl show --property={prop} --value ckptgw.service").stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def vm(guest_image):
+    machine = GuestVM(guest_image, smp=2, mem_mib=2048)
+    with machine:
+        report(f"VM boot to SSH: {machine.boot_seconds:.0f}s (qemu TCG, 2 vCPU, 2 GiB)")
+        yield machine
+
+
+@pytest.fixture(scope="module")
+def deploy(vm, ansible_bin, ckptgw_wheel, tmp_path_factory):
+    """Runs the playbook, returning the PlaybookRun; keyword args become -e variables."""
+    inv = inventory(tmp_path_factory.mktemp("inventory") / "hosts.yml", vm, ckptgw_wheel)
+
+    def run(label: str, *args: str, **extra):
+        if extra:
+            args = (*args, "-e", json.dumps(extra))
+        result = run_playbook(ansible_bin, inv, *args)
+        report(f"{label}: {result.seconds:.0f}s, exit {result.returncode}")
+        for line in result.recap_lines:
+            report(f"  {line}")
+        assert SECRET_KEY not in result.output, f"{label}: the S3 secret was printed"
+        return result
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def first_run(deploy):
+    return deploy("first run (fresh host)", "--diff")
+
+
+def journal(vm: GuestVM, lines: int = 60) -> str:
+    return vm.ssh(f"sudo journalctl --no-pager -u ckptgw.service -n {lines}", check=False).stdout
+
+
+def test_first_run_deploys_an_active_service(vm, first_run):
+    assert first_run.returncode == 0, first_run.tail() + "\n--- journal of ckptgw.service\n" + journal(vm)
+    recap = first_run.recap(HOST)
+    assert recap["failed"] == 0 and recap["unreachable"] == 0 and recap["changed"] > 0
+    assert vm.ssh("systemctl is-active ckptgw.service", check=False).stdout.strip() == "active", journal(vm)
+    assert vm.ssh("systemctl is-enabled ckptgw.service").stdout.strip() == "enabled"
+    assert service(vm, "User") == "ckptgw"
+    pid = service(vm, "MainPID")
+    assert vm.ssh(f"ps -o user= -p {pid}").stdout.strip() == "ckptgw"
+    # the cache lives on the disk the inventory named, mounted by UUID
+    assert vm.ssh("findmnt --noheadings --output SOURCE --target /var/lib/ckptgw/cache").stdout.strip() == "/dev/vdb"
+    assert vm.ssh("stat -c '%U:%G %a' /var/lib/ckptgw/cache").stdout.strip() == "ckptgw:ckptgw 750"
+    # credentials: root-only environment file, not in the config
+    assert vm.ssh("sudo stat -c '%U %a' /etc/ckptgw/ckptgw.env").stdout.strip() == "root 600"
+    assert SECRET_KEY not in vm.ssh("sudo cat /etc/ckptgw/config.toml").stdout
+    assert vm.ssh("sudo /opt/ckptgw/venv/bin/ckptgw check-config /etc/ckptgw/config.toml").returncode == 0
+
+
+def test_guest_kernel_nfs_client_writes_and_reads(vm, first_run):
+    assert first_run.returncode == 0
+    script = (
+        "set -e; sudo mkdir -p /mnt/ckpt;"
+        " sudo mount -t nfs4 -o vers=4.1 127.0.0.1:/checkpoints /mnt/ckpt;"
+        " sudo dd if=/dev/urandom of=/tmp/payload bs=1M count=4 status=none;"
+        " sudo cp /tmp/payload /mnt/ckpt/step-1.pt; sync;"
+        " sudo umount /mnt/ckpt; sudo mount -t nfs4 -o vers=4.1 127.0.0.1:/checkpoints /mnt/ckpt;"
+        " cmp /tmp/payload /mnt/ckpt/step-1.pt; ls -l /mnt/ckpt; sudo umount /mnt/ckpt")
+    proc = vm.ssh(script, check=False, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "step-1.pt" in proc.stdout
+
+
+def test_second_run_changes_nothing(vm, deploy, first_run):
+    assert first_run.returncode == 0
+    pid = service(vm, "MainPID")
+    second = deploy("second run (idempotence)")
+    assert second.returncode == 0, second.tail()
+    assert second.recap(HOST)["changed"] == 0, second.tail()
+    assert service(vm, "MainPID") == pid
+
+
+def test_check_diff_previews_a_change_without_applying_it(vm, deploy, first_run):
+    assert first_run.returncode == 0
+    pid = service(vm, "MainPID")
+    check = deploy("--check --diff with ckptgw_log_level=debug", "--check", "--diff", ckptgw_log_level="debug")
+    assert check.returncode == 0, check.tail()
+    assert check.recap(HOST)["changed"] >= 1
+    assert '+level = "debug"' in check.output and '-level = "info"' in check.output, check.tail()
+    assert 'level = "info"' in vm.ssh("sudo cat /etc/ckptgw/config.toml").stdout
+    assert service(vm, "MainPID") == pid
+
+
+def test_config_change_reloads_instead_of_restarting(vm, deploy, first_run):
+    assert first_run.returncode == 0
+    pid = service(vm, "MainPID")
+    restarts = service(vm, "NRestarts")
+    since = vm.ssh("date +%s").stdout.strip()
+    time.sleep(1)
+    change = deploy("config change ckptgw_log_level=debug", ckptgw_log_level="debug")
+    assert change.returncode == 0, change.tail()
+    assert "RUNNING HANDLER [ckptgw : Reload ckptgw]" in change.output
+    assert "RUNNING HANDLER [ckptgw : Restart ckptgw]" not in change.output
+    assert 'level = "debug"' in vm.ssh("sudo cat /etc/ckptgw/config.toml").stdout
+    assert service(vm, "MainPID") == pid, "the daemon was restarted"
+    assert service(vm, "NRestarts") == restarts
+    assert vm.ssh("systemctl is-active ckptgw.service").stdout.strip() == "active"
+    journal = vm.ssh(f"sudo journalctl --no-pager -o cat -u ckptgw.service --since @{since}").stdout
+    assert "Reloading" in journal and "Reloaded" in journal, journal[-3000:]
+    assert "Stopping" not in journal and "Started" not in journal, journal[-3000:]
+    report(f"reload: PID {pid} kept; journal: "
+           + " | ".join(line for line in journal.splitlines() if "Reload" in line or "reload" in line)[:300])
