@@ -21,6 +21,7 @@ OP_MODULES = (
     "nfsd.ops.io",           # READ WRITE COMMIT
     "nfsd.ops.secinfo",      # SECINFO SECINFO_NO_NAME
     "nfsd.ops.stateid",      # TEST_STATEID FREE_STATEID
+    "nfsd.ops.lock",         # LOCK LOCKT LOCKU
 )
 
 
