@@ -39,8 +39,10 @@ def load_handlers(modules=OP_MODULES) -> dict:
             log.warning("op_module_missing", module=name)
             continue
         for opnum, handler in module.HANDLERS.items():
-            if opnum in handlers:
-                raise RuntimeError(f"op {opnum} handled by two modules ({name})")
+            # The same function may arrive twice (a module re-exporting another's table);
+            # two different handlers for one op are a bug.
+            if handlers.get(opnum, handler) is not handler:
+                raise RuntimeError(f"op {opnum} handled twice (second time in {name})")
             handlers[opnum] = handler
     return handlers
 
