@@ -158,3 +158,23 @@ def test_mutated_compounds_never_crash_the_engine(seed, flips, cut):
         asyncio.run(go())
     finally:
         server._executor.shutdown(wait=False)
+
+
+def test_handler_tables_merge(monkeypatch):
+    import sys
+    import types
+    from nfsd.ops import load_handlers
+
+    async def a(ctx, args):
+        pass
+
+    async def b(ctx, args):
+        pass
+    for name, table in (("fake_ops_one", {1: a}), ("fake_ops_two", {1: a, 2: b}),
+                        ("fake_ops_bad", {1: b})):
+        mod = types.ModuleType(name)
+        mod.HANDLERS = table
+        monkeypatch.setitem(sys.modules, name, mod)
+    assert load_handlers(("fake_ops_one", "fake_ops_two", "fake_ops_missing")) == {1: a, 2: b}
+    with pytest.raises(RuntimeError):
+        load_handlers(("fake_ops_one", "fake_ops_bad"))
