@@ -100,9 +100,12 @@ class Uploader:
     async def stop(self) -> None:
         """Stop at once; unfinished work stays queued (multipart progress is durable)."""
         self._started = False
-        for t in self._tasks + list(self._running.values()):
+        self._kick.set()
+        self._pass_done.set()            # a flush waiting for a pass returns (not flushed)
+        tasks = self._tasks + list(self._running.values())
+        for t in tasks:
             t.cancel()
-        await asyncio.gather(*self._tasks, *self._running.values(), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
         await self.readthrough.close()
         self.gate.close()
@@ -156,7 +159,9 @@ class Uploader:
         self._kick.set()
 
     async def _scheduler(self) -> None:
-        while True:
+        # the flag, not only cancellation, ends the loop: Python 3.11's wait_for can swallow
+        # a cancel that lands as the awaited event fires (gh-86296)
+        while self._started:
             try:
                 await self._enqueue_ready()
                 await self._dispatch()
@@ -167,8 +172,9 @@ class Uploader:
             self._pass_done.set()
             self._pass_done = asyncio.Event()
             try:
-                await asyncio.wait_for(self._kick.wait(), self.settings.poll_interval)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(self.settings.poll_interval):
+                    await self._kick.wait()
+            except TimeoutError:
                 pass
             self._kick.clear()
 
@@ -319,7 +325,7 @@ class Uploader:
             pass
 
     async def _evictor(self) -> None:
-        while True:
+        while self._started:
             await asyncio.sleep(self.settings.evict_interval)
             try:
                 freed = await asyncio.to_thread(self.store.maybe_evict)
@@ -364,16 +370,18 @@ class Uploader:
             if not wait:
                 return self._flushed(prefix)
             deadline = None if timeout is None else time.monotonic() + timeout
-            while True:
+            while self._started:
                 if await asyncio.to_thread(self._flushed, prefix):
                     return True
                 if deadline is not None and time.monotonic() >= deadline:
                     return False
                 self.kick()
                 try:
-                    await asyncio.wait_for(self._pass_done.wait(), 0.5)
-                except asyncio.TimeoutError:
+                    async with asyncio.timeout(0.5):
+                        await self._pass_done.wait()
+                except TimeoutError:
                     pass
+            return False
         finally:
             self._flush_prefixes.remove(prefix)
 

@@ -145,3 +145,11 @@ async def wait_for(pred, timeout: float = 30.0, interval: float = 0.05):
         if loop.time() > deadline:
             raise AssertionError("condition not reached within %.0f s" % timeout)
         await asyncio.sleep(interval)
+
+
+def pytest_collection_modifyitems(items):
+    # a hang is a failure with a traceback, not a stuck CI job (pytest-timeout)
+    here = os.path.dirname(os.path.abspath(__file__))
+    for item in items:
+        if str(item.fspath).startswith(here) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(600 if os.environ.get("CKPTGW_LONG") == "1" else 240))
