@@ -1,10 +1,13 @@
-"""Open state: open stateids, open owners and share reservations (RFC 8881 sections
-8.2 and 9.7, 18.16).
+"""Open state: open stateids, open owners, share reservations and byte-range locks
+(RFC 8881 sections 8.2, 9.1-9.7, 18.16).
 
 One OpenState per (client, open-owner, file), as RFC 8881 9.10 asks: a second OPEN by
 the same owner upgrades it and bumps its seqid. Each OpenState holds exactly one
 store open (`store.open_file(ino, write)`), re-taken when WRITE access is gained or
 dropped, so the store always knows which files are open for write.
+
+Byte-range locks (LOCK/LOCKT/LOCKU) hang off the opens: one LockState per (lock-owner,
+file), derived from an open, released with it at CLOSE or when the client expires.
 
 Stateid `other` (12 bytes) = this table's random 4-byte epoch + an 8-byte counter:
 stateids of an earlier server instance never match and get NFS4ERR_BAD_STATEID.
@@ -79,6 +82,62 @@ class OpenState:
         self.seqid = 1 if self.seqid == SEQID_MAX else self.seqid + 1
 
 
+LOCK_READ = 1            # READ_LT / READW_LT
+LOCK_WRITE = 2           # WRITE_LT / WRITEW_LT
+RANGE_END = 1 << 64      # a length of all ones locks to the end of any file
+
+
+@dataclass(slots=True, eq=False)
+class LockState:
+    """Byte-range locks of one lock-owner on one file (RFC 8881 section 9.1): a
+    stateid derived from an open, and the owner's ranges [start, end) with their type."""
+    other: bytes
+    seqid: int
+    clientid: int
+    owner: bytes
+    open: OpenState
+    ranges: list            # [(start, end, LOCK_READ | LOCK_WRITE)], sorted, disjoint
+
+    @property
+    def ino(self) -> int:
+        return self.open.ino
+
+    @property
+    def export_id(self) -> int:
+        return self.open.export_id
+
+    @property
+    def access(self) -> int:
+        return self.open.access
+
+    def stateid(self):
+        return stateid4(seqid=self.seqid, other=self.other)
+
+    bump = OpenState.bump
+
+
+def _cut(ranges: list, start: int, end: int) -> list:
+    """The ranges with [start, end) removed (POSIX: unlocking splits a lock)."""
+    out = []
+    for s, e, t in ranges:
+        if e <= start or s >= end:
+            out.append((s, e, t))
+            continue
+        if s < start:
+            out.append((s, start, t))
+        if e > end:
+            out.append((end, e, t))
+    return out
+
+
+class LockConflict(Exception):
+    """A lock request overlaps another owner's lock (the caller answers NFS4ERR_DENIED)."""
+
+    def __init__(self, holder: LockState, start: int, end: int, kind: int):
+        super().__init__("lock conflict")
+        self.holder, self.start, self.end, self.kind = holder, start, end, kind
+
+
 class OpenStateTable:
     def __init__(self, store):
         self.store = store
@@ -88,6 +147,10 @@ class OpenStateTable:
         self._by_owner_file: dict[tuple, OpenState] = {}
         self._by_ino: dict[int, set[OpenState]] = defaultdict(set)
         self._by_client: dict[int, set[OpenState]] = defaultdict(set)
+        self._locks: dict[bytes, LockState] = {}             # by stateid other
+        self._lock_by_owner_file: dict[tuple, LockState] = {}
+        self._locks_of_open: dict[bytes, set[LockState]] = defaultdict(set)
+        self._locks_by_ino: dict[int, set[LockState]] = defaultdict(set)
 
     def attach(self, sessions) -> None:
         """Drop a client's opens when the session layer expires or destroys it."""
@@ -135,6 +198,9 @@ class OpenStateTable:
         st.bump()
 
     def close(self, st: OpenState) -> None:
+        # The client unlocks before CLOSE; whatever remains goes with the open.
+        for lk in list(self._locks_of_open.get(st.other, ())):
+            self._forget_lock(lk)
         self._forget(st)
         try:
             self.store.close_file(st.ino, st.write_open)
@@ -176,12 +242,61 @@ class OpenStateTable:
         if states:
             log.info("client_opens_dropped", clientid=clientid, opens=len(states))
 
+    # ---- byte-range locks (RFC 8881 sections 9.1-9.5; POSIX semantics per lock-owner) ----
+
+    def lock_state(self, open_st: OpenState, owner: bytes) -> LockState:
+        """The lock-owner's state for the open's file, created on first use."""
+        key = (open_st.clientid, bytes(owner), open_st.ino)
+        lk = self._lock_by_owner_file.get(key)
+        if lk is None:
+            lk = LockState(self._new_other(), 0, open_st.clientid, bytes(owner), open_st, [])
+            self._locks[lk.other] = lk
+            self._lock_by_owner_file[key] = lk
+            self._locks_of_open[open_st.other].add(lk)
+            self._locks_by_ino[open_st.ino].add(lk)
+        return lk
+
+    def conflict(self, ino: int, clientid: int, owner: bytes,
+                 start: int, end: int, kind: int):
+        """Another owner's lock overlapping [start, end) incompatibly, or None."""
+        for lk in self._locks_by_ino.get(ino, ()):
+            if lk.clientid == clientid and lk.owner == owner:
+                continue
+            for s, e, t in lk.ranges:
+                if s < end and start < e and (kind == LOCK_WRITE or t == LOCK_WRITE):
+                    return LockConflict(lk, s, e, t)
+        return None
+
+    def lock(self, lk: LockState, start: int, end: int, kind: int) -> None:
+        c = self.conflict(lk.ino, lk.clientid, lk.owner, start, end, kind)
+        if c is not None:
+            raise c
+        ranges = _cut(lk.ranges, start, end)
+        ranges.append((start, end, kind))
+        lk.ranges = _merge(ranges)
+        lk.bump()
+
+    def unlock(self, lk: LockState, start: int, end: int) -> None:
+        lk.ranges = _cut(lk.ranges, start, end)
+        lk.bump()
+
+    def _forget_lock(self, lk: LockState) -> None:
+        self._locks.pop(lk.other, None)
+        self._lock_by_owner_file.pop((lk.clientid, lk.owner, lk.ino), None)
+        for index, k in ((self._locks_of_open, lk.open.other), (self._locks_by_ino, lk.ino)):
+            group = index.get(k)
+            if group is not None:
+                group.discard(lk)
+                if not group:
+                    del index[k]
+
     # ---- stateid lookup --------------------------------------------------------------------------
-    def find(self, clientid: int, sid) -> OpenState:
-        """The open state a (non-special) stateid names, checking its seqid (RFC 8881 8.2.2):
+    def find(self, clientid: int, sid):
+        """The open or lock state a (non-special) stateid names, checking its seqid (RFC 8881 8.2.2):
         0 means the latest; older -> NFS4ERR_OLD_STATEID; newer or unknown ->
         NFS4ERR_BAD_STATEID. Another client's stateid is unknown to this one."""
-        st = self._by_other.get(bytes(sid.other))
+        other = bytes(sid.other)
+        st = self._by_other.get(other) or self._locks.get(other)
         if st is None or st.clientid != clientid:
             raise NfsError(NFS4ERR_BAD_STATEID, "unknown stateid")
         if sid.seqid != 0 and sid.seqid != st.seqid:
@@ -201,13 +316,32 @@ class OpenStateTable:
         return NFS4_OK
 
     def free(self, clientid: int, sid) -> int:
-        """FREE_STATEID: an open stateid still in use holds locks (RFC 8881 18.38.3);
-        everything else is unknown to us (opens are forgotten at CLOSE)."""
+        """FREE_STATEID (RFC 8881 18.38.3): a lock stateid without locks is freed; an
+        open stateid, or a lock stateid still locking, holds locks; anything else is
+        unknown to us (opens are forgotten at CLOSE)."""
         status = self.test(clientid, sid)
-        return NFS4ERR_LOCKS_HELD if status == NFS4_OK else status
+        if status != NFS4_OK:
+            return status
+        lk = self._locks.get(bytes(sid.other))
+        if lk is not None and not lk.ranges:
+            self._forget_lock(lk)
+            return NFS4_OK
+        return NFS4ERR_LOCKS_HELD
 
     def opens_of(self, ino: int) -> set:
         return set(self._by_ino.get(ino, ()))
+
+
+def _merge(ranges: list) -> list:
+    """Sorted, with touching ranges of the same type joined."""
+    out: list = []
+    for s, e, t in sorted(ranges):
+        if out and out[-1][2] == t and out[-1][1] >= s:
+            ps, pe, _ = out[-1]
+            out[-1] = (ps, max(pe, e), t)
+        else:
+            out.append((s, e, t))
+    return out
 
 
 def _seqid_older(a: int, b: int) -> bool:

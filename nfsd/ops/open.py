@@ -1,4 +1,5 @@
-"""OPEN OPEN_DOWNGRADE CLOSE DELEGRETURN (RFC 8881 sections 18.16, 18.18, 18.2, 18.6).
+"""OPEN OPEN_DOWNGRADE CLOSE DELEGRETURN (RFC 8881 sections 18.16, 18.18, 18.2, 18.6),
+plus LOCK LOCKT LOCKU from nfsd/ops/lock.py in the same table.
 
 We never grant delegations and keep no state across restarts, so reclaims
 (CLAIM_PREVIOUS) get NFS4ERR_NO_GRACE and delegation claims are refused.
@@ -17,13 +18,14 @@ from cache.api import FileType, SetAttr, StoreError
 from nfsd import attrs as fattr
 from nfsd.errors import NfsError
 from nfsd.exports import MAY_EXEC, MAY_READ, MAY_WRITE
-from nfsd.openstate import SHARE_ACCESS_READ, SHARE_ACCESS_WRITE, invalid_stateid
+from nfsd.openstate import SHARE_ACCESS_READ, SHARE_ACCESS_WRITE, OpenState, invalid_stateid
 from nfsd.ops._common import (Obj, change_info, check_name, clientid_of, current, export_obj,
                               nfs_error, require_dir, require_dir_modify, require_perm,
                               resolve_stateid_arg, set_current, store_errors, sync_namespace,
                               who)
 from nfsd.ops.attrs import apply_setattr, setattr_request
 from nfsd.ops.filehandle import lookup_child
+from nfsd.ops import lock as lock_ops
 from nfsd.ops.namespace import new_owner
 from nfsd.xdr.nfs4 import (
     CLAIM_DELEG_CUR_FH, CLAIM_DELEG_PREV_FH, CLAIM_DELEGATE_CUR, CLAIM_DELEGATE_PREV,
@@ -241,8 +243,8 @@ def _state_for(ctx, sid):
     obj = current(ctx)
     sid = resolve_stateid_arg(ctx, sid)
     st = ctx.server.opens.find(clientid_of(ctx), sid)
-    if st.ino != obj.ino:
-        raise NfsError(NFS4ERR_BAD_STATEID, "stateid is for another file")
+    if not isinstance(st, OpenState) or st.ino != obj.ino:
+        raise NfsError(NFS4ERR_BAD_STATEID, "not an open stateid of this file")
     return st
 
 
@@ -283,3 +285,6 @@ HANDLERS = {
     OP_CLOSE: op_close,
     OP_DELEGRETURN: op_delegreturn,
 }
+# Byte-range locks are open state too; their handlers live in nfsd/ops/lock.py and are
+# served through this table (nfsd.ops.OP_MODULES lists the op families, not lock.py).
+HANDLERS.update(lock_ops.HANDLERS)

@@ -1,0 +1,113 @@
+"""LOCK LOCKT LOCKU (RFC 8881 sections 18.10-18.12): advisory POSIX byte-range locks.
+
+Locks live in memory with the open state (nfsd/openstate.py): a server restart loses
+them, and reclaims get NFS4ERR_NO_GRACE like open reclaims. Blocking lock types
+(READW_LT/WRITEW_LT) are answered like the plain ones; the client polls.
+"""
+from __future__ import annotations
+
+from cache.api import FileType
+from nfsd.errors import NfsError
+from nfsd.openstate import (LOCK_READ, LOCK_WRITE, RANGE_END, SHARE_ACCESS_READ,
+                            SHARE_ACCESS_WRITE, LockConflict, LockState, OpenState)
+from nfsd.ops._common import clientid_of, current, resolve_stateid_arg
+from nfsd.xdr.nfs4 import (
+    NFS4ERR_BAD_STATEID, NFS4ERR_DENIED, NFS4ERR_INVAL, NFS4ERR_ISDIR, NFS4ERR_NO_GRACE,
+    NFS4ERR_OPENMODE, NFS4_OK, NFS4_UINT64_MAX, OP_LOCK, OP_LOCKT, OP_LOCKU, READ_LT,
+    READW_LT, WRITE_LT, WRITEW_LT,
+    LOCK4denied, LOCK4res, LOCK4resok, LOCKT4res, LOCKU4res, lock_owner4,
+)
+
+_KIND = {READ_LT: LOCK_READ, READW_LT: LOCK_READ, WRITE_LT: LOCK_WRITE, WRITEW_LT: LOCK_WRITE}
+_LOCKTYPE = {LOCK_READ: READ_LT, LOCK_WRITE: WRITE_LT}
+
+
+def _range(offset: int, length: int) -> tuple[int, int]:
+    """[start, end) of a lock request (RFC 8881 18.10.3: length 0 and ranges past 2**64
+    are invalid; a length of all ones means "to the end")."""
+    if length == 0:
+        raise NfsError(NFS4ERR_INVAL, "zero-length lock")
+    if length == NFS4_UINT64_MAX:
+        return offset, RANGE_END
+    if offset + length > NFS4_UINT64_MAX:
+        raise NfsError(NFS4ERR_INVAL, "lock range beyond 2**64")
+    return offset, offset + length
+
+
+def _kind(locktype: int) -> int:
+    kind = _KIND.get(locktype)
+    if kind is None:
+        raise NfsError(NFS4ERR_INVAL, f"locktype {locktype}")
+    return kind
+
+
+def _regular_file(ctx):
+    obj = current(ctx)
+    if obj.attr.type == FileType.DIR or obj.is_pseudo:
+        raise NfsError(NFS4ERR_ISDIR)
+    if obj.attr.type != FileType.REG:
+        raise NfsError(NFS4ERR_INVAL, "locks are for regular files")
+    return obj
+
+
+def _denied(c: LockConflict) -> LOCK4denied:
+    length = NFS4_UINT64_MAX if c.end == RANGE_END else c.end - c.start
+    return LOCK4denied(offset=c.start, length=length, locktype=_LOCKTYPE[c.kind],
+                       owner=lock_owner4(clientid=c.holder.clientid, owner=c.holder.owner))
+
+
+def _state(ctx, sid, kind_wanted, obj):
+    sid = resolve_stateid_arg(ctx, sid)
+    st = ctx.server.opens.find(clientid_of(ctx), sid)
+    if not isinstance(st, kind_wanted) or st.ino != obj.ino:
+        raise NfsError(NFS4ERR_BAD_STATEID, "not a stateid of that kind for this file")
+    return st
+
+
+async def op_lock(ctx, args) -> LOCK4res:
+    obj = _regular_file(ctx)
+    if args.reclaim:
+        raise NfsError(NFS4ERR_NO_GRACE, "no locks to reclaim")
+    kind = _kind(args.locktype)
+    start, end = _range(args.offset, args.length)
+    opens = ctx.server.opens
+    locker = args.locker
+    if locker.tag:      # new lock-owner: derived from an open stateid
+        open_st = _state(ctx, locker.value.open_stateid, OpenState, obj)
+        lk = opens.lock_state(open_st, locker.value.lock_owner.owner)
+    else:
+        lk = _state(ctx, locker.value.lock_stateid, LockState, obj)
+    # The open must allow the lock's kind (as Linux knfsd: NFS4ERR_OPENMODE).
+    need = SHARE_ACCESS_WRITE if kind == LOCK_WRITE else SHARE_ACCESS_READ
+    if not lk.access & need:
+        raise NfsError(NFS4ERR_OPENMODE, "open does not allow this lock type")
+    try:
+        opens.lock(lk, start, end, kind)
+    except LockConflict as c:
+        return LOCK4res(NFS4ERR_DENIED, _denied(c))
+    ctx.current_stateid = lk.stateid()
+    return LOCK4res(NFS4_OK, LOCK4resok(lock_stateid=lk.stateid()))
+
+
+async def op_lockt(ctx, args) -> LOCKT4res:
+    obj = _regular_file(ctx)
+    kind = _kind(args.locktype)
+    start, end = _range(args.offset, args.length)
+    clientid = clientid_of(ctx)
+    c = ctx.server.opens.conflict(obj.ino, clientid, bytes(args.owner.owner), start, end, kind)
+    if c is not None:
+        return LOCKT4res(NFS4ERR_DENIED, _denied(c))
+    return LOCKT4res(NFS4_OK)
+
+
+async def op_locku(ctx, args) -> LOCKU4res:
+    obj = _regular_file(ctx)
+    _kind(args.locktype)
+    start, end = _range(args.offset, args.length)
+    lk = _state(ctx, args.lock_stateid, LockState, obj)
+    ctx.server.opens.unlock(lk, start, end)
+    ctx.current_stateid = lk.stateid()
+    return LOCKU4res(NFS4_OK, lk.stateid())
+
+
+HANDLERS = {OP_LOCK: op_lock, OP_LOCKT: op_lockt, OP_LOCKU: op_locku}
