@@ -67,6 +67,9 @@ async def run(args) -> None:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    # One log line at a time even when stdout is a file or pipe (tests read the port and
+    # events from it while the server runs).
+    sys.stdout.reconfigure(line_buffering=True)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(
         getattr(logging, args.log_level.upper())), cache_logger_on_first_use=True)
     asyncio.run(run(args))
