@@ -1,0 +1,163 @@
+"""Interoperability with nfs-rs, an NFSv4.1 client we did not write (its own XDR, sessions,
+open state and COMMIT logic), against `python -m nfsd` as a process.
+
+Only NfsRetryableError is retried (bounded); any other nfs-rs error fails the test.
+Findings go to /work/notes/nfsrs_findings.md.
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+nfs_rs = pytest.importorskip("nfs_rs")
+
+from tests.e2e.crash_server import ServerProcess, store_check  # noqa: E402
+from tests.e2e.nfsrs_support import RETRIES, connect, read_file, retrying, write_file  # noqa: E402
+
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("nfsrs")
+    srv = ServerProcess(root / "cache", root / "server.log")
+    srv.start()
+    yield srv
+    status = srv.stop()
+    assert status == 0, srv.log_tail()
+    assert store_check(srv.cache_dir) == []
+    faults = [ln for ln in srv.log_errors() if "Traceback" in ln or "SERVERFAULT" in ln]
+    assert not faults, "\n".join(faults[:10])
+    if RETRIES.retries:
+        print(f"\nnfs-rs retryable errors retried: {len(RETRIES.retries)}: {RETRIES.retries[:5]}")
+
+
+@pytest.fixture
+def client(server):
+    c = connect(server.port)
+    yield c
+    c.close()
+
+
+def test_mkdir_write_read_rename_unlink_exists(client):
+    retrying(client.mkdir, "basic")
+    assert client.exists("basic") and not client.exists("basic/nothing")
+    with pytest.raises(FileExistsError):
+        client.mkdir("basic")
+    write_file(client, "basic/a", b"hello, nfs-rs")
+    assert read_file(client, "basic/a") == b"hello, nfs-rs"
+    assert client.stat("basic/a").size == 13
+    write_file(client, "basic/b", b"old target")
+    retrying(client.rename, "basic/a", "basic/b")          # over an existing file
+    assert not client.exists("basic/a")
+    assert read_file(client, "basic/b") == b"hello, nfs-rs"
+    assert sorted(client.listdir("basic")) == ["b"]
+    retrying(client.remove, "basic/b")
+    assert not client.exists("basic/b")
+    with pytest.raises(FileNotFoundError):
+        client.open("basic/b", "rb")
+    retrying(client.rmdir, "basic")
+    assert not client.exists("basic")
+
+
+def test_overwrite_truncates(client):
+    retrying(client.mkdir, "trunc")
+    write_file(client, "trunc/f", b"x" * 100_000)
+    write_file(client, "trunc/f", b"short")
+    assert read_file(client, "trunc/f") == b"short"
+    assert client.stat("trunc/f").size == 5
+
+
+def test_1mib_chunks_and_64mib_file_sha256(client):
+    retrying(client.mkdir, "big")
+    rng = random.Random(64)
+    block = rng.randbytes(MiB)
+    # 64 distinct MiB-chunks (cheap to make: a rotated block each) so misplaced chunks show
+    chunks = [block[i * 4099 % MiB:] + block[:i * 4099 % MiB] for i in range(64)]
+    want = hashlib.sha256(b"".join(chunks)).hexdigest()
+
+    def write_once():
+        with client.open("big/64m", "wb") as f:
+            for ch in chunks:
+                assert f.write(ch) == MiB
+    retrying(write_once)
+    assert client.stat("big/64m").size == 64 * MiB
+
+    def read_once():
+        h = hashlib.sha256()
+        with client.open("big/64m", "rb") as f:
+            while piece := f.read(MiB):
+                h.update(piece)
+        return h.hexdigest()
+    assert retrying(read_once) == want
+    # a read at an odd offset across a chunk boundary
+    with client.open("big/64m", "rb") as f:
+        assert retrying(f.read_at, 5 * MiB - 10, 20) == chunks[4][-10:] + chunks[5][:10]
+
+
+def test_listdir_of_1000_entries(client):
+    retrying(client.mkdir, "many")
+    names = [f"entry-{i:04d}" for i in range(1000)]
+    for name in names:
+        write_file(client, f"many/{name}", name.encode())
+    assert sorted(retrying(client.listdir, "many")) == names
+    assert sorted(e.name for e in client.scandir("many")) == names
+    assert client.exists("many/entry-0999")
+    assert read_file(client, "many/entry-0500") == b"entry-0500"
+
+
+def test_checkpoint_pattern_from_8_clients_survives_kill9(tmp_path):
+    """8 clients at once save checkpoints as training jobs do: write a tmp file (each write()
+    returns only when durable), close, rename over the final name. Every reply received means
+    durable: after a kill -9 and restart each final name holds its last saved version."""
+    srv = ServerProcess(tmp_path / "cache", tmp_path / "server.log")
+    srv.start()
+    setup = connect(srv.port)
+    retrying(setup.mkdir, "ckpt")
+    setup.close()
+    rounds, errors = 4, []
+    last: dict[int, str] = {}
+
+    def rank(i: int) -> None:
+        rng = random.Random(i)
+        try:
+            c = connect(srv.port)
+            try:
+                for r in range(rounds):
+                    data = rng.randbytes(rng.choice([1, 4096, MiB + 7, 3 * MiB]))
+                    tmp = f"ckpt/.rank{i}.pt.tmp{r}"
+                    write_file(c, tmp, data)
+                    retrying(c.rename, tmp, f"ckpt/rank{i}.pt")
+                    last[i] = hashlib.sha256(data).hexdigest()
+            finally:
+                c.close()
+        except BaseException as e:          # reported by the main thread
+            errors.append(f"rank {i}: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=rank, args=(i,)) for i in range(8)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        assert not errors, "\n".join(errors)
+        srv.restart_after_crash()
+        c = connect(srv.port)
+        try:
+            assert sorted(c.listdir("ckpt")) == sorted(f"rank{i}.pt" for i in range(8))
+            for i in range(8):
+                assert hashlib.sha256(read_file(c, f"ckpt/rank{i}.pt")).hexdigest() == last[i]
+        finally:
+            c.close()
+    finally:
+        srv.stop()
+    assert store_check(srv.cache_dir) == []
