@@ -158,7 +158,10 @@ class Worker:
                 result = await self._put(attr, key, meta, prog)
         except BaseException:
             # leave it eligible again (the job stays queued and will retry or restart)
-            self.store.set_data_state(ino, DataState.QUEUED, change)
+            try:
+                self.store.set_data_state(ino, DataState.QUEUED, change)
+            except StoreError:
+                pass                     # gone meanwhile: the job finds out when it runs again
             raise
         now = self.store.getattr(ino)
         if now.change != change and _same_data(now, attr.mtime_ns, attr.size) and now.data_state == DataState.UPLOADING:
