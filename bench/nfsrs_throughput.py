@@ -1,0 +1,177 @@
+"""nfs-rs throughput against `python -m nfsd` (and NFS-Ganesha in the same run, for ratios).
+
+Figures, as in shared/README.md's nfs-rs measurements:
+  write 1 stream     one client writes one file in 1 MiB write() calls (each durable on return)
+  write 8 streams    8 clients (threads) each write their own file at once; aggregate MB/s
+  read 1 stream      one client reads the 1-stream file back in 1 MiB reads
+  small files 1/8    4 KiB file: open "wb" + write + close + rename + unlink, files/s from 1 and
+                     8 clients
+The machine is shared and loaded: compare ckptgw with the reference measured in the same run,
+not with absolute numbers.
+
+    python bench/nfsrs_throughput.py [--size-mib 256] [--seconds 5] [--no-ganesha]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.e2e.crash_server import ServerProcess  # noqa: E402
+from tests.e2e.nfsrs_support import RETRIES, connect, retrying  # noqa: E402
+
+MiB = 1 << 20
+
+
+def write_stream(port: int, path: str, size: int, block: bytes) -> None:
+    c = connect(port)
+    try:
+        def once():
+            with c.open(path, "wb") as f:
+                for _ in range(size // MiB):
+                    f.write(block)
+        retrying(once)
+    finally:
+        c.close()
+
+
+def read_stream(port: int, path: str) -> int:
+    c = connect(port)
+    try:
+        def once():
+            n = 0
+            with c.open(path, "rb") as f:
+                while piece := f.read(MiB):
+                    n += len(piece)
+            return n
+        return retrying(once)
+    finally:
+        c.close()
+
+
+def timed_parallel(fns) -> float:
+    errors: list[BaseException] = []
+
+    def run(fn):
+        try:
+            fn()
+        except BaseException as e:          # re-raised below
+            errors.append(e)
+    threads = [threading.Thread(target=run, args=(fn,)) for fn in fns]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return elapsed
+
+
+def small_files(port: int, nclients: int, seconds: float, tag: str) -> float:
+    counts = [0] * nclients
+    payload = os.urandom(4096)
+    setup = connect(port)
+    for i in range(nclients):
+        retrying(setup.mkdir, f"small-{tag}-{i}", exist_ok=True)
+    setup.close()
+
+    def worker(i: int) -> None:
+        c = connect(port)
+        try:
+            d, n, stop = f"small-{tag}-{i}", 0, time.monotonic() + seconds
+            while time.monotonic() < stop:
+                def once():
+                    with c.open(f"{d}/tmp{n}", "wb") as f:
+                        f.write(payload)
+                retrying(once)
+                retrying(c.rename, f"{d}/tmp{n}", f"{d}/final")
+                retrying(c.remove, f"{d}/final")
+                n += 1
+            counts[i] = n
+        finally:
+            c.close()
+    elapsed = timed_parallel([lambda i=i: worker(i) for i in range(nclients)])
+    return sum(counts) / elapsed
+
+
+def measure(port: int, size: int, seconds: float) -> dict[str, float]:
+    block = os.urandom(MiB)
+    out = {}
+    setup = connect(port)
+    retrying(setup.mkdir, "bench", exist_ok=True)
+    setup.close()
+    t = timed_parallel([lambda: write_stream(port, "bench/one", size, block)])
+    out["write 1 stream (MB/s)"] = size / t / 1e6
+    per = max(MiB, size // 8 // MiB * MiB)
+    t = timed_parallel([lambda i=i: write_stream(port, f"bench/s{i}", per, block) for i in range(8)])
+    out["write 8 streams (MB/s)"] = 8 * per / t / 1e6
+    t0 = time.perf_counter()
+    n = read_stream(port, "bench/one")
+    out["read 1 stream (MB/s)"] = n / (time.perf_counter() - t0) / 1e6
+    out["small files, 1 client (files/s)"] = small_files(port, 1, seconds, "a")
+    out["small files, 8 clients (files/s)"] = small_files(port, 8, seconds, "b")
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size-mib", type=int, default=256, help="the 1-stream file (8 streams: 1/8 each)")
+    ap.add_argument("--seconds", type=float, default=5, help="per small-file measurement")
+    ap.add_argument("--dir", default=None, help="where the servers keep their data (default /var/tmp)")
+    ap.add_argument("--no-ganesha", action="store_true", help="skip the NFS-Ganesha reference")
+    args = ap.parse_args()
+    size = args.size_mib * MiB
+    root = Path(tempfile.mkdtemp(prefix="nfsrs-bench-", dir=args.dir or "/var/tmp"))
+    results: dict[str, dict[str, float]] = {}
+    try:
+        srv = ServerProcess(root / "ckptgw-cache", root / "ckptgw.log")
+        srv.start()
+        try:
+            results["ckptgw"] = measure(srv.port, size, args.seconds)
+        finally:
+            srv.stop()
+        if not args.no_ganesha and shutil.which("ganesha.nfsd"):
+            from tests.kclient.ganesha import GaneshaServer
+            g = GaneshaServer(root / "ganesha", free_port())
+            g.start()
+            try:
+                results["ganesha"] = measure(g.port, size, args.seconds)
+            finally:
+                g.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    names = list(results)
+    print(f"nfs-rs against ckptgw (python -m nfsd){' and NFS-Ganesha' if 'ganesha' in results else ''}; "
+          f"file {args.size_mib} MiB, small files {args.seconds:g} s each")
+    header = f"{'figure':34}" + "".join(f"{n:>12}" for n in names)
+    if "ganesha" in results:
+        header += f"{'ratio':>10}"
+    print(header)
+    for fig in results["ckptgw"]:
+        row = f"{fig:34}" + "".join(f"{results[n][fig]:12.1f}" for n in names)
+        if "ganesha" in results:
+            row += f"{results['ckptgw'][fig] / results['ganesha'][fig]:10.2f}"
+        print(row)
+    print(f"retryable errors retried: {len(RETRIES.retries)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
