@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+import time
 
 import pytest
 
@@ -229,3 +230,42 @@ def test_large_multi_fragment_call_over_tcp(fake_server):
         assert (r.accepted, r.stat) == (True, SUCCESS)     # decoded whole: a COMPOUND reply
         assert decode(COMPOUND4res, r.body).status == NFS4ERR_OP_NOT_IN_SESSION
     run(fake_server.port, body)
+
+
+def test_a_client_that_does_not_read_is_paused_and_loses_nothing(fake_server):
+    n = 30_000
+    calls = b"".join(encode_call(i, 100003, 4, 0, None) for i in range(n))
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", fake_server.port))
+        s.setblocking(False)
+        sent = 0
+        deadline = time.monotonic() + 20
+        paused = False
+        while sent < len(calls) and time.monotonic() < deadline:
+            try:
+                sent += s.send(calls[sent:sent + 65536])
+            except BlockingIOError:
+                time.sleep(0.05)
+            paused = paused or fake_server.call(
+                lambda: any(c._reading_paused for c in fake_server.server.connections))
+            if paused:
+                break
+        assert paused                        # replies piled up: the server stopped reading
+        s.setblocking(True)
+        s.settimeout(20)
+        if sent < len(calls):
+            s.sendall(calls[sent:])
+        got, buf, xids = 0, b"", set()
+        while got < n:
+            chunk = s.recv(1 << 20)
+            assert chunk, "connection closed early"
+            buf += chunk
+            while len(buf) >= 4:
+                size = int.from_bytes(buf[:4], "big") & 0x7FFFFFFF
+                if len(buf) < 4 + size:
+                    break
+                xids.add(parse_reply(buf[4:4 + size]).xid)
+                buf = buf[4 + size:]
+                got += 1
+        assert xids == set(range(n))         # every call answered once, after resuming
