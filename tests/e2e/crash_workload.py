@@ -259,6 +259,11 @@ class Workload:
         if w.root in {bytes(n).decode() for n, _, _ in await c.readdir(base)}:
             actual[w.root] = DIR
             await self._walk(c, await self._lookup(c, base, w.root), w.root, actual)
+        self.judge(w, actual)
+
+    def judge(self, w: Worker, actual: dict) -> None:
+        """Check `actual` (path -> DIR | file bytes, the worker's tree as the server holds it)
+        against the worker's acknowledged history; record failures; go on from `actual`."""
         candidates = [dict(w.state)]
         if w.pending is not None:
             applied = dict(w.state)

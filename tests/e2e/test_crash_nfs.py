@@ -24,7 +24,7 @@ if str(REPO) not in sys.path:
 
 from nfsd.xdr.nfs4 import FILE_SYNC4, OPEN4_SHARE_ACCESS_WRITE, UNSTABLE4  # noqa: E402
 from tests.e2e.crash_server import ServerProcess, store_check  # noqa: E402
-from tests.e2e.crash_workload import Workload  # noqa: E402
+from tests.e2e.crash_workload import DIR, FileExp, Workload  # noqa: E402
 from tests.nfsclient import NfsClient  # noqa: E402
 
 LONG = os.environ.get("CKPTGW_LONG") == "1"
@@ -51,7 +51,7 @@ async def _run_until_killed(wl: Workload, srv: ServerProcess, delay: float) -> N
     srv.kill9()                     # reap
 
 
-@pytest.mark.timeout(900 if LONG else 400)
+@pytest.mark.timeout(3600 if LONG else 400)
 def test_kill9_during_checkpoint_workload(tmp_path):
     seed = _seed()
     rng = random.Random(seed)
@@ -150,3 +150,40 @@ def test_write_verifier_changes_and_uncommitted_data_is_absent_or_correct(tmp_pa
     assert got == unstable[:len(got)], "uncommitted data came back as garbage"
     print(f"\nuncommitted file after kill -9: {len(got)} of {len(unstable)} bytes kept")
     assert store_check(srv.cache_dir) == []
+
+
+# ---- the checker itself: it must catch what the crash test looks for -------------------------
+def _judged(state: dict, pending: dict | None, actual: dict) -> tuple[list[str], Workload]:
+    wl = Workload(1, 0)
+    w = wl.workers[0]
+    w.state, w.pending = dict(state), pending
+    wl.judge(w, actual)
+    return wl.failures, wl
+
+
+def test_checker_accepts_each_side_of_an_inflight_rename_and_rejects_half():
+    data = b"new checkpoint" * 100
+    new, old = FileExp(data, len(data), len(data)), FileExp(b"old", 3, 3)
+    state = {"w0": DIR, "w0/tmp1": new, "w0/final0": old}
+    rename = {"w0/tmp1": None, "w0/final0": new}
+    assert _judged(state, rename, {"w0": DIR, "w0/tmp1": data, "w0/final0": b"old"})[0] == []
+    failures, wl = _judged(state, rename, {"w0": DIR, "w0/final0": data})
+    assert failures == [] and wl.stats.unacked_applied == 1
+    assert _judged(state, rename, {"w0": DIR, "w0/tmp1": data, "w0/final0": data})[0]  # both names
+    assert _judged(state, rename, {"w0": DIR, "w0/final0": b"old"})[0]                # source lost
+    assert _judged(state, None, {"w0": DIR, "w0/final0": data})[0]   # not sent, yet applied
+
+
+def test_checker_rejects_lost_torn_and_garbage_data():
+    data = bytes(range(256)) * 40
+    committed = {"w0": DIR, "w0/f": FileExp(data, 4096, len(data))}
+    assert _judged(committed, None, {"w0": DIR, "w0/f": data[:5000]})[0] == []
+    assert _judged(committed, None, {"w0": DIR, "w0/f": data[:4000]})[0]         # acked bytes lost
+    assert _judged(committed, None, {"w0": DIR, "w0/f": data + b"\0"})[0]        # past what was sent
+    torn = data[:4096] + bytes(1000)
+    assert _judged(committed, None, {"w0": DIR, "w0/f": torn})[0]                 # zeros, not data
+    assert _judged(committed, None, {"w0": DIR})[0]                               # acked file gone
+    assert _judged(committed, None, {"w0": DIR, "w0/f": data, "w0/x": b""})[0]    # a stray name
+    uncommitted = {"w0": DIR, "w0/u": FileExp(data, 0, len(data))}
+    _, wl = _judged(uncommitted, None, {"w0": DIR, "w0/u": b""})
+    assert wl.failures == [] and wl.workers[0].state["w0/u"].hi == 0   # tightened to what is there
