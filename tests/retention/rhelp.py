@@ -170,11 +170,11 @@ def run(coro):
     return asyncio.run(coro)
 
 
-async def drain(up, timeout: float = 60.0) -> None:
+async def drain(up, timeout: float = 30.0) -> None:
     """Until the durable queue is empty."""
     deadline = time.monotonic() + timeout
     while up.store.queue_list(1):
         if time.monotonic() > deadline:
-            raise AssertionError(f"queue not drained: {up.store.queue_list(5)}")
+            raise AssertionError(f"queue not drained: {up.store.queue_list(5)} running={list(up._running_jobs.values())}")
         up.kick()
         await asyncio.sleep(0.05)
