@@ -73,15 +73,13 @@ def _require_openable(obj: Obj) -> None:
         raise NfsError(NFS4ERR_SYMLINK)
 
 
-def _check_open_access(ctx, obj: Obj, access: int, *, owner_override: bool) -> None:
-    """Permission to open an existing file by mode bits. As Linux knfsd, the owner
-    passes regardless of them for CLAIM_FH opens (the client's reopen of a file it
-    holds, e.g. one created with mode 0444 and still being written)."""
+def _check_open_access(ctx, obj: Obj, access: int) -> None:
+    """Permission to open an existing file, by mode bits for everyone (the owner too):
+    the Linux client skips its own check and counts on OPEN, CLAIM_FH included (see
+    knfsd's do_open_fhandle). Only the creator of a new file is not checked."""
     if access & SHARE_ACCESS_WRITE and not obj.export.rw:
         raise NfsError(NFS4ERR_ROFS)
     cred = who(ctx, obj)
-    if owner_override and cred.uid == obj.attr.uid:
-        return
     want = (MAY_READ if access & SHARE_ACCESS_READ else 0) | \
            (MAY_WRITE if access & SHARE_ACCESS_WRITE else 0)
     require_perm(obj, cred, want)
@@ -222,7 +220,7 @@ async def op_open(ctx, args) -> OPEN4res:
         raise NfsError(NFS4ERR_INVAL, f"open claim {claim}")
     _require_openable(obj)
     if not created:
-        _check_open_access(ctx, obj, access, owner_override=claim == CLAIM_FH)
+        _check_open_access(ctx, obj, access)
     with store_errors():
         st = ctx.server.opens.open(clientid, args.owner.owner, obj.ino,
                                    obj.export.export_id, access, deny)
