@@ -248,7 +248,10 @@ def _judge(rule, cps: list[Checkpoint], now: float) -> list[tuple[Checkpoint, Ve
         reasons, klass, verdict, target = [], "expirable", "keep", None
         if cp.pinned:
             klass = "pinned"
-            reasons.append("pinned: " + "; ".join(f"{p or '/'} ({r or 'no reason'})" for p, r in cp.pins.items()))
+            top: dict[str, str] = {}            # one path per reason: the highest pinned one
+            for p, r in sorted(cp.pins.items(), key=lambda kv: (len(kv[0]), kv[0])):
+                top.setdefault(r, p)
+            reasons.append("pinned: " + "; ".join(f"{p or '/'} ({r or 'no reason'})" for r, p in top.items()))
         elif not cp.complete:
             klass = "protected"
             reasons.append("incomplete: " + cp.incomplete_reason())
