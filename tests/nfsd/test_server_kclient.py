@@ -112,3 +112,55 @@ echo more > /mnt/after && cat /mnt/after'''
     log = Path(server.log.name).read_text()
     assert "NFS4ERR_STALE_CLIENTID" in log          # the old clientid was refused ...
     assert log.count("session_created") >= 2       # ... and the client set up anew
+
+
+def test_connection_drop_mid_write_is_survived(tmp_path, kclient_ready):
+    """The server aborts every TCP connection while a file is being written: the client
+    reconnects, reuses its session on the new connection and nothing is lost."""
+    from cache.store import Store
+    from nfsd.exports import Exports
+    from nfsd.server import NfsServer
+    from tests.nfsd.conftest import ServerThread
+
+    store = Store.open(str(tmp_path / "cache"))
+    st = ServerThread(lambda: NfsServer(store, Exports.single(EXPORT, root_squash=False))).start()
+    dropped, created = [], []
+    mgr = st.server.sessions
+    real_new_session = mgr.new_session
+
+    def counting_new_session(*args, **kw):
+        created.append(1)
+        return real_new_session(*args, **kw)
+    st.call(setattr, mgr, "new_session", counting_new_session)
+
+    def drop_connections():
+        def abort_all():
+            dropped.append(len(st.server.connections))
+            for conn in list(st.server.connections):
+                conn.transport.abort()
+        st.call(abort_all)
+    cmd = r'''set -e
+python3 - <<'PY'
+import os, subprocess
+fd = os.open("/mnt/across-drop", os.O_CREAT | os.O_WRONLY, 0o644)
+os.write(fd, b"A" * 300000)
+os.fsync(fd)
+subprocess.run(["sh", "-c", '. "$KCLIENT_GUEST_LIB"; kc_host_call drop'], check=True)
+os.write(fd, b"B" * 300000)
+os.fsync(fd)
+os.close(fd)
+PY
+echo 3 > /proc/sys/vm/drop_caches
+python3 -c 'd = open("/mnt/across-drop", "rb").read()
+assert d == b"A" * 300000 + b"B" * 300000, len(d)
+print("DATA_OK")'
+'''
+    try:
+        res = KernelClient(st.port, export=EXPORT, vers="4.1").run(
+            cmd, timeout=600, host_calls={"drop": drop_connections})
+        res.check()
+        assert "DATA_OK" in res.stdout and dropped and dropped[0] >= 1
+        assert len(created) == 1             # the session outlived its connection
+    finally:
+        st.stop()
+        store.close()
