@@ -1,7 +1,8 @@
 """Session-layer behaviour with the real Linux NFSv4 client (a QEMU VM, tests/kclient):
 several connections per mount (nconnect), and a server restart under an open file
 (new boot epoch: BADSESSION, STALE_CLIENTID, a fresh EXCHANGE_ID, reclaim refused
-with NO_GRACE, the client carries on). Slow (a VM boot each): marked `kclient`."""
+with NO_GRACE, the client carries on), and every connection dropped mid-write (the
+session carries on over the new one). Slow (a VM boot each): marked `kclient`."""
 from __future__ import annotations
 
 import signal
