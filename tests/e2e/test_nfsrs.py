@@ -104,11 +104,31 @@ def test_1mib_chunks_and_64mib_file_sha256(client):
         assert retrying(f.read_at, 5 * MiB - 10, 20) == chunks[4][-10:] + chunks[5][:10]
 
 
-def test_listdir_of_1000_entries(client):
+def test_listdir_of_1000_entries(server, client):
     retrying(client.mkdir, "many")
     names = [f"entry-{i:04d}" for i in range(1000)]
-    for name in names:
-        write_file(client, f"many/{name}", name.encode())
+    errors = []
+
+    def fill(part: list[str]) -> None:
+        # 4 clients at once into one directory; touch (OPEN create + CLOSE) keeps this quick
+        try:
+            c = connect(server.port)
+            try:
+                for name in part:
+                    if name.endswith("00"):
+                        write_file(c, f"many/{name}", name.encode())
+                    else:
+                        retrying(c.touch, f"many/{name}")
+            finally:
+                c.close()
+        except BaseException as e:          # reported by the main thread
+            errors.append(f"{type(e).__name__}: {e}")
+    threads = [threading.Thread(target=fill, args=(names[i::4],)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors, errors
     assert sorted(retrying(client.listdir, "many")) == names
     assert sorted(e.name for e in client.scandir("many")) == names
     assert client.exists("many/entry-0999")
