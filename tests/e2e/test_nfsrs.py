@@ -181,3 +181,62 @@ def test_checkpoint_pattern_from_8_clients_survives_kill9(tmp_path):
     finally:
         srv.stop()
     assert store_check(srv.cache_dir) == []
+
+
+def test_modes_attributes_and_links(client):
+    retrying(client.mkdir, "misc")
+    write_file(client, "misc/a", b"123")
+    with client.open("misc/a", "ab") as f:
+        f.write(b"456")
+    with client.open("misc/a", "r+b") as f:
+        f.seek(2)
+        f.write(b"ZZ")
+    assert read_file(client, "misc/a") == b"12ZZ56"
+    with client.open("misc/sparse", "wb") as f:
+        f.write_at(b"end", 100_000)
+    assert read_file(client, "misc/sparse") == bytes(100_000) + b"end"
+    with client.open("misc/a", "rb") as f:
+        assert f.read_at(1000, 10) == b""                   # past EOF
+    retrying(client.truncate, "misc/a", 2)
+    retrying(client.truncate, "misc/a", 6)
+    assert read_file(client, "misc/a") == b"12\0\0\0\0"
+    retrying(client.chmod, "misc/a", 0o600)
+    retrying(client.chown, "misc/a", 1000, 1000)
+    retrying(client.utime, "misc/a", ns=(1_000_000_000, 2_000_000_000))
+    st = client.stat("misc/a")
+    assert (st.mode & 0o7777, st.uid, st.gid, st.atime, st.mtime) == \
+        (0o600, 1000, 1000, 1_000_000_000, 2_000_000_000)
+    retrying(client.symlink, "a", "misc/l")
+    assert client.readlink("misc/l") == "a"
+    retrying(client.link, "misc/a", "misc/h")
+    assert client.stat("misc/a").nlink == 2
+    retrying(client.rename, "misc/a", "misc/h")             # same file: a no-op (RFC 8881 18.26.4)
+    assert sorted(client.listdir("misc")) == ["a", "h", "l", "sparse"]
+
+
+def test_errors_map_to_the_posix_exceptions(client):
+    retrying(client.mkdir, "errs")
+    retrying(client.mkdir, "errs/d")
+    write_file(client, "errs/d/f", b"x")
+    write_file(client, "errs/f", b"x")
+    with pytest.raises(NotADirectoryError):
+        client.mkdir("errs/f/sub")
+    with pytest.raises(NotADirectoryError):
+        client.open("errs/f/sub", "wb")
+    with pytest.raises(IsADirectoryError):
+        client.rename("errs/f", "errs/d")
+    with pytest.raises(NotADirectoryError):
+        client.rename("errs/d", "errs/f")
+    with pytest.raises(IsADirectoryError):
+        client.open("errs/d", "rb")
+    with pytest.raises(OSError, match="not empty"):
+        client.rmdir("errs/d")
+    with pytest.raises(FileNotFoundError):
+        client.rename("errs/nothing", "errs/z")
+    with pytest.raises(OSError, match="too long"):
+        client.open("errs/" + "n" * 256, "wb")
+    write_file(client, "errs/" + "n" * 255, b"")            # NAME_MAX itself is fine
+    with pytest.raises(nfs_rs.NfsError):
+        client.rename("errs", "errs/d/inside")              # a dir into its own subtree
+    assert sorted(client.listdir("errs")) == sorted(["d", "f", "n" * 255])
+    assert client.listdir("errs/d") == ["f"]
