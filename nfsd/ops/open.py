@@ -1,5 +1,4 @@
-"""OPEN OPEN_DOWNGRADE CLOSE DELEGRETURN (RFC 8881 sections 18.16, 18.18, 18.2, 18.6),
-plus LOCK LOCKT LOCKU from nfsd/ops/lock.py in the same table.
+"""OPEN OPEN_DOWNGRADE CLOSE DELEGRETURN (RFC 8881 sections 18.16, 18.18, 18.2, 18.6).
 
 We never grant delegations and keep no state across restarts, so reclaims
 (CLAIM_PREVIOUS) get NFS4ERR_NO_GRACE and delegation claims are refused.
@@ -25,7 +24,6 @@ from nfsd.ops._common import (Obj, change_info, check_name, clientid_of, current
                               who)
 from nfsd.ops.attrs import apply_setattr, setattr_request
 from nfsd.ops.filehandle import lookup_child
-from nfsd.ops import lock as lock_ops
 from nfsd.ops.namespace import new_owner
 from nfsd.xdr.nfs4 import (
     CLAIM_DELEG_CUR_FH, CLAIM_DELEG_PREV_FH, CLAIM_DELEGATE_CUR, CLAIM_DELEGATE_PREV,
@@ -284,6 +282,3 @@ HANDLERS = {
     OP_CLOSE: op_close,
     OP_DELEGRETURN: op_delegreturn,
 }
-# Byte-range locks are open state too; their handlers live in nfsd/ops/lock.py and are
-# served through this table (nfsd.ops.OP_MODULES lists the op families, not lock.py).
-HANDLERS.update(lock_ops.HANDLERS)
