@@ -345,3 +345,21 @@ def test_unlink_during_a_write_defers_reclaim(store, monkeypatch):
         store.getattr(f)
     assert err(e) == errno.ESTALE
     assert not os.path.exists(store.data.path(f))
+
+
+def test_unlinked_open_inode_edges(store):
+    f = mkfile(store, ROOT_INO, b"f", b"abc")
+    store.open_file(f, write=False)
+    store.unlink(ROOT_INO, b"f")
+    assert store.path_of(f) is None
+    with pytest.raises(StoreError) as e:
+        store.link(f, ROOT_INO, b"again")
+    assert err(e) == errno.ENOENT
+    assert store.is_open(f) and store.is_open(f, write=False) and not store.is_open(f, write=True)
+    store.close_file(f, write=False)
+    assert not store.is_open(f)
+    for op in (lambda: store.set_pinned(f, True), lambda: store.path_of(f),
+               lambda: store.extents(f), lambda: store.commit(f)):
+        with pytest.raises(StoreError) as e:
+            op()
+        assert err(e) == errno.ESTALE
