@@ -18,11 +18,11 @@ from nfsd.fh import FileHandle, codec_for
 from nfsd.openstate import (ANONYMOUS, BYPASS, CURRENT, INVALID, SHARE_ACCESS_READ,
                             SHARE_ACCESS_WRITE, special_kind)
 from nfsd.xdr.nfs4 import (
-    NFS4ERR_ACCESS, NFS4ERR_BAD_STATEID, NFS4ERR_LOCKED, NFS4ERR_OPENMODE, NFS4ERR_BADCHAR, NFS4ERR_BADNAME, NFS4ERR_DELAY, NFS4ERR_DQUOT,
-    NFS4ERR_EXIST, NFS4ERR_FBIG, NFS4ERR_INVAL, NFS4ERR_IO, NFS4ERR_ISDIR, NFS4ERR_MLINK,
-    NFS4ERR_NAMETOOLONG, NFS4ERR_NOENT, NFS4ERR_NOFILEHANDLE, NFS4ERR_NOSPC,
-    NFS4ERR_NOTDIR, NFS4ERR_NOTEMPTY, NFS4ERR_PERM, NFS4ERR_ROFS, NFS4ERR_STALE,
-    NFS4ERR_SYMLINK, NFS4ERR_XDEV, change_info4,
+    NFS4ERR_ACCESS, NFS4ERR_BAD_STATEID, NFS4ERR_BADCHAR, NFS4ERR_BADNAME, NFS4ERR_DELAY,
+    NFS4ERR_DQUOT, NFS4ERR_EXIST, NFS4ERR_FBIG, NFS4ERR_INVAL, NFS4ERR_IO, NFS4ERR_ISDIR,
+    NFS4ERR_LOCKED, NFS4ERR_MLINK, NFS4ERR_NAMETOOLONG, NFS4ERR_NOENT, NFS4ERR_NOFILEHANDLE,
+    NFS4ERR_NOSPC, NFS4ERR_NOTDIR, NFS4ERR_NOTEMPTY, NFS4ERR_OPENMODE, NFS4ERR_PERM,
+    NFS4ERR_ROFS, NFS4ERR_STALE, NFS4ERR_SYMLINK, NFS4ERR_XDEV, change_info4,
 )
 
 log = structlog.get_logger(__name__)
@@ -258,7 +258,7 @@ def clientid_of(ctx) -> int:
 
 
 def io_state(ctx, sid, obj: Obj, *, write: bool):
-    """The open state a READ/WRITE/SETATTR(size) stateid names, or None for the
+    """The open or lock state a READ/WRITE/SETATTR(size) stateid names, or None for the
     anonymous / READ-bypass stateids (the caller then checks mode bits). Enforces the
     open's mode (NFS4ERR_OPENMODE) and other owners' deny reservations for anonymous I/O."""
     sid = resolve_stateid_arg(ctx, sid)
