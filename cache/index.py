@@ -486,6 +486,11 @@ class Index:
         try:
             os.posix_fallocate(self._mdb_fd, 0, end + self.headroom)
         except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                # the filesystem cannot preallocate: manage without headroom
+                log.warning("index.no_preallocation", path=self.path, error=str(e))
+                self._allocated = 1 << 62
+                return True
             if not self.space_low:
                 log.error("index.headroom_low", path=self.path, error=str(e))
             self.space_low = True
