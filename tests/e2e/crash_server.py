@@ -34,21 +34,25 @@ class ServerProcess:
         self.kills = 0
         self._killed = False
 
-    def command(self) -> list[str]:
-        return [sys.executable, "-m", "nfsd", "--listen", "127.0.0.1:0", "--cache-dir",
+    def command(self, port: int = 0) -> list[str]:
+        return [sys.executable, "-m", "nfsd", "--listen", f"127.0.0.1:{port}", "--cache-dir",
                 str(self.cache_dir), "--export", self.export, "--log-level", "info"]   # info: the port line
 
-    def start(self, timeout: float = 60) -> int:
-        """Start a server process and return its port once it listens."""
+    def start(self, timeout: float = 60, *, same_port: bool = False, wait: bool = True) -> int:
+        """Start a server process and return its port once it listens. same_port: listen
+        where the previous process did (for clients that reconnect on their own).
+        wait=False: return at once (to kill it during start-up and crash recovery)."""
         assert self.proc is None or self.proc.poll() is not None, "server already running"
         self.starts += 1
         self._killed = False
         with open(self.log_path, "ab") as log:
             log.write(f"===== start #{self.starts}\n".encode())
             offset = log.tell()
-            self.proc = subprocess.Popen(self.command(), cwd=REPO, stdin=subprocess.DEVNULL,
+            self.proc = subprocess.Popen(self.command(self.port if same_port else 0), cwd=REPO, stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
+        if not wait:
+            return 0
         deadline = time.monotonic() + timeout
         while True:
             with open(self.log_path, "rb") as log:

@@ -14,6 +14,7 @@ import asyncio
 import os
 import random
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,7 @@ LONG = os.environ.get("CKPTGW_LONG") == "1"
 KILL_POINTS = 300 if LONG else 30
 WORKERS = 4
 STORE_CHECK_EVERY = 10          # also open the crashed store directly every N kill points
+KILL_IN_STARTUP_EVERY = 4       # and kill a restarting server during start-up every N
 
 
 def _seed() -> int:
@@ -58,12 +60,20 @@ def test_kill9_during_checkpoint_workload(tmp_path):
     srv = ServerProcess(tmp_path / "cache", tmp_path / "server.log")
     wl = Workload(WORKERS, seed)
     store_problems: list[str] = []
+    startup_kills = 0
     srv.start()
     try:
         for point in range(1, KILL_POINTS + 1):
             asyncio.run(_run_until_killed(wl, srv, rng.uniform(0.05, 1.2)))
             if point % STORE_CHECK_EVERY == 0:
                 store_problems += [f"after kill {point}: {p}" for p in store_check(srv.cache_dir)]
+            elif point % KILL_IN_STARTUP_EVERY == 0:
+                # a crash during start-up (store open, crash recovery): recovery must be
+                # idempotent, whatever it had done when it died
+                srv.start(wait=False)
+                time.sleep(rng.uniform(0.0, 0.6))
+                srv.kill9()
+                startup_kills += 1
             srv.start()
             asyncio.run(wl.verify(srv.port))
             if wl.failures:
@@ -81,7 +91,7 @@ def test_kill9_during_checkpoint_workload(tmp_path):
         srv.stop()
 
     s = wl.stats
-    print(f"\ncrash figures (seed {seed}): kill points {srv.kills}, acknowledged ops {s.acked}, "
+    print(f"\ncrash figures (seed {seed}): kill points {srv.kills} ({startup_kills} during start-up), acknowledged ops {s.acked}, "
           f"verified {s.verified}, in-flight namespace ops applied/not {s.unacked_applied}/"
           f"{s.unacked_absent}, uncommitted bytes dropped by recovery "
           f"{s.uncommitted_bytes_dropped}, episodes {s.episodes}, failures {len(wl.failures)}")
@@ -89,7 +99,7 @@ def test_kill9_during_checkpoint_workload(tmp_path):
     assert not store_problems, f"seed {seed}: Store.check():\n" + "\n".join(store_problems[:20])
     assert len(set(wl.verifiers)) == len(wl.verifiers), \
         f"a write verifier repeated across restarts: {[v.hex() for v in wl.verifiers]}"
-    assert srv.kills >= KILL_POINTS
+    assert srv.kills - startup_kills >= KILL_POINTS
     assert s.verified == s.acked and s.acked > KILL_POINTS, "the workload barely ran"
     faults = [ln for ln in srv.log_errors() if "Traceback" in ln or "SERVERFAULT" in ln]
     assert not faults, "\n".join(faults[:10])

@@ -170,7 +170,10 @@ def test_checkpoint_pattern_from_8_clients_survives_kill9(tmp_path):
         for t in threads:
             t.join(300)
         assert not errors, "\n".join(errors)
-        srv.restart_after_crash()
+        srv.kill9()
+        srv.start(same_port=True)
+        # a new Client: an nfs-rs Client does not outlive its server's restart (seen with
+        # NFS-Ganesha too: NfsOperationOutcomeError DefiniteFailure, recovery=Retry)
         c = connect(srv.port)
         try:
             assert sorted(c.listdir("ckpt")) == sorted(f"rank{i}.pt" for i in range(8))
