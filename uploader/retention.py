@@ -141,6 +141,20 @@ class Records:
                 os.fsync(f.fileno())
             os.replace(tmp, self.objects_path)
 
+    def forget_under(self, rel_prefix: str) -> None:
+        """Drop the records of objects under a deleted checkpoint (prefix-relative keys)."""
+        with self.lock:
+            data = self.objects()
+            keep = {k: v for k, v in data.items() if not (k == rel_prefix or k.startswith(rel_prefix + "/"))}
+            if len(keep) == len(data):
+                return
+            tmp = self.objects_path + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(keep, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.objects_path)
+
 
 # ---- settings ------------------------------------------------------------------------------
 @dataclass
@@ -496,6 +510,7 @@ def _apply_sync(store, rules, object_client, now, settings, only) -> dict:
                     continue
                 records.audit(**base, status="done", detail=f"removed {removed} entries from the namespace; "
                               "S3 deletes queued")
+                records.forget_under(a.checkpoint)
             else:
                 for job in a.jobs:
                     store.queue_put({"kind": JOB_KIND, "series": a.series, "checkpoint": a.checkpoint,

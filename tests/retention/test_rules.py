@@ -170,3 +170,32 @@ def test_apply_refuses_what_became_unsafe_after_the_plan(store):
     write_file(store, f"{target.checkpoint}/late.pt", b"written after the plan")
     removed, refused = retention.remove_tree(store, target.checkpoint, ino)
     assert removed == 0 and "not clean" in refused and exists(store, target.checkpoint)
+
+
+def test_the_daemon_schedule_applies_by_itself(store):
+    """appliance.daemon.Daemon._retention_forever: resume once, then apply every `schedule`."""
+    import asyncio
+    from types import SimpleNamespace
+    from appliance.daemon import Daemon
+
+    calls = []
+
+    class Commands:
+        async def _rules_module(self, name, action, args):
+            calls.append((name, action, args))
+            return {"actions": [], "skipped": [], "queued_jobs": 0}
+
+    fake = SimpleNamespace(store=store, commands=Commands(), config=SimpleNamespace(
+        retention=SimpleNamespace(schedule=0.05, series=(Rule(),))))
+
+    async def main():
+        task = asyncio.create_task(Daemon._retention_forever(fake))
+        await asyncio.sleep(0.5)
+        fake.config.retention.schedule = None            # a reload turned it off
+        n = len(calls)
+        await asyncio.sleep(0.3)
+        task.cancel()
+        return n
+    n = asyncio.run(main())
+    assert n >= 2 and calls[0] == ("retention", "apply", {})
+    assert len(calls) == n
