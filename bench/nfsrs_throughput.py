@@ -114,7 +114,8 @@ def measure(port: int, size: int, seconds: float) -> dict[str, float]:
     t = timed_parallel([lambda: write_stream(port, "bench/one", size, block)])
     out["write 1 stream (MB/s)"] = size / t / 1e6
     per = max(MiB, size // 8 // MiB * MiB)
-    t = timed_parallel([lambda i=i: write_stream(port, f"bench/s{i}", per, block) for i in range(8)])
+    t = timed_parallel([lambda i=i: write_stream(port, f"bench/s{i}", per, block)
+                        for i in range(8)])
     out["write 8 streams (MB/s)"] = 8 * per / t / 1e6
     t0 = time.perf_counter()
     n = read_stream(port, "bench/one")

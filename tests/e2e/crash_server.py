@@ -36,7 +36,8 @@ class ServerProcess:
 
     def command(self, port: int = 0) -> list[str]:
         return [sys.executable, "-m", "nfsd", "--listen", f"127.0.0.1:{port}", "--cache-dir",
-                str(self.cache_dir), "--export", self.export, "--log-level", "info"]   # info: the port line
+                str(self.cache_dir), "--export", self.export,
+                "--log-level", "info"]          # info: the port line
 
     def start(self, timeout: float = 60, *, same_port: bool = False, wait: bool = True) -> int:
         """Start a server process and return its port once it listens. same_port: listen
@@ -48,7 +49,8 @@ class ServerProcess:
         with open(self.log_path, "ab") as log:
             log.write(f"===== start #{self.starts}\n".encode())
             offset = log.tell()
-            self.proc = subprocess.Popen(self.command(self.port if same_port else 0), cwd=REPO, stdin=subprocess.DEVNULL,
+            self.proc = subprocess.Popen(self.command(self.port if same_port else 0), cwd=REPO,
+                                         stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
         if not wait:
@@ -117,7 +119,7 @@ class ServerProcess:
 
 
 def store_check(cache_dir: Path) -> list[str]:
-    """Open the store in a fresh process (crash recovery runs) and return Store.check()'s problems."""
+    """Open the store in a fresh process (crash recovery runs); return Store.check()'s problems."""
     code = ("import json, sys; from cache.store import Store\n"
             "s = Store.open(sys.argv[1])\n"
             "try:\n    problems = s.check()\nfinally:\n    s.close()\n"

@@ -191,9 +191,8 @@ class Workload:
         """OPEN(create) a new file, write it in chunks, COMMIT if asked, CLOSE."""
         data = w.new_data()
         exp = FileExp(data)
-        opened = await self._namespace(w, {path: exp}, c.open_create(dfh, name,
-                                                                      access=OPEN4_SHARE_ACCESS_WRITE))
-        fh, stateid = opened
+        create = c.open_create(dfh, name, access=OPEN4_SHARE_ACCESS_WRITE)
+        fh, stateid = await self._namespace(w, {path: exp}, create)
         for off in range(0, len(data), CHUNK):
             chunk = data[off:off + CHUNK]
             exp.hi = off + len(chunk)                  # may be there from now on
@@ -276,8 +275,9 @@ class Workload:
         problems = [self._compare(cand, actual) for cand in candidates]
         best = min(range(len(candidates)), key=lambda i: len(problems[i]))
         if problems[best]:
-            self.failures.append(f"worker {w.index}: server state matches no acknowledged history "
-                                 f"(pending={sorted(w.pending or {})}): " + "; ".join(problems[best][:8]))
+            self.failures.append(f"worker {w.index}: server state matches no acknowledged "
+                                 f"history (pending={sorted(w.pending or {})}): "
+                                 + "; ".join(problems[best][:8]))
             w.state = {p: (DIR if v is DIR else FileExp(v, len(v), len(v)))
                        for p, v in actual.items()}     # go on from what is there
         else:

@@ -91,7 +91,8 @@ def test_kill9_during_checkpoint_workload(tmp_path):
         srv.stop()
 
     s = wl.stats
-    print(f"\ncrash figures (seed {seed}): kill points {srv.kills} ({startup_kills} during start-up), acknowledged ops {s.acked}, "
+    print(f"\ncrash figures (seed {seed}): kill points {srv.kills} ({startup_kills} during "
+          f"start-up), acknowledged ops {s.acked}, "
           f"verified {s.verified}, in-flight namespace ops applied/not {s.unacked_applied}/"
           f"{s.unacked_absent}, uncommitted bytes dropped by recovery "
           f"{s.uncommitted_bytes_dropped}, episodes {s.episodes}, failures {len(wl.failures)}")
@@ -189,7 +190,7 @@ def test_checker_rejects_lost_torn_and_garbage_data():
     committed = {"w0": DIR, "w0/f": FileExp(data, 4096, len(data))}
     assert _judged(committed, None, {"w0": DIR, "w0/f": data[:5000]})[0] == []
     assert _judged(committed, None, {"w0": DIR, "w0/f": data[:4000]})[0]         # acked bytes lost
-    assert _judged(committed, None, {"w0": DIR, "w0/f": data + b"\0"})[0]        # past what was sent
+    assert _judged(committed, None, {"w0": DIR, "w0/f": data + b"\0"})[0]   # past what was sent
     torn = data[:4096] + bytes(1000)
     assert _judged(committed, None, {"w0": DIR, "w0/f": torn})[0]                 # zeros, not data
     assert _judged(committed, None, {"w0": DIR})[0]                               # acked file gone

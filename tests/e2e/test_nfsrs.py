@@ -22,7 +22,8 @@ if str(REPO) not in sys.path:
 nfs_rs = pytest.importorskip("nfs_rs")
 
 from tests.e2e.crash_server import ServerProcess, store_check  # noqa: E402
-from tests.e2e.nfsrs_support import RETRIES, connect, read_file, retrying, url, write_file  # noqa: E402
+from tests.e2e.nfsrs_support import (  # noqa: E402
+    RETRIES, connect, read_file, retrying, url, write_file)
 
 MiB = 1 << 20
 
@@ -343,6 +344,7 @@ def test_checkpoint_pattern_with_kill9_midway(tmp_path):
     finally:
         stop.set()
         srv.stop()
-    print(f"\nnfs-rs ranks across {kills + 1} kill -9s: {saves[0]} acknowledged saves, each rank's last one verified")
+    print(f"\nnfs-rs ranks across {kills + 1} kill -9s: {saves[0]} acknowledged saves, "
+          "each rank's last one verified")
     assert saves[0] > 0
     assert store_check(srv.cache_dir) == []
