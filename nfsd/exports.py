@@ -46,8 +46,9 @@ class Export:
     anonuid: int = 65534
     anongid: int = 65534
     root_ino: int = ROOT_INO                    # store subtree (single export: the store root)
-    _nets: list = field(default_factory=list, repr=False)
-    mount_fileid: int = 0                       # fileid of the pseudo dir it is mounted on (0: none)
+    _nets: list = field(default_factory=list, init=False, repr=False)
+    # fileid of the pseudo directory it is mounted on (0: none); set by Exports
+    mount_fileid: int = field(default=0, init=False)
 
     def __post_init__(self):
         if not 1 <= self.export_id <= 0xFFFF:
