@@ -264,8 +264,10 @@ def io_state(ctx, sid, obj: Obj, *, write: bool):
     sid = resolve_stateid_arg(ctx, sid)
     kind = special_kind(sid)
     opens = ctx.server.opens
-    if kind == INVALID or (kind == BYPASS and write):
-        raise NfsError(NFS4ERR_BAD_STATEID, "special stateid not valid here")
+    if kind == INVALID:
+        raise NfsError(NFS4ERR_BAD_STATEID, "the invalid special stateid")
+    if kind == BYPASS and write:
+        kind = ANONYMOUS        # RFC 8881 8.2.3: for WRITE/SETATTR it is the anonymous one
     if kind in (ANONYMOUS, BYPASS):
         if kind == ANONYMOUS:
             deny_bit = SHARE_ACCESS_WRITE if write else SHARE_ACCESS_READ

@@ -171,6 +171,8 @@ def test_share_deny(fs):
         anon = stateid4(0, bytes(12))
         assert await fs.status([(OP_PUTFH, PUTFH4args(f)), (OP_WRITE, WRITE4args(anon, 0, UNSTABLE4, b"x"))]) == NFS4ERR_LOCKED
         await fs.read(f, stateid4(0xFFFFFFFF, b"\xff" * 12), 0, 10)
+        assert await fs.status([(OP_PUTFH, PUTFH4args(f)), (OP_WRITE, WRITE4args(
+            stateid4(0xFFFFFFFF, b"\xff" * 12), 0, UNSTABLE4, b"x"))]) == NFS4ERR_LOCKED
         await fs.close(f, s1)
         f, s2, _ = await fs.open(exp, "f", access=OPEN4_SHARE_ACCESS_WRITE, owner=b"o2")
     run(main())
