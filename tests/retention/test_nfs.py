@@ -1,6 +1,5 @@
 """Checkpoints saved over NFS (our server, the test client): a file a client holds open keeps
 its checkpoint incomplete; once closed and uploaded, the rules apply to it like to any other."""
-import asyncio
 import time
 
 from rhelp import DAY, PREFIX, Rule, Settings, ckpt, drain, exists, make_uploader, mkdirs, objects, run, set_age

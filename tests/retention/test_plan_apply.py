@@ -1,6 +1,5 @@
 """The synthetic series: 50 checkpoints with mixed ages, a pin, an incomplete one and a stale
 temporary directory; plan and apply against moto give exactly the expected survivors."""
-import asyncio
 import time
 
 from rhelp import (DAY, HOUR, INCOMPLETE, PINNED, PREFIX, STEPS, Rule, Settings, T, age_series, ckpt, drain,

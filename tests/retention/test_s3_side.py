@@ -1,13 +1,13 @@
 """The S3 side against moto: lifecycle sync round trip beside a foreign rule, Object Lock on
 pinned checkpoints, apply through an S3 outage."""
+import asyncio
 import time
 
 import pytest
 
-from rhelp import (DAY, HOUR, PREFIX, Rule, Settings, T, age_series, ckpt, client, drain, exists, make_uploader,
-                   objects, run, write_series)
+from rhelp import (DAY, HOUR, PREFIX, Rule, Settings, T, ckpt, client, drain, exists, make_uploader, objects, run,
+                   set_age, write_series)
 from uploader import lifecycle, retention
-from uploader.objectclient import PermanentError
 
 FOREIGN = {"ID": "team-logs-expiry", "Status": "Enabled", "Filter": {"Prefix": "logs/"},
            "Expiration": {"Days": 90}}
@@ -148,7 +148,6 @@ def test_apply_during_an_s3_outage_completes_once_s3_is_back(moto, proxy, bucket
             write_series(store, steps=steps)
             assert await up.flush("runs", timeout=60)
             for s in steps:
-                from rhelp import set_age
                 set_age(store, ckpt(s), (1000 - s) / 100 * DAY + HOUR, now)
             proxy.faults.error_rate = 1.0                      # every request: 503
             kw = dict(store=store, rules=[rule], object_client=up.client, now=now, settings=Settings())
@@ -156,7 +155,6 @@ def test_apply_during_an_s3_outage_completes_once_s3_is_back(moto, proxy, bucket
             # the namespace changed at once; S3 did not
             gone = [a["checkpoint"] for a in result["actions"] if a["action"] == "delete"]
             assert gone and not any(exists(store, c) for c in gone)
-            import asyncio
             await asyncio.sleep(1.0)
             assert store.queue_list(1)                          # work waits in the durable queue
             assert f"{PREFIX}{gone[0]}/model.pt" in objects(client(proxy.endpoint.replace(
