@@ -19,6 +19,7 @@ from nfsd.ops._common import (blocking, current, io_state, nfs_error, require_wr
                               store_errors, who)
 from nfsd.xdr.nfs4 import (
     FILE_SYNC4, NFS4ERR_ACCESS, NFS4ERR_DELAY, NFS4ERR_FBIG, NFS4ERR_INVAL, NFS4ERR_ISDIR,
+    NFS4ERR_SYMLINK, NFS4ERR_WRONG_TYPE,
     NFS4_OK, OP_COMMIT, OP_READ, OP_WRITE, UNSTABLE4,
     COMMIT4res, COMMIT4resok, READ4res, READ4resok, WRITE4res, WRITE4resok,
 )
@@ -34,11 +35,14 @@ _OFFLOAD_WRITE_BYTES = 64 * 1024
 
 
 def _require_regular(obj) -> None:
+    """READ/WRITE/COMMIT need a regular file (RFC 8881 18.22.4, 18.32.4, 18.3.4)."""
     t = obj.attr.type
     if t == FileType.DIR:
         raise NfsError(NFS4ERR_ISDIR)
+    if t == FileType.LNK:
+        raise NfsError(NFS4ERR_SYMLINK)
     if t != FileType.REG:
-        raise NfsError(NFS4ERR_INVAL, "not a regular file")
+        raise NfsError(NFS4ERR_WRONG_TYPE)
 
 
 def _check_anonymous_io(ctx, obj, want: int) -> None:

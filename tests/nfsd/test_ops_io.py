@@ -126,3 +126,16 @@ def test_write_over_capacity_is_delay(fs, monkeypatch):
         assert await fs.status([(OP_PUTFH, PUTFH4args(f)),
                                 (OP_WRITE, WRITE4args(sid, 0, UNSTABLE4, b"x"))]) == NFS4ERR_NOSPC
     run(main())
+
+
+def test_io_on_a_symlink(fs):
+    async def main():
+        exp = await fs.root_fh()
+        res = await fs.run([(OP_PUTFH, PUTFH4args(exp)),
+                            (OP_CREATE, CREATE4args(createtype4(NF4LNK, b"t"), b"ln", fattr4([], b""))),
+                            (OP_GETFH, None)])
+        ln = res[2].value.object
+        for op, args in ((OP_READ, READ4args(ANON, 0, 1)), (OP_WRITE, WRITE4args(ANON, 0, UNSTABLE4, b"x")),
+                         (OP_COMMIT, COMMIT4args(0, 0))):
+            assert await fs.status([(OP_PUTFH, PUTFH4args(ln)), (op, args)]) == NFS4ERR_SYMLINK
+    run(main())
