@@ -106,6 +106,7 @@ def test_kill9_during_checkpoint_workload(tmp_path):
     assert not faults, "\n".join(faults[:10])
 
 
+@pytest.mark.timeout(120)
 def test_write_verifier_changes_and_uncommitted_data_is_absent_or_correct(tmp_path):
     """RFC 8881 18.32.3: a new verifier after a restart tells clients to resend UNSTABLE data;
     what was written but not committed before the crash is absent or correct, never garbage."""

@@ -26,6 +26,7 @@ from tests.e2e.nfsrs_support import (  # noqa: E402
     RETRIES, connect, read_file, retrying, url, write_file)
 
 MiB = 1 << 20
+pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module")
@@ -318,7 +319,12 @@ def test_checkpoint_pattern_with_kill9_midway(tmp_path):
         for t in threads:
             t.start()
         for _ in range(kills):
-            time.sleep(random.uniform(0.5, 2.0))
+            # let the ranks (which reconnect on their own schedule) save again first, so
+            # each kill interrupts real work
+            before, deadline = saves[0], time.monotonic() + 60
+            while saves[0] == before and time.monotonic() < deadline and not errors:
+                time.sleep(0.05)
+            time.sleep(random.uniform(0.0, 1.0))
             with gen.lock:
                 gen.down = True
             srv.kill9()
