@@ -9,7 +9,8 @@ Figures, as in shared/README.md's nfs-rs measurements:
 The machine is shared and loaded: compare ckptgw with the reference measured in the same run,
 not with absolute numbers.
 
-    python bench/nfsrs_throughput.py [--size-mib 256] [--seconds 5] [--no-ganesha]
+    python bench/nfsrs_throughput.py [--size-mib 256] [--seconds 5] [--runs 1] [--no-ganesha]
+With --runs N each figure is the median of N runs (each on a fresh server).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import argparse
 import os
 import shutil
 import socket
+import statistics
 import sys
 import tempfile
 import threading
@@ -136,31 +138,38 @@ def main() -> int:
     ap.add_argument("--size-mib", type=int, default=256, help="the 1-stream file (8 streams: 1/8 each)")
     ap.add_argument("--seconds", type=float, default=5, help="per small-file measurement")
     ap.add_argument("--dir", default=None, help="where the servers keep their data (default /var/tmp)")
+    ap.add_argument("--runs", type=int, default=1, help="median of this many runs")
     ap.add_argument("--no-ganesha", action="store_true", help="skip the NFS-Ganesha reference")
     args = ap.parse_args()
     size = args.size_mib * MiB
     root = Path(tempfile.mkdtemp(prefix="nfsrs-bench-", dir=args.dir or "/var/tmp"))
     results: dict[str, dict[str, float]] = {}
     try:
-        srv = ServerProcess(root / "ckptgw-cache", root / "ckptgw.log")
-        srv.start()
-        try:
-            results["ckptgw"] = measure(srv.port, size, args.seconds)
-        finally:
-            srv.stop()
-        if not args.no_ganesha and shutil.which("ganesha.nfsd"):
-            from tests.kclient.ganesha import GaneshaServer
-            g = GaneshaServer(root / "ganesha", free_port())
-            g.start()
+        runs: dict[str, list[dict[str, float]]] = {"ckptgw": []}
+        ganesha = not args.no_ganesha and shutil.which("ganesha.nfsd")
+        for run in range(args.runs):
+            srv = ServerProcess(root / f"ckptgw-cache{run}", root / "ckptgw.log")
+            srv.start()
             try:
-                results["ganesha"] = measure(g.port, size, args.seconds)
+                runs["ckptgw"].append(measure(srv.port, size, args.seconds))
             finally:
-                g.stop()
+                srv.stop()
+            if ganesha:
+                from tests.kclient.ganesha import GaneshaServer
+                g = GaneshaServer(root / f"ganesha{run}", free_port())
+                g.start()
+                try:
+                    runs.setdefault("ganesha", []).append(measure(g.port, size, args.seconds))
+                finally:
+                    g.stop()
+        results = {name: {fig: statistics.median(r[fig] for r in rs) for fig in rs[0]}
+                   for name, rs in runs.items()}
     finally:
         shutil.rmtree(root, ignore_errors=True)
     names = list(results)
     print(f"nfs-rs against ckptgw (python -m nfsd){' and NFS-Ganesha' if 'ganesha' in results else ''}; "
-          f"file {args.size_mib} MiB, small files {args.seconds:g} s each")
+          f"file {args.size_mib} MiB, small files {args.seconds:g} s each, "
+          f"median of {args.runs} run(s)")
     header = f"{'figure':34}" + "".join(f"{n:>12}" for n in names)
     if "ganesha" in results:
         header += f"{'ratio':>10}"
