@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from appliance_live import LiveDaemon
+from tests.appliance.appliance_live import LiveDaemon
 
 
 @pytest.fixture

@@ -23,8 +23,7 @@ from cache.api import ROOT_INO, StoreError
 from cache.store import Store
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from crash_workload import THREADS, content  # noqa: E402
+from tests.cache.crash_workload import THREADS, content  # noqa: E402
 
 KILLS = 300 if os.environ.get("CKPTGW_LONG") == "1" else 30
 EMPTY = hashlib.sha256(b"").hexdigest()

@@ -9,7 +9,7 @@ import pytest
 from cache.api import DataState, ROOT_INO, SetAttr, StoreError
 from cache.store import Store
 
-from storehelp import crash
+from tests.cache.storehelp import crash
 
 GiB = 1 << 30
 

@@ -20,7 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from cache.api import DataState, FileType, RemoteInfo, ROOT_INO, SetAttr, StoreError
 from cache.store import Store
 
-from storehelp import crash
+from tests.cache.storehelp import crash
 
 LONG = os.environ.get("CKPTGW_LONG") == "1"
 # fsync on tmpfs is free: the model checks semantics, not the disk

@@ -9,7 +9,7 @@ import pytest
 from cache.api import FileType, ROOT_INO, SetAttr, StoreError
 from cache.store import Store
 
-from storehelp import crash
+from tests.cache.storehelp import crash
 
 
 def err(excinfo) -> int:

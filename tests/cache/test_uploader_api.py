@@ -9,7 +9,7 @@ import pytest
 from cache.api import DataState, RemoteInfo, ROOT_INO, SetAttr, StoreError
 from cache.store import Store
 
-from storehelp import crash
+from tests.cache.storehelp import crash
 
 FAR = 1 << 62
 

@@ -5,7 +5,7 @@ import errno
 import pytest
 
 from cache.api import StoreError
-from ops_harness import make_fs
+from tests.nfsd.ops_harness import make_fs
 from nfsd.xdr.nfs4 import *  # noqa: F401,F403
 
 

@@ -3,7 +3,7 @@ import asyncio
 
 import pytest
 
-from ops_harness import attrs_of, make_fs
+from tests.nfsd.ops_harness import attrs_of, make_fs
 from nfsd.xdr.nfs4 import *  # noqa: F401,F403
 
 

@@ -9,8 +9,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from cache.store import Store  # noqa: E402
-from rhelp import Settings, make_uploader  # noqa: E402
-from test_crash import RULE  # noqa: E402
+from tests.retention.rhelp import Settings, make_uploader  # noqa: E402
+from tests.retention.test_crash import RULE  # noqa: E402
 from uploader import retention  # noqa: E402
 
 

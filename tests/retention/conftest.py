@@ -15,7 +15,7 @@ for p in (_ROOT, _HERE):
 from tests.support.faultproxy import ThreadedFaultProxy  # noqa: E402
 from tests.support.motoserver import MotoServer  # noqa: E402
 
-import rhelp  # noqa: E402
+from tests.retention import rhelp  # noqa: E402
 
 
 @pytest.fixture(scope="session")

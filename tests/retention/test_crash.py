@@ -5,7 +5,7 @@ import subprocess
 import sys
 import time
 
-from rhelp import (DAY, HOUR, PREFIX, Rule, Settings, ckpt, client, drain, exists, make_uploader, objects, run,
+from tests.retention.rhelp import (DAY, HOUR, PREFIX, Rule, Settings, ckpt, client, drain, exists, make_uploader, objects, run,
                    set_age, write_series)
 from uploader import retention
 

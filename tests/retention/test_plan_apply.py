@@ -2,7 +2,7 @@
 temporary directory; plan and apply against moto give exactly the expected survivors."""
 import time
 
-from rhelp import (DAY, HOUR, INCOMPLETE, PINNED, PREFIX, STEPS, Rule, Settings, T, age_series, ckpt, drain,
+from tests.retention.rhelp import (DAY, HOUR, INCOMPLETE, PINNED, PREFIX, STEPS, Rule, Settings, T, age_series, ckpt, drain,
                    exists, make_uploader, objects, run, set_age, write_file, write_series)
 from uploader import retention
 

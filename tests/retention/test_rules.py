@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from rhelp import (DAY, HOUR, Rule, Settings, T, age_of, ckpt, exists, mark_clean, set_age, write_file,
+from tests.retention.rhelp import (DAY, HOUR, Rule, Settings, T, age_of, ckpt, exists, mark_clean, set_age, write_file,
                    write_series)
 from uploader import retention
 from uploader.series import PatternError, parse_pattern

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from rhelp import (DAY, HOUR, PREFIX, Rule, Settings, T, ckpt, client, drain, exists, make_uploader, objects, run,
+from tests.retention.rhelp import (DAY, HOUR, PREFIX, Rule, Settings, T, ckpt, client, drain, exists, make_uploader, objects, run,
                    set_age, write_series)
 from uploader import lifecycle, retention
 

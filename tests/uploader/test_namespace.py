@@ -1,7 +1,7 @@
 """Renames and deletes are mirrored by server-side copy + delete, in order, never re-uploaded."""
 import asyncio
 
-from conftest import (SMALL_PART, make_uploader, object_sha, objects, payload, remove, rename, sha,
+from tests.uploader.conftest import (SMALL_PART, make_uploader, object_sha, objects, payload, remove, rename, sha,
                       wait_for, write_file)
 from uploader.worker import UploadProgress
 

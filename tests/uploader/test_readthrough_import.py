@@ -5,7 +5,7 @@ import errno
 import pytest
 
 from cache.api import DataState, StoreError
-from conftest import SMALL_PART, make_uploader, payload, sha, write_file
+from tests.uploader.conftest import SMALL_PART, make_uploader, payload, sha, write_file
 
 
 async def read_all(store, up, ino, size, count=100_000):
@@ -85,7 +85,7 @@ def test_import_into_an_empty_gateway_then_read_and_rename(moto, proxy, bucket, 
             rb = up.readthrough.resolve("run/sub/b")
             local = await read_all(store, up, rb.ino, rb.size)
             # an imported file renamed is moved in S3 by copy, never uploaded
-            from conftest import rename
+            from tests.uploader.conftest import rename
             rename(store, "run/a", "run/a2")
             assert await up.flush(timeout=60)
             return report, got, local, up.status()
@@ -123,7 +123,7 @@ def test_warmup_fetches_a_tree(moto, bucket, store):
 
 def test_clean_data_is_evicted_by_the_store_watermarks(moto, bucket, tmp_path):
     from cache.store import Store
-    from conftest import make_uploader, wait_for
+    from tests.uploader.conftest import make_uploader, wait_for
     store = Store.open(str(tmp_path / "small"), capacity=8 * SMALL_PART, high_watermark=0.5,
                        low_watermark=0.25)
     data = [payload(SMALL_PART + i, 30 + i) for i in range(4)]       # ~4/8 of capacity
@@ -154,7 +154,7 @@ def test_clean_data_is_evicted_by_the_store_watermarks(moto, bucket, tmp_path):
 
 def test_partial_write_to_an_imported_file_uploads_old_plus_new_bytes(moto, bucket, store):
     from cache.api import ROOT_INO
-    from conftest import s3_settings
+    from tests.uploader.conftest import s3_settings
     from uploader.objectclient import Boto3ObjectClient, checksum_b64
     original = payload(3 * SMALL_PART, 40)
     client = Boto3ObjectClient(s3_settings(moto.endpoint, bucket))

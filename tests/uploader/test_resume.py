@@ -8,7 +8,7 @@ import time
 from urllib.parse import parse_qs
 
 from cache.store import Store
-from conftest import SMALL_PART, make_uploader, object_sha, objects, payload, s3_settings, sha, write_file
+from tests.uploader.conftest import SMALL_PART, make_uploader, object_sha, objects, payload, s3_settings, sha, write_file
 from uploader.objectclient import Boto3ObjectClient
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -86,7 +86,7 @@ def test_an_upload_aborted_behind_our_back_is_restarted(moto, proxy, bucket, sto
     S3 with NoSuchUpload): the uploader notices and starts a new upload."""
     import asyncio as aio
 
-    from conftest import wait_for
+    from tests.uploader.conftest import wait_for
     data = payload(6 * SMALL_PART, 43)
 
     async def main():

@@ -3,7 +3,7 @@ import asyncio
 import stat
 
 from cache.api import DataState
-from conftest import (SMALL_PART, make_uploader, mkdirs, object_sha, objects, payload, sha, wait_for,
+from tests.uploader.conftest import (SMALL_PART, make_uploader, mkdirs, object_sha, objects, payload, sha, wait_for,
                       write_file)
 
 

@@ -6,10 +6,11 @@ import asyncio
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# Run as a script: put the repository root on sys.path so `tests.` and the rooms import.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from cache.store import Store  # noqa: E402
-from conftest import make_uploader  # noqa: E402
+from tests.uploader.conftest import make_uploader  # noqa: E402
 
 
 async def main(store_dir, endpoint, bucket, bps):
