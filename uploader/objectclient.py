@@ -93,7 +93,8 @@ _NOT_FOUND_CODES = {"NoSuchKey", "NoSuchUpload", "404", "NotFound"}
 
 
 def classify(exc: BaseException) -> ObjectClientError:
-    """Map a boto3/botocore exception onto our error classes."""
+    """Map a boto3/botocore exception onto our error classes. Exceptions that did not come
+    from talking to S3 (a bug, the store) are re-raised as they are."""
     if isinstance(exc, ObjectClientError):
         return exc
     if isinstance(exc, botocore.exceptions.ClientError):
@@ -122,9 +123,13 @@ def classify(exc: BaseException) -> ObjectClientError:
                         botocore.exceptions.ChecksumError,
                         ConnectionError, TimeoutError)):
         return TransientError(type(exc).__name__, str(exc))
-    # botocore wraps some urllib3 errors in plain exceptions; unknown means: do not lose data,
-    # retry, but let the caller log it.
-    return TransientError(type(exc).__name__, str(exc))
+    # anything else raised on the way to S3 (urllib3, http.client, ssl, socket): the network
+    # failed, retry. Errors from elsewhere (a bug, the store) are not ours to classify.
+    module = type(exc).__module__ or ""
+    if (module.split(".")[0] in ("botocore", "urllib3", "http", "ssl", "socket", "s3transfer")
+            or (isinstance(exc, OSError) and module == "builtins")):
+        return TransientError(type(exc).__name__, str(exc))
+    raise exc
 
 
 # ---- checksums ---------------------------------------------------------------------

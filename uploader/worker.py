@@ -114,6 +114,16 @@ class Worker:
     # ---- upload ------------------------------------------------------------------------
     async def upload(self, job_id: int, job: dict, progress_cb) -> str:
         """Upload the file of an upload job. Returns what happened (for logs/tests)."""
+        try:
+            return await self._upload(job_id, job, progress_cb)
+        except StoreError as e:
+            if e.errno not in (errno.ESTALE, errno.ENOENT):
+                raise
+            # removed (and reclaimed) while uploading: the object is not wanted
+            await self._abort_recorded_upload(job, None)
+            return "gone"
+
+    async def _upload(self, job_id: int, job: dict, progress_cb) -> str:
         ino = job["ino"]
         try:
             attr = self.store.getattr(ino)

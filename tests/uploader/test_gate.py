@@ -85,3 +85,22 @@ def test_max_attempts_hands_the_transient_error_back():
     finally:
         gate.close()
     assert len(calls) == 3 and gate.counters.retries == 2
+
+
+def test_errors_not_from_s3_are_not_retried():
+    from cache.api import StoreError
+    gate = _gate()
+    calls = []
+
+    def fn():
+        calls.append(1)
+        raise StoreError(116, "inode 5 is gone")
+
+    try:
+        with pytest.raises(StoreError):
+            asyncio.run(gate.call("PutObject", fn))
+        with pytest.raises(ZeroDivisionError):
+            asyncio.run(gate.call("PutObject", lambda: 1 / 0))
+    finally:
+        gate.close()
+    assert len(calls) == 1 and gate.counters.retries == 0 and gate.limiter.in_flight == 0
