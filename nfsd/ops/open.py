@@ -146,10 +146,11 @@ def _create(ctx, parent: Obj, name: bytes, how) -> _Created:
             raise NfsError(NFS4ERR_EXIST)
         # A retransmission of our own exclusive create: succeed as before.
         return _Created(obj, cinfo, False, sorted(set(values) | _VERIFIER_BITS))
-    # UNCHECKED4 on an existing file: opens it; a size attribute truncates (O_TRUNC).
+    # UNCHECKED4 on an existing file opens it; createattrs are ignored except that a
+    # size of zero truncates it (O_TRUNC; RFC 8881 18.16.3).
     _require_openable(obj)
     attrset = []
-    if FATTR4_SIZE in values:
+    if values.get(FATTR4_SIZE) == 0:
         with store_errors():
             apply_setattr(ctx, obj, setattr_request(ctx, obj, {FATTR4_SIZE: values[FATTR4_SIZE]}))
         attrset = [FATTR4_SIZE]
