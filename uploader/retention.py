@@ -310,7 +310,8 @@ def _tmp_actions(rule, scan_stale: list[TmpEntry], cps: list[Checkpoint], now: f
         age = max(0.0, now - t.newest_mtime_ns / 1e9)
         if t.busy or age <= rule.stale_tmp_after:
             continue
-        out.append(Action(DELETE_TMP, rule.name, t.path, None, fmt_age(age), f"stale_tmp_after={fmt_age(rule.stale_tmp_after)}",
+        out.append(Action(DELETE_TMP, rule.name, t.path, None, fmt_age(age),
+                          f"stale_tmp_after={fmt_age(rule.stale_tmp_after)}",
                           f"temporary {'directory' if t.is_dir else 'file'} untouched for {fmt_age(age)}",
                           id=f"{DELETE_TMP}:{t.path}:{t.ino}", ino=t.ino))
     return out
@@ -350,7 +351,8 @@ def build_plan(store, rules, object_client=None, now: float | None = None, setti
                 if todo:
                     after = max((t for t in rule.transitions if t.storage_class == target), key=lambda t: t.after)
                     actions.append(Action(
-                        TRANSITION, rule.name, cp.path, cp.step, v.age, f"transitions after={fmt_age(after.after)}",
+                        TRANSITION, rule.name, cp.path, cp.step, v.age,
+                        f"transitions after={fmt_age(after.after)}",
                         f"age {v.age} >= {fmt_age(after.after)} ({'; '.join(v.reasons)})", storage_class=target,
                         files=len(todo), bytes=sum(store.getattr(o[1]).size for o in todo),
                         id=f"{TRANSITION}:{cp.path}:{cp.ino}:{target}", ino=cp.ino,
@@ -364,7 +366,8 @@ def build_plan(store, rules, object_client=None, now: float | None = None, setti
                     actions.append(Action(
                         LOCK, rule.name, cp.path, cp.step, v.age, f"pin_lock={opts.pin_lock}",
                         v.reasons[0], files=len(todo), id=f"{LOCK}:{cp.path}:{cp.ino}", ino=cp.ino,
-                        jobs=[{"op": LOCK, "ino": ino, "path": p, "mode": opts.pin_lock, "days": opts.pin_lock_days}
+                        jobs=[{"op": LOCK, "ino": ino, "path": p, "mode": opts.pin_lock,
+                               "days": opts.pin_lock_days}
                               for p, ino, _, _ in todo]))
             todo = [o for o in objs if ((known.get(o[2]) or {}).get("etag") != o[3]
                                         or (known.get(o[2]) or {}).get("tag") != v.klass)

@@ -175,6 +175,7 @@ async def drain(up, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while up.store.queue_list(1):
         if time.monotonic() > deadline:
-            raise AssertionError(f"queue not drained: {up.store.queue_list(5)} running={list(up._running_jobs.values())}")
+            raise AssertionError(f"queue not drained: {up.store.queue_list(5)} "
+                                 f"running={list(up._running_jobs.values())}")
         up.kick()
         await asyncio.sleep(0.05)

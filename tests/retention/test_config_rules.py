@@ -37,7 +37,8 @@ def test_the_issue_example_loads(tmp_path):
         stale_tmp_after = "1d"
     """)
     r = cfg.retention
-    assert (r.pin_lock, r.pin_lock_days, r.schedule, r.abort_incomplete_multipart_days) == ("governance", 30, 900.0, 7)
+    assert (r.pin_lock, r.pin_lock_days, r.schedule, r.abort_incomplete_multipart_days) == (
+        "governance", 30, 900.0, 7)
     s = r.series[0]
     assert (s.pattern, s.keep_last, s.keep_every, s.min_age, s.expire_after, s.stale_tmp_after) == (
         "runs/*/step_{step}", 3, 1000, 3600.0, 30 * 86400.0, 86400.0)

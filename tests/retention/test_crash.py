@@ -5,8 +5,8 @@ import subprocess
 import sys
 import time
 
-from tests.retention.rhelp import (DAY, HOUR, PREFIX, Rule, Settings, ckpt, client, drain, exists, make_uploader, objects, run,
-                   set_age, write_series)
+from tests.retention.rhelp import (DAY, HOUR, PREFIX, Rule, Settings, ckpt, client, drain, exists,
+                                   make_uploader, objects, run, set_age, write_series)
 from uploader import retention
 
 STEPS = list(range(100, 1201, 100))

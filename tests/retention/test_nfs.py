@@ -2,7 +2,8 @@
 its checkpoint incomplete; once closed and uploaded, the rules apply to it like to any other."""
 import time
 
-from tests.retention.rhelp import DAY, PREFIX, Rule, Settings, ckpt, drain, exists, make_uploader, mkdirs, objects, run, set_age
+from tests.retention.rhelp import (DAY, PREFIX, Rule, Settings, ckpt, drain, exists, make_uploader,
+                                   mkdirs, objects, run, set_age)
 from uploader import retention
 
 RULE = Rule(keep_last=1, expire_after=2 * DAY)

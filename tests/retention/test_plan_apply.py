@@ -2,8 +2,9 @@
 temporary directory; plan and apply against moto give exactly the expected survivors."""
 import time
 
-from tests.retention.rhelp import (DAY, HOUR, INCOMPLETE, PINNED, PREFIX, STEPS, Rule, Settings, T, age_series, ckpt, drain,
-                   exists, make_uploader, objects, run, set_age, write_file, write_series)
+from tests.retention.rhelp import (DAY, HOUR, INCOMPLETE, PINNED, PREFIX, STEPS, Rule, Settings, T,
+                                   age_series, ckpt, drain, exists, make_uploader, objects, run,
+                                   set_age, write_file, write_series)
 from uploader import retention
 
 RULE = Rule(keep_last=3, keep_every=1000, min_age=HOUR, expire_after=30 * DAY,
@@ -61,7 +62,8 @@ def test_plan_lists_expected_actions_then_apply_leaves_exact_survivors(moto, buc
     assert verdict[ckpt(INCOMPLETE)]["klass"] == "protected"
     assert verdict[ckpt(5000)]["reasons"][0] == "newest complete checkpoint"
     # apply: exactly the survivors in the namespace and in S3
-    assert {a["checkpoint"] for a in result["actions"] if a["action"] == "delete"} == {ckpt(s) for s in EXPECTED_DELETED}
+    applied = {a["checkpoint"] for a in result["actions"] if a["action"] == "delete"}
+    assert applied == {ckpt(s) for s in EXPECTED_DELETED}
     for s in STEPS:
         assert exists(store, ckpt(s)) == (s not in EXPECTED_DELETED), s
     assert not exists(store, "runs/a/step_000900.tmp")

@@ -4,8 +4,8 @@ import time
 
 import pytest
 
-from tests.retention.rhelp import (DAY, HOUR, Rule, Settings, T, age_of, ckpt, exists, mark_clean, set_age, write_file,
-                   write_series)
+from tests.retention.rhelp import (DAY, HOUR, Rule, Settings, T, age_of, ckpt, exists, mark_clean,
+                                   set_age, write_file, write_series)
 from uploader import retention
 from uploader.series import PatternError, parse_pattern
 

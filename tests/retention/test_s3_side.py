@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from tests.retention.rhelp import (DAY, HOUR, PREFIX, Rule, Settings, T, ckpt, client, drain, exists, make_uploader, objects, run,
-                   set_age, write_series)
+from tests.retention.rhelp import (DAY, HOUR, PREFIX, Rule, Settings, T, ckpt, client, drain,
+                                   exists, make_uploader, objects, run, set_age, write_series)
 from uploader import lifecycle, retention
 
 FOREIGN = {"ID": "team-logs-expiry", "Status": "Enabled", "Filter": {"Prefix": "logs/"},
@@ -29,7 +29,8 @@ def test_lifecycle_sync_round_trips_and_keeps_a_foreign_rule(moto, bucket):
     assert lifecycle._normal(stored["team-logs-expiry"]) == lifecycle._normal(FOREIGN)
     exp = stored["ckptgw-llama-70b-expirable"]
     assert exp["Expiration"] == {"Days": 30}
-    assert [(t["Days"], t["StorageClass"]) for t in exp["Transitions"]] == [(7, "GLACIER_IR"), (20, "DEEP_ARCHIVE")]
+    transitions = [(t["Days"], t["StorageClass"]) for t in exp["Transitions"]]
+    assert transitions == [(7, "GLACIER_IR"), (20, "DEEP_ARCHIVE")]
     assert exp["Filter"]["And"]["Prefix"] == "gw/runs/"
     assert {t["Key"]: t["Value"] for t in exp["Filter"]["And"]["Tags"]} == {
         "ckptgw-series": "llama-70b", "ckptgw-class": "expirable"}
