@@ -281,7 +281,8 @@ class Uploader:
         try:
             if kind == UPLOAD:
                 outcome = await self.worker.upload(job_id, {k: v for k, v in job.items() if k != "_path"},
-                                                   lambda p: self._progress.__setitem__(ino, p))
+                                                   lambda p: self._progress.__setitem__(ino, p),
+                                                   expected_path=job.get("_path"))
             elif kind in self.job_handlers:
                 outcome = await self.job_handlers[kind][0](job)
             else:

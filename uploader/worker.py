@@ -112,10 +112,12 @@ class Worker:
             raise
 
     # ---- upload ------------------------------------------------------------------------
-    async def upload(self, job_id: int, job: dict, progress_cb) -> str:
-        """Upload the file of an upload job. Returns what happened (for logs/tests)."""
+    async def upload(self, job_id: int, job: dict, progress_cb, expected_path: str | None = None) -> str:
+        """Upload the file of an upload job. Returns what happened (for logs/tests).
+        `expected_path`: the path the scheduler ordered the job by; if the file moved since,
+        Restart, so the move's job runs first (else the old object would be left behind)."""
         try:
-            return await self._upload(job_id, job, progress_cb)
+            return await self._upload(job_id, job, progress_cb, expected_path)
         except StoreError as e:
             if e.errno not in (errno.ESTALE, errno.ENOENT):
                 raise
@@ -123,7 +125,7 @@ class Worker:
             await self._abort_recorded_upload(job, None)
             return "gone"
 
-    async def _upload(self, job_id: int, job: dict, progress_cb) -> str:
+    async def _upload(self, job_id: int, job: dict, progress_cb, expected_path: str | None) -> str:
         ino = job["ino"]
         try:
             attr = self.store.getattr(ino)
@@ -136,6 +138,8 @@ class Worker:
         if path is None:                       # unlinked since it was queued
             await self._abort_recorded_upload(job, self._remote(ino))
             return "unlinked"
+        if expected_path is not None and path != expected_path:
+            raise Restart(f"moved from {expected_path!r} to {path!r} before the upload began")
         if attr.type != FileType.REG:
             return "not-a-file"
         remote = self._remote(ino) or RemoteInfo()
@@ -438,8 +442,17 @@ class Worker:
     async def _move_file(self, job: dict) -> str:
         ino, old, new = job["ino"], job["old_path"], job["new_path"]
         remote = self._remote(ino)
-        if remote is not None and (not remote.etag or remote.key == new):
-            return "nothing-to-move"      # never uploaded, or already uploaded under the new name
+        if remote is not None and not remote.etag:
+            return "nothing-to-move"      # never uploaded
+        if remote is not None and remote.key == new:
+            # already uploaded under the new name; an older object of ours may still sit at
+            # the old name (uploaded before, never moved): remove it
+            if await self._is_ours(old, ino, None) is not None:
+                key = self.keys.file_key(old)
+                await self.gate.call("DeleteObject", lambda: self.client.delete_object(key), what=key)
+                self.counters.deletes_done += 1
+                return "stale-deleted"
+            return "nothing-to-move"
         size = remote.size if remote else 0
         if remote is None or remote.key != old:
             info = await self._is_ours(old, ino, remote)
