@@ -39,7 +39,7 @@ import structlog
 from cache.api import ROOT_INO, DataState, FileType, StoreError
 
 from .jobs import KeyRef
-from .objectclient import ObjectClientError
+from .objectclient import ObjectClientError, PermanentError
 from .objectlock import PIN_LOCK_MODES, lock_object, tags_for, unlock_object
 from .series import Checkpoint, TmpEntry, discover, parse_pattern
 
@@ -616,6 +616,18 @@ class JobRunner:
         return self._lock_enabled[1]
 
     async def run(self, job: dict) -> str:
+        """One job. S3 outages are retried by the gate for as long as they last; an error S3
+        will repeat (403, a bucket without Object Lock...) ends the job, loudly: the next plan
+        derives it again, and it must not hold back uploads of the same path meanwhile."""
+        try:
+            return await self._run(job)
+        except PermanentError as e:
+            Records(self.up.store).audit(action=job.get("op"), job=True, checkpoint=job.get("checkpoint"),
+                                         path=job.get("path"), status="failed", detail=f"{e.code}: {e}")
+            log.error("retention_job_failed", op=job.get("op"), path=job.get("path"), code=e.code, error=str(e))
+            return f"failed: {e.code}"
+
+    async def _run(self, job: dict) -> str:
         store = self.up.store
         records = Records(store)
         op, ino = job.get("op"), job.get("ino")

@@ -220,6 +220,8 @@ class Uploader:
         for _, job in jobs:
             if job.get("kind") == NS:
                 all_ns.add(ns_keys(job))
+            elif job.get("kind") in self.job_handlers:     # e.g. a copy onto itself: no upload meanwhile
+                all_ns.add(self.job_handlers[job["kind"]][1](job))
         uploading = KeysAhead()           # paths of running uploads
         for jid, job in self._running_jobs.items():
             if job.get("kind") == UPLOAD and job.get("_path"):

@@ -199,3 +199,34 @@ def test_the_daemon_schedule_applies_by_itself(store):
     n = asyncio.run(main())
     assert n >= 2 and calls[0] == ("retention", "apply", {})
     assert len(calls) == n
+
+
+def test_a_permanent_s3_error_ends_a_retention_job_loudly(store):
+    """A 403 on a tag/lock/transition is not retried forever (it would hold back uploads of the
+    path): the job ends, the audit log says why, the next plan derives it again."""
+    import asyncio
+    from types import SimpleNamespace
+    from cache.api import RemoteInfo
+    from uploader.keys import KeyMap
+    from uploader.objectclient import PermanentError
+
+    ino = write_file(store, "runs/a/step_000100/model.pt", b"m")
+    store.mark_uploaded(ino, RemoteInfo(key="runs/a/step_000100/model.pt", etag='"e"',
+                                        uploaded_change=store.getattr(ino).change, size=1))
+
+    class Denied:
+        def put_object_tags(self, key, tags):
+            raise PermanentError("AccessDenied", "no s3:PutObjectTagging", 403)
+
+    class Gate:
+        async def call(self, op, fn, what=""):
+            return fn()
+
+    up = SimpleNamespace(store=store, client=Denied(), gate=Gate(), keys=KeyMap("gw/"), job_handlers={})
+    retention.install_job_handlers(up)
+    run_job = up.job_handlers[retention.JOB_KIND][0]
+    outcome = asyncio.run(run_job({"kind": "retention", "op": "tag", "ino": ino, "series": "s", "klass": "kept",
+                                   "path": "runs/a/step_000100/model.pt", "checkpoint": "runs/a/step_000100"}))
+    assert outcome == "failed: AccessDenied"
+    [entry] = [e for e in retention.Records(store).entries() if e.get("status") == "failed"]
+    assert entry["action"] == "tag" and "AccessDenied" in entry["detail"]
