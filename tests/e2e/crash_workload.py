@@ -1,7 +1,8 @@
 """A checkpoint-like NFSv4.1 workload with a model of what the server acknowledged.
 
-Each worker (one NFS session, its own directory `w<i>/`) runs one RPC at a time, so at
-most one of its operations is in flight when the server dies. The model keeps:
+Each worker (one NFS session, its own directory `w<i>/`) runs one RPC at a time (except
+pipelined UNSTABLE writes to one file, which promise nothing until the COMMIT), so at most
+one of its namespace operations is in flight when the server dies. The model keeps:
 
 * `state`: every path the worker's acknowledged operations left, as DIR or a FileExp;
 * `pending`: the one namespace operation sent but not answered, as the paths it would
@@ -31,6 +32,7 @@ DIR = "dir"
 ANON_STATEID = stateid4(0, bytes(12))
 CHUNK = 32 * 1024
 MAX_FILE = 192 * 1024            # every file fits in one READ (the server's MAX_IO is 1 MiB)
+PIPELINE = 4                     # UNSTABLE writes in flight at once (pipelined episodes)
 FINAL_NAMES = 4                  # renames land on a small set of names: most replace a file
 
 
@@ -119,20 +121,30 @@ class Workload:
             c = await NfsClient.connect("127.0.0.1", port)
         except OSError:
             return                                  # the server is already gone
+        # Race the work against the connection's end: a call the test client starts after
+        # it saw the connection close would wait for a reply forever.
+        session = asyncio.ensure_future(self._session(c, w, verifiers))
         try:
-            await c.setup_session()
-            base = await c.lookup_path("/checkpoints")
-            if w.root not in w.state:
-                await self._namespace(w, {w.root: DIR}, self._mkdir(c, base, w.root))
-            while True:
-                self.stats.episodes += 1
-                await self._episode(c, w, verifiers)
+            await asyncio.wait({session, c.closed}, return_when=asyncio.FIRST_COMPLETED)
+            if session.done():
+                session.result()
         except (ConnectionError, OSError, asyncio.IncompleteReadError):
             return                                  # killed: the pending op stays unknown
         except NfsStatusError as e:
             self.failures.append(f"worker {w.index}: unexpected NFS error {e}")
         finally:
+            session.cancel()
+            await asyncio.gather(session, return_exceptions=True)
             await c.close()
+
+    async def _session(self, c: NfsClient, w: Worker, verifiers: set) -> None:
+        await c.setup_session()
+        base = await c.lookup_path("/checkpoints")
+        if w.root not in w.state:
+            await self._namespace(w, {w.root: DIR}, self._mkdir(c, base, w.root))
+        while True:
+            self.stats.episodes += 1
+            await self._episode(c, w, verifiers)
 
     async def _episode(self, c: NfsClient, w: Worker, verifiers: set) -> None:
         base = await c.lookup_path("/checkpoints")
@@ -193,7 +205,10 @@ class Workload:
         exp = FileExp(data)
         create = c.open_create(dfh, name, access=OPEN4_SHARE_ACCESS_WRITE)
         fh, stateid = await self._namespace(w, {path: exp}, create)
-        for off in range(0, len(data), CHUNK):
+        pipelined = stable == UNSTABLE4 and commit and w.rng.random() < 0.5
+        if pipelined:
+            await self._write_pipelined(c, w, fh, stateid, exp, verifiers)
+        for off in range(0, 0 if pipelined else len(data), CHUNK):
             chunk = data[off:off + CHUNK]
             exp.hi = off + len(chunk)                  # may be there from now on
             res = await c.write(fh, stateid, off, chunk, stable)
@@ -206,6 +221,19 @@ class Workload:
             self._ack(w)
             exp.lo = exp.hi
         await c.close_file(fh, stateid)
+
+    async def _write_pipelined(self, c, w, fh, stateid, exp: FileExp, verifiers) -> None:
+        """UNSTABLE chunks with up to PIPELINE in flight at once, as the Linux client sends
+        them; they may land in any order, so nothing of the file is durable until COMMIT."""
+        exp.hi = len(exp.data)
+        window = asyncio.Semaphore(PIPELINE)
+
+        async def send(off: int) -> None:
+            async with window:
+                res = await c.write(fh, stateid, off, exp.data[off:off + CHUNK], UNSTABLE4)
+            verifiers.add(bytes(res.writeverf))
+            self._ack(w)
+        await asyncio.gather(*(send(off) for off in range(0, len(exp.data), CHUNK)))
 
     # ---- helpers ------------------------------------------------------------------------
     def _ack(self, w: Worker) -> None:
