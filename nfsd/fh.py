@@ -8,13 +8,16 @@ Wire layout (40 bytes, well under NFS4_FHSIZE = 128):
 the pseudo node's index) or EXPORT (an object of an export's store subtree). The MAC
 is a keyed BLAKE2b over the first 20 bytes, so a forged or corrupted handle is
 rejected with NFS4ERR_BADHANDLE instead of reaching the store. The key is derived
-from the store's durable instance_id, so handles survive a server restart and
-become invalid when the store is re-created (a different file system).
+from the store's durable instance_id and a random secret kept beside the store
+(`<store dir>/nfsd-fh.key`, created once): handles survive a server restart, become
+invalid when the store is re-created (a different file system), and cannot be forged
+by a client that learns the instance_id (it is visible as the NFS server owner).
 """
 from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import struct
 from dataclasses import dataclass
 
@@ -81,13 +84,51 @@ class FhCodec:
         return FileHandle(kind, export_id, ino, gen, raw)
 
 
-_codecs: dict[bytes, FhCodec] = {}
+KEY_FILE = "nfsd-fh.key"
+_SECRET_LEN = 32
+_codecs: dict[tuple, FhCodec] = {}
+
+
+def load_secret(store_dir: str) -> bytes:
+    """The handle secret of a store directory, created (durably) on first use."""
+    path = os.path.join(store_dir, KEY_FILE)
+    try:
+        with open(path, "rb") as f:
+            secret = f.read()
+    except FileNotFoundError:
+        secret = os.urandom(_SECRET_LEN)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, secret)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)           # never replaces a key another process made first
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+        dfd = os.open(store_dir, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        with open(path, "rb") as f:
+            secret = f.read()
+    if len(secret) != _SECRET_LEN:
+        raise ValueError(f"{path}: expected {_SECRET_LEN} bytes, found {len(secret)}")
+    return secret
 
 
 def codec_for(store) -> FhCodec:
-    """The codec keyed by this store's durable instance_id (cached)."""
-    key = bytes(store.instance_id)
-    codec = _codecs.get(key)
+    """The codec for this store (cached): instance_id plus the directory's secret
+    (a store object without a directory, as in unit tests, uses instance_id alone)."""
+    store_dir = getattr(store, "path", None)
+    cache_key = (bytes(store.instance_id), store_dir)
+    codec = _codecs.get(cache_key)
     if codec is None:
-        codec = _codecs[key] = FhCodec(key)
+        secret = load_secret(store_dir) if store_dir and os.path.isdir(store_dir) else b""
+        codec = _codecs[cache_key] = FhCodec(bytes(store.instance_id) + secret)
     return codec
