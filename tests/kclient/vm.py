@@ -263,8 +263,7 @@ class KernelClient:
                 while proc.poll() is None:
                     if t_cmd_start is None and (rundir / "t_cmd_start").exists():
                         t_cmd_start = time.monotonic()
-                    if host_calls:
-                        self._serve_host_calls(rundir, host_calls, served)
+                    self._serve_host_calls(rundir, host_calls, served)  # unknown names fail fast
                     if time.monotonic() - t0 > timeout:
                         timed_out = True
                         break
