@@ -3,7 +3,7 @@ import asyncio
 
 import pytest
 
-from cache.api import Attr, FileType
+from cache.api import Attr, FileType, SetAttr
 from nfsd.context import Cred
 from nfsd.exports import (AUTH_NONE, AUTH_SYS, MAY_EXEC, MAY_READ, MAY_WRITE, EffectiveCred,
                           Export, Exports, permitted)
@@ -74,7 +74,7 @@ def test_root_squash_over_the_ops(tmp_path):
             with pytest.raises(Failed) as e:
                 await fs.open(exp, "f")
             assert e.value.status == NFS4ERR_ACCESS
-            store.setattr(1, __import__("cache.api").api.SetAttr(mode=0o777))
+            store.setattr(1, SetAttr(mode=0o777))
             f, sid, _ = await fs.open(exp, "f")
             assert (await fs.getattr(f, FATTR4_OWNER))[FATTR4_OWNER] == b"65534"
         finally:

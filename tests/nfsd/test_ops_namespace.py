@@ -3,6 +3,7 @@ import asyncio
 
 import pytest
 
+from nfsd.attrs import bits_of
 from tests.nfsd.ops_harness import attrs_of, make_fs
 from nfsd.xdr.nfs4 import *  # noqa: F401,F403
 
@@ -62,7 +63,7 @@ def test_create_dir_symlink_and_badtypes(fs):
         res = await fs.run(create(exp, createtype4(NF4DIR), b"d", attrs_of({FATTR4_MODE: 0o750})))
         ok = res[1].value
         assert ok.cinfo.atomic and ok.cinfo.before == before and ok.cinfo.after > before
-        assert FATTR4_MODE in __import__("nfsd.attrs").attrs.bits_of(ok.attrset)
+        assert FATTR4_MODE in bits_of(ok.attrset)
         d = res[2].value.object
         a = await fs.getattr(d, FATTR4_TYPE, FATTR4_MODE)
         assert a == {FATTR4_TYPE: NF4DIR, FATTR4_MODE: 0o750}

@@ -4,7 +4,7 @@ import asyncio
 import pytest
 
 from nfsd import attrs as fattr
-from tests.nfsd.ops_harness import make_fs, parse_attrs
+from tests.nfsd.ops_harness import attrs_of, make_fs, parse_attrs
 from nfsd.xdr.nfs4 import *  # noqa: F401,F403
 
 
@@ -96,7 +96,7 @@ def test_maxcount_dircount_toosmall_and_cookies(fs):
         # no read permission on the directory
         bob = fs.as_user(1001)
         await fs.run([(OP_PUTFH, PUTFH4args(empty)), (OP_SETATTR, SETATTR4args(stateid4(0, bytes(12)),
-                      __import__("ops_harness").attrs_of({FATTR4_MODE: 0o711})))])
+                      attrs_of({FATTR4_MODE: 0o711})))])
         assert await bob.status([(OP_PUTFH, PUTFH4args(empty)),
                                  (OP_READDIR, READDIR4args(0, bytes(8), 0, 4096, []))]) == NFS4ERR_ACCESS
     run(main())
