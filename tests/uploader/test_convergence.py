@@ -32,10 +32,22 @@ def _namespace(store):
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_random_histories_converge(moto, bucket, store, seed):
+    _check_history(store, moto.endpoint, bucket, seed)
+
+
+def test_random_history_converges_through_slowdowns_and_resets(proxy, bucket, store):
+    proxy.faults.error_rate, proxy.faults.reset_rate = 0.2, 0.05
+    try:
+        _check_history(store, proxy.endpoint, bucket, 7, on_drained=proxy.clear)   # verify fault-free
+    finally:
+        proxy.clear()
+
+
+def _check_history(store, endpoint, bucket, seed, on_drained=lambda: None):
     rng = random.Random(seed)
 
     async def main():
-        up = make_uploader(store, moto.endpoint, bucket, settle_seconds=0.05)
+        up = make_uploader(store, endpoint, bucket, settle_seconds=0.05)
         await up.start()
         try:
             live, dirs = set(), {""}
@@ -80,6 +92,7 @@ def test_random_histories_converge(moto, bucket, store, seed):
                 if rng.random() < 0.1:
                     await up.flush(wait=False)
             assert await up.flush(timeout=180)
+            on_drained()
             return up
         finally:
             await up.stop()
