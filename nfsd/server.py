@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -46,9 +47,11 @@ class NfsServer:
         self.lease_time = lease_time
         self.write_verifier = store.write_verifier
         # RFC 8881 2.10.5: owner and scope identify this server's state; the store's
-        # instance id is stable for the store's lifetime, as the state's meaning is.
-        self.server_owner = bytes(store.instance_id)
-        self.server_scope = bytes(store.instance_id)
+        # instance id is stable for the store's lifetime, as the state's meaning is. Clients
+        # get a one-way derivation of it: the raw id also keys the file-handle MAC.
+        identity = hashlib.blake2b(bytes(store.instance_id), digest_size=16, person=b"ckptgw-owner").digest()
+        self.server_owner = identity
+        self.server_scope = identity
         self.sessions = SessionManager(lease_time)
         if handlers is None:
             from nfsd.ops import HANDLERS as handlers

@@ -72,8 +72,9 @@ def test_exchange_id_and_create_session(server):
         ok = eid.value
         assert ok.eir_flags & EXCHGID4_FLAG_USE_NON_PNFS
         assert not ok.eir_flags & EXCHGID4_FLAG_CONFIRMED_R
-        assert ok.eir_server_owner.so_major_id == b"fake-instance-id"
-        assert ok.eir_server_scope == b"fake-instance-id"
+        # A stable one-way derivation of the store's instance id, never the id itself.
+        assert ok.eir_server_owner.so_major_id == server.server.server_owner != b"fake-instance-id"
+        assert ok.eir_server_scope == server.server.server_scope
         assert ok.eir_state_protect.tag == SP4_NONE
         cs = await c.create_session(ok.eir_clientid, ok.eir_sequenceid, slots=200)
         assert cs.tag == NFS4_OK
