@@ -52,7 +52,7 @@ def inventory(path: Path, vm: GuestVM, wheel: Path) -> Path:
 
 
 def service(vm: GuestVM, prop: str) -> str:
-    return vm.ssh(f"systemctl show --property={prop} --value ckptgw.service").stdout.strip()
+    return vm.ssh(f"sudo systemctl show --property={prop} --value ckptgw.service").stdout.strip()
 
 
 @pytest.fixture(scope="module")
@@ -94,14 +94,14 @@ def test_first_run_deploys_an_active_service(vm, first_run):
     assert first_run.returncode == 0, first_run.tail() + "\n--- journal of ckptgw.service\n" + journal(vm)
     recap = first_run.recap(HOST)
     assert recap["failed"] == 0 and recap["unreachable"] == 0 and recap["changed"] > 0
-    assert vm.ssh("systemctl is-active ckptgw.service", check=False).stdout.strip() == "active", journal(vm)
-    assert vm.ssh("systemctl is-enabled ckptgw.service").stdout.strip() == "enabled"
+    assert vm.ssh("sudo systemctl is-active ckptgw.service", check=False).stdout.strip() == "active", journal(vm)
+    assert vm.ssh("sudo systemctl is-enabled ckptgw.service").stdout.strip() == "enabled"
     assert service(vm, "User") == "ckptgw"
     pid = service(vm, "MainPID")
     assert vm.ssh(f"ps -o user= -p {pid}").stdout.strip() == "ckptgw"
     # the cache lives on the disk the inventory named, mounted by UUID
-    assert vm.ssh("findmnt --noheadings --output SOURCE --target /var/lib/ckptgw/cache").stdout.strip() == "/dev/vdb"
-    assert vm.ssh("stat -c '%U:%G %a' /var/lib/ckptgw/cache").stdout.strip() == "ckptgw:ckptgw 750"
+    assert vm.ssh("sudo findmnt --noheadings --output SOURCE --target /var/lib/ckptgw/cache").stdout.strip() == "/dev/vdb"
+    assert vm.ssh("sudo stat -c '%U:%G %a' /var/lib/ckptgw/cache").stdout.strip() == "ckptgw:ckptgw 750"
     # credentials: root-only environment file, not in the config
     assert vm.ssh("sudo stat -c '%U %a' /etc/ckptgw/ckptgw.env").stdout.strip() == "root 600"
     assert SECRET_KEY not in vm.ssh("sudo cat /etc/ckptgw/config.toml").stdout
@@ -155,7 +155,7 @@ def test_config_change_reloads_instead_of_restarting(vm, deploy, first_run):
     assert 'level = "debug"' in vm.ssh("sudo cat /etc/ckptgw/config.toml").stdout
     assert service(vm, "MainPID") == pid, "the daemon was restarted"
     assert service(vm, "NRestarts") == restarts
-    assert vm.ssh("systemctl is-active ckptgw.service").stdout.strip() == "active"
+    assert vm.ssh("sudo systemctl is-active ckptgw.service").stdout.strip() == "active"
     journal = vm.ssh(f"sudo journalctl --no-pager -o cat -u ckptgw.service --since @{since}").stdout
     assert "Reloading" in journal and "Reloaded" in journal, journal[-3000:]
     assert "Stopping" not in journal and "Started" not in journal, journal[-3000:]
