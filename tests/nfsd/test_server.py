@@ -155,3 +155,20 @@ def test_dev_entry_point_stops_cleanly_on_sigterm(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_destroy_clientid_is_busy_while_the_client_holds_opens(nfs_server, nfs_client):
+    """RFC 8881 18.50.3: state (not only sessions) keeps DESTROY_CLIENTID from succeeding."""
+    from nfsd.xdr.nfs4 import (DESTROY_CLIENTID4args, NFS4_OK, NFS4ERR_CLIENTID_BUSY,
+                               OP_DESTROY_CLIENTID, nfs_argop4)
+
+    async def body(c):
+        export = await c.lookup_path("/checkpoints")
+        fh, stateid = await c.open_create(export, "held-open")
+        clientid = c.clientid
+        await c.close_file(fh, stateid)
+        fh, stateid = await c.open_create(export, "held-open")
+        assert await c.destroy_session() == NFS4_OK
+        res = await c.compound_raw([nfs_argop4(OP_DESTROY_CLIENTID, DESTROY_CLIENTID4args(clientid))])
+        assert res.status == NFS4ERR_CLIENTID_BUSY
+    nfs_client(body)
