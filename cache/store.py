@@ -537,6 +537,14 @@ class Store:
                     out.append(ino)
         return out
 
+    def oldest_ready_ns(self) -> int | None:
+        """mtime (ns) of the oldest settled dirty file waiting to be picked up, or None: the
+        first key of the `ready` index, so the age of the upload backlog costs one cursor step."""
+        with self.ix.read() as v:
+            for key in v.txn.cursor(db=self.ix.ready).iternext(values=False):
+                return U64x2.unpack(key)[0]
+        return None
+
     def extents(self, ino: int) -> list[Extent]:
         """The file's extent map in offset order: DIRTY/CLEAN (local) and ABSENT ranges.
         Ranges of [0, size) not listed are local holes (read as zeros)."""

@@ -435,6 +435,10 @@ class Uploader:
         jobs = self._last_jobs
         now = time.time()
         upload_ts = [j.get("t", now) for _, j in jobs if j.get("kind") == UPLOAD]
+        # Settled dirty files not yet picked up count too: they have waited since their mtime.
+        ready_ns = self.store.oldest_ready_ns() if hasattr(self.store, "oldest_ready_ns") else None
+        if ready_ns is not None:
+            upload_ts.append(min(now, ready_ns / 1e9))
         usage = self.store.usage() if hasattr(self.store, "usage") else {}
         return {
             "running": self._started,

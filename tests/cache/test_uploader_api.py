@@ -55,6 +55,16 @@ def test_ready_for_upload_rules(store):
     assert store.ready_for_upload(FAR, 0, limit=2) == [old, f]
 
 
+def test_oldest_ready_is_the_oldest_settled_dirty_file(store):
+    assert store.oldest_ready_ns() is None
+    older = mkfile(store, b"older", b"a")
+    store.commit(older)
+    newer = mkfile(store, b"newer", b"b")
+    store.commit(newer)
+    assert store.oldest_ready_ns() == store.getattr(older).mtime_ns
+    upload(store, older)
+    assert store.oldest_ready_ns() == store.getattr(newer).mtime_ns
+
 def test_upload_cycle_and_change_race(store):
     f = mkfile(store, b"f", b"hello")
     store.commit(f)
