@@ -174,6 +174,9 @@ class NfsClient:
     async def send_raw(self, data: bytes, xid: int | None = None):
         """Send bytes as they are; if `xid` is given, wait for the reply to it."""
         fut = None
+        if self.closed.done():
+            # The read loop has ended: a reply could never be matched to this call.
+            raise ConnectionError("connection lost: the server closed it")
         if xid is not None:
             fut = asyncio.get_running_loop().create_future()
             self._pending[xid] = fut
