@@ -6,6 +6,7 @@ cache (a later COMMIT makes it durable); DATA_SYNC4 / FILE_SYNC4 data is committ
 """
 from __future__ import annotations
 
+import asyncio
 import errno
 import inspect
 
@@ -28,6 +29,8 @@ log = structlog.get_logger(__name__)
 
 # read-through attempts before telling the client to come back later
 _FETCH_ATTEMPTS = 3
+# how long one READ waits for a read-through fetch before answering NFS4ERR_DELAY
+READ_FETCH_WAIT = 10.0
 # Writes at least this large are copied into the page cache from a worker thread
 # (pwrite releases the GIL: ~10 ms per MiB that the loop spends receiving instead).
 # Safe because every RPC record has its own buffer (nfsd.rpc), which the data views.
@@ -84,7 +87,11 @@ async def _fetch(ctx, ino: int, ranges) -> bool:
     try:
         result = fetch(ino, ranges)
         if inspect.isawaitable(result):
-            await result
+            # During an S3 outage a fetch waits as long as the outage lasts. The client gets
+            # NFS4ERR_DELAY after a while and retries; the shielded fetch carries on meanwhile.
+            await asyncio.wait_for(asyncio.shield(asyncio.ensure_future(result)), READ_FETCH_WAIT)
+    except asyncio.TimeoutError:
+        raise NfsError(NFS4ERR_DELAY, "read-through still fetching from S3") from None
     except StoreError as e:
         raise nfs_error(e) from e
     return True

@@ -109,6 +109,40 @@ def test_read_through_hook_and_delay(fs, monkeypatch):
     run(main())
 
 
+def test_read_through_that_outlasts_the_wait_is_delay_and_goes_on(fs, monkeypatch):
+    """An S3 outage must not hold a READ forever: NFS4ERR_DELAY, and the fetch continues."""
+    import nfsd.ops.io as io_ops
+    monkeypatch.setattr(io_ops, "READ_FETCH_WAIT", 0.2)
+
+    async def main():
+        exp = await fs.root_fh()
+        f, sid, _ = await fs.open(exp, "f")
+        await fs.write(f, sid, 0, b"local")
+        store = fs.server.store
+        real = store.read_into
+        state = {"absent": True}
+
+        def read_into(ino, off, buf):
+            if state["absent"]:
+                e = StoreError(errno.EAGAIN, "absent")
+                e.missing = [(0, 5)]
+                raise e
+            return real(ino, off, buf)
+        monkeypatch.setattr(store, "read_into", read_into)
+        outage_over = asyncio.Event()
+
+        async def fetch_missing(ino, ranges):
+            await outage_over.wait()
+            state["absent"] = False
+        fs.server.fetch_missing = fetch_missing
+        assert await fs.status([(OP_PUTFH, PUTFH4args(f)), (OP_READ, READ4args(sid, 0, 5))]) == NFS4ERR_DELAY
+        outage_over.set()
+        await asyncio.sleep(0.05)
+        assert state["absent"] is False          # the shielded fetch finished after the reply
+        assert await fs.read(f, sid, 0, 5) == (b"local", True)
+    run(main())
+
+
 def test_write_over_capacity_is_delay(fs, monkeypatch):
     async def main():
         exp = await fs.root_fh()
