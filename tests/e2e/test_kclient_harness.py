@@ -117,7 +117,7 @@ def test_fsops_workloads_on_a_local_directory(tmp_path):
         f.seek(12345)
         f.write(b"X")
     assert not fsops.verify_checkpoint(str(tmp_path / "ck"), 2, 2, 1)
-    assert fsops.latest_race(str(tmp_path / "latest"), 20)
+    assert fsops.latest_race(str(tmp_path / "latest"), 20, read_pause=0.0)
     assert fsops.many_entries(str(tmp_path / "many"), 50)
     fsops.mktree(str(tmp_path / "tree"))
     m = fsops.manifest(str(tmp_path / "tree"))

@@ -67,7 +67,19 @@ mkdir -p /newroot/dev/pts /newroot/dev/shm
 mount -t devpts -o newinstance,ptmxmode=0666 devpts /newroot/dev/pts
 mount -t tmpfs tmpfs /newroot/dev/shm
 mount -t tmpfs -o mode=0755 tmpfs /newroot/run
+# A fresh /tmp, except the host paths under /tmp the run needs (the repository, the Python
+# environment, the working directory): keep the overlay's view of those, writable in guest RAM.
+n=0
+for p in $KC_TMP_KEEP; do
+	mkdir -p "/ovl/keep$n" && mount --bind "/newroot$p" "/ovl/keep$n" || die "cannot keep $p"
+	n=$((n + 1))
+done
 mount -t tmpfs -o mode=1777 tmpfs /newroot/tmp
+n=0
+for p in $KC_TMP_KEEP; do
+	mkdir -p "/newroot$p" && mount --bind "/ovl/keep$n" "/newroot$p" || die "cannot keep $p"
+	n=$((n + 1))
+done
 mount --bind /kc /newroot/kclient
 rm -f /newroot/etc/mtab; ln -s /proc/self/mounts /newroot/etc/mtab
 # NFSv4 owners "name@domain": same domain as the host tools' default

@@ -17,6 +17,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -157,6 +158,7 @@ class KernelClient:
             "KC_OVERLAY_SIZE": "50%", "KC_MNT": self.mnt, "KC_HOSTNAME": f"kclient-{uuid.uuid4().hex[:8]}",
             "KC_GUEST_IP": GUEST_IP, "KC_NFS_SOURCE": source, "KC_NFS_OPTS": opts,
             "KC_DO_MOUNT": "1" if self.mount else "0", "KC_UMOUNT_WAIT": str(self.umount_wait),
+            "KC_TMP_KEEP": " ".join(_host_tmp_paths(cwd)),
         }
         (rundir / "config").write_text("".join(f"{k}={shlex.quote(v)}\n" for k, v in config.items()))
         genv = {
@@ -325,3 +327,15 @@ def ensure_ready(cache_dir: str | os.PathLike | None = None, install: bool = Tru
 
 
 __all__ = ["KernelClient", "KclientResult", "KclientError", "ensure_ready", "EXIT_TIMEOUT", "EXIT_HARNESS"]
+
+
+def _host_tmp_paths(cwd: str) -> list[str]:
+    """Host paths under /tmp that the guest must still see although its /tmp is a fresh tmpfs:
+    this repository (guest scripts, GUEST_LIB), the Python environment the guest runs, and the
+    command's working directory. A clone under /tmp (as CI may make) would otherwise vanish."""
+    repo = Path(__file__).resolve().parents[2]
+    keep = []
+    for p in (str(repo), os.path.realpath(sys.prefix), os.path.realpath(cwd)):
+        if p.startswith("/tmp/") and " " not in p and not any(p == k or p.startswith(k + "/") for k in keep):
+            keep = [k for k in keep if not k.startswith(p + "/")] + [p]
+    return keep

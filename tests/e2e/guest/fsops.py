@@ -184,9 +184,12 @@ def _check_latest(data: bytes) -> int:
 def _latest_writer(d: str, versions: int) -> None:
     for v in range(1, versions + 1):
         write_file_durably(os.path.join(d, "latest"), [_latest_content(v)])
+        # A saving job pauses between checkpoints; without it a fast file system finishes all
+        # versions before the reader has looked twice, and nothing races.
+        time.sleep(0.01)
 
 
-def latest_race(d: str, versions: int) -> bool:
+def latest_race(d: str, versions: int, read_pause: float = 0.05) -> bool:
     os.makedirs(d, exist_ok=True)
     write_file_durably(os.path.join(d, "latest"), [_latest_content(0)])
     writer = multiprocessing.Process(target=_latest_writer, args=(d, versions))
@@ -211,7 +214,7 @@ def latest_race(d: str, versions: int) -> bool:
             reads += 1
             if done:
                 break
-            time.sleep(0.05)  # a busy reader would starve the writer on a 1-vCPU guest
+            time.sleep(read_pause)  # a busy reader would starve the writer on a 1-vCPU guest
     finally:
         writer.join()
     if writer.exitcode != 0:
