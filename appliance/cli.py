@@ -15,7 +15,7 @@ from . import config as configmod
 from .admin import AdminClient, AdminError
 from .units import fmt_bytes, fmt_rate, fmt_seconds, table
 
-# exit codes (documented in docs/reference.md)
+# exit codes (documented in README.md, "Admin CLI")
 EXIT = {"ok": 0, "failed": 1, "problems": 1, "bad_request": 2, "unavailable": 3, "timeout": 4,
         "not_found": 5, "denied": 6, "no_daemon": 7, "busy": 1}
 EX_CONFIG = 78          # sysexits.h: configuration error (systemd: RestartPreventExitStatus=78)
