@@ -81,22 +81,28 @@ def test_anonymous_io_checks_mode_bits(fs):
     run(main())
 
 
+async def _file_with_absent_data(fs, monkeypatch):
+    """A file "local" whose bytes the store reports ABSENT until state["absent"] is cleared."""
+    exp = await fs.root_fh()
+    f, sid, _ = await fs.open(exp, "f")
+    await fs.write(f, sid, 0, b"local")
+    store = fs.server.store
+    real = store.read_into
+    state = {"absent": True}
+
+    def read_into(ino, off, buf):
+        if state["absent"]:
+            e = StoreError(errno.EAGAIN, "absent")
+            e.missing = [(0, 5)]
+            raise e
+        return real(ino, off, buf)
+    monkeypatch.setattr(store, "read_into", read_into)
+    return f, sid, state
+
+
 def test_read_through_hook_and_delay(fs, monkeypatch):
     async def main():
-        exp = await fs.root_fh()
-        f, sid, _ = await fs.open(exp, "f")
-        await fs.write(f, sid, 0, b"local")
-        store = fs.server.store
-        real = store.read_into
-        state = {"absent": True}
-
-        def read_into(ino, off, buf):
-            if state["absent"]:
-                e = StoreError(errno.EAGAIN, "absent")
-                e.missing = [(0, 5)]
-                raise e
-            return real(ino, off, buf)
-        monkeypatch.setattr(store, "read_into", read_into)
+        f, sid, state = await _file_with_absent_data(fs, monkeypatch)
         assert await fs.status([(OP_PUTFH, PUTFH4args(f)), (OP_READ, READ4args(sid, 0, 5))]) == NFS4ERR_DELAY
         fetched = []
 
@@ -115,20 +121,7 @@ def test_read_through_that_outlasts_the_wait_is_delay_and_goes_on(fs, monkeypatc
     monkeypatch.setattr(io_ops, "READ_FETCH_WAIT", 0.2)
 
     async def main():
-        exp = await fs.root_fh()
-        f, sid, _ = await fs.open(exp, "f")
-        await fs.write(f, sid, 0, b"local")
-        store = fs.server.store
-        real = store.read_into
-        state = {"absent": True}
-
-        def read_into(ino, off, buf):
-            if state["absent"]:
-                e = StoreError(errno.EAGAIN, "absent")
-                e.missing = [(0, 5)]
-                raise e
-            return real(ino, off, buf)
-        monkeypatch.setattr(store, "read_into", read_into)
+        f, sid, state = await _file_with_absent_data(fs, monkeypatch)
         outage_over = asyncio.Event()
 
         async def fetch_missing(ino, ranges):
@@ -141,7 +134,6 @@ def test_read_through_that_outlasts_the_wait_is_delay_and_goes_on(fs, monkeypatc
         assert state["absent"] is False          # the shielded fetch finished after the reply
         assert await fs.read(f, sid, 0, 5) == (b"local", True)
     run(main())
-
 
 def test_write_over_capacity_is_delay(fs, monkeypatch):
     async def main():
