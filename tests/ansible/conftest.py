@@ -3,7 +3,7 @@
 Everything slow is cached outside the repository: the controller venv with ansible-core and
 ansible-lint (from requirements.txt) in /var/cache/ckptgw-ansible-tools/<hash>, the guest image
 in /var/cache/ckptgw-ansible-image/<hash> (see guestimage.py). Timings and PLAY RECAP lines are
-collected in REPORT and printed at the end of the run.
+collected in playbook.REPORT and printed at the end of the run.
 """
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))          # guestimage, guestvm, playbook
 
 from guestimage import REPO, ensure_image  # noqa: E402
+from playbook import REPORT, report  # noqa: E402
 
 TOOLS_CACHE = Path(os.environ.get("CKPTGW_ANSIBLE_TOOLS_CACHE", "/var/cache/ckptgw-ansible-tools"))
-REPORT: list[str] = []
 
 
 def pytest_configure(config):
@@ -35,10 +35,6 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("ansible deployment report")
         for line in REPORT:
             terminalreporter.write_line(line)
-
-
-def report(line: str) -> None:
-    REPORT.append(line)
 
 
 @pytest.fixture(scope="session")

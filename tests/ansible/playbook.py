@@ -11,6 +11,14 @@ from pathlib import Path
 from guestimage import REPO
 
 ANSIBLE_DIR = REPO / "ansible"
+# Lines for the end-of-run summary (conftest prints them): timings and PLAY RECAP lines.
+REPORT: list[str] = []
+
+
+def report(line: str) -> None:
+    REPORT.append(line)
+
+
 _RECAP = re.compile(r"^(\S+)\s+:\s+((?:\w+=\d+\s*)+)$")
 
 

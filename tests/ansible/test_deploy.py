@@ -16,10 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import report
 from guestimage import DEPLOY_USER, GUEST_WHEELHOUSE
 from guestvm import GuestVM
-from playbook import run_playbook
+from playbook import report, run_playbook
 
 pytestmark = [pytest.mark.ansible, pytest.mark.slow]
 
