@@ -270,6 +270,10 @@ class ServerSettings:
     low_watermark: float = _opt(0.80, _float(0.0, 1.0), "Evict down to this fraction of capacity.")
     evict_interval: float = _opt(_UP["evict_interval"], _duration, "How often the watermarks are checked.")
     lease_time: float = _opt(90.0, _duration, "NFSv4 lease time: clients silent longer lose their state.")
+    owner_domain: str | None = _opt(None, _opt_str, 'NFSv4 id-mapping domain. Empty: owners travel as numeric '
+                                    "ids (what Linux sends with id mapping off). Set (e.g. \"example.org\"): "
+                                    "owners are sent as name@domain from this host's users and groups, and both "
+                                    "forms are accepted.", example='""')
     shutdown_timeout: float = _opt(30.0, _duration, "On SIGTERM, how long in-flight requests and durable "
                                    "writes may take before exit.")
 

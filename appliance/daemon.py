@@ -77,7 +77,7 @@ def export_id(path: str) -> int:
 def build_exports(cfg: configmod.Config, store):
     """nfsd.exports.Exports for the configured exports. One export serves the whole store; with
     several, each is the store directory of the same path (created if missing)."""
-    from nfsd.exports import Export, Exports
+    from nfsd.exports import Export, Exports, IdMapper
     ids: dict[int, str] = {}
     out = []
     for e in cfg.exports:
@@ -90,7 +90,8 @@ def build_exports(cfg: configmod.Config, store):
         out.append(Export(eid, e.path, networks=tuple(e.networks), rw=e.access == "rw",
                           root_squash=e.squash in ("root", "all"), all_squash=e.squash == "all",
                           anonuid=e.anon_uid, anongid=e.anon_gid, root_ino=root))
-    return Exports(out)
+    domain = cfg.server.owner_domain
+    return Exports(out, idmap=IdMapper(domain, reply_names=True) if domain else None)
 
 
 def _prepare_root(store, e: configmod.ExportSettings, ino: int) -> None:

@@ -183,3 +183,20 @@ def test_export_root_owner_and_mode(tmp_path, capsys):
     cfg_file.write_text('[[exports]]\nowner = "alice"\n')
     with pytest.raises(c.ConfigError, match='UID:GID'):
         c.load(str(cfg_file))
+
+
+def test_owner_domain_maps_owners_to_names(tmp_path):
+    from appliance import config as c
+    from appliance.daemon import build_exports
+    from cache.store import Store
+    cfg_file = tmp_path / "config.toml"
+    cfg_file.write_text('[server]\nowner_domain = "Example.ORG"\n')
+    store = Store.open(str(tmp_path / "cache"), evict=False)
+    try:
+        named = build_exports(c.load(str(cfg_file)), store).idmap
+        assert named.owner(0) == b"root@example.org" and named.group(0) == b"root@example.org"
+        assert named.uid_of(b"root@example.org") == 0 and named.uid_of(b"0") == 0
+        numeric = build_exports(c.load(None), store).idmap
+        assert numeric.owner(0) == b"0"
+    finally:
+        store.close()
