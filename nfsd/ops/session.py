@@ -301,8 +301,10 @@ def sequence(ctx, args, request_size: int, nops: int, signature: tuple = ()) -> 
         # A retransmission (2.10.6.1.3); the original may still be running.
         if slot.in_progress:
             raise NfsError(NFS4ERR_DELAY, "retry while the original is in progress")
-        if signature != slot.signature:
-            # Same slot and seqid but another request: a client bug (2.10.6.1.3.1).
+        if signature != slot.signature and slot.cached:
+            # Same slot and seqid but another request: a client bug (2.10.6.1.3.1). Only a
+            # cached reply can tell: an uncached one is answered RETRY_UNCACHED_REP below,
+            # as Linux knfsd does ("if we didn't cache the reply we can't check the args").
             raise NfsError(NFS4ERR_SEQ_FALSE_RETRY,
                            f"slot {args.sa_slotid} seqid {args.sa_sequenceid}")
         ctx.session, ctx.client = session, client

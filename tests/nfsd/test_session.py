@@ -194,6 +194,10 @@ def test_retry_of_a_large_uncached_reply(server):
         res = decode(COMPOUND4res, (await c.call(1, args)).body)
         assert res.resarray[0].value.tag == NFS4_OK
         assert res.status == NFS4ERR_RETRY_UNCACHED_REP and len(res.resarray) == 2
+        # Without the original reply the server cannot tell a false retry (other ops on the
+        # same slot and seqid) from a real one: RETRY_UNCACHED_REP, as Linux knfsd answers.
+        res = await c.compound_raw([sequence_op(c.sessionid, 1, 11), op(OP_PUTROOTFH)])
+        assert res.status == NFS4ERR_RETRY_UNCACHED_REP
     run(server.port, body)
 
 
