@@ -8,7 +8,6 @@ replaces `python -m nfsd`.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # `from tests.kclient import ...` under any pytest import mode
     sys.path.insert(0, str(REPO))
 
+from tests.kclient.childserver import ChildServer  # noqa: E402
 from tests.kclient.ganesha import GaneshaServer  # noqa: E402
 
 EXPORT = "/checkpoints"
@@ -46,7 +46,7 @@ def _listening(port: int) -> bool:
         return False
 
 
-class CkptgwServer:
+class CkptgwServer(ChildServer):
     """server_command() as a child process; restart() keeps the port and the cache dir."""
 
     def __init__(self, root: Path, port: int, export: str = EXPORT):
@@ -74,27 +74,6 @@ class CkptgwServer:
                 raise RuntimeError(f"server not listening on 127.0.0.1:{self.port} after {timeout}s:\n{self.log_tail()}")
             time.sleep(0.1)
 
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-    def log_tail(self, lines: int = 60) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
 
 
 def make_server(root: Path) -> CkptgwServer | GaneshaServer:

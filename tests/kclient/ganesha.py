@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
 
+from .childserver import ChildServer
 from .image import INSTALL_SH, KclientUnavailable
 
 VFS_FSAL = "/usr/lib/x86_64-linux-gnu/ganesha/libfsalvfs.so"
@@ -68,8 +68,10 @@ def _listening(port: int) -> bool:
         return False
 
 
-class GaneshaServer:
+class GaneshaServer(ChildServer):
     """ganesha.nfsd exporting <root>/export as <pseudo> on 127.0.0.1:port."""
+    STOP_WAIT = 15.0
+    LOG_TAIL_LINES = 40
 
     def __init__(self, root: str | os.PathLike, port: int, pseudo: str = "/checkpoints"):
         self.root, self.port, self.pseudo = Path(root), port, pseudo
@@ -96,27 +98,6 @@ class GaneshaServer:
                 raise RuntimeError(f"ganesha did not start: {self.log_tail()}")
             time.sleep(0.1)
 
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
 
     def __enter__(self) -> "GaneshaServer":
         self.start()
