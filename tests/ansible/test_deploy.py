@@ -1,7 +1,8 @@
 """Deploy with ansible/site.yml to a real Debian 12 host (qemu, software emulation) over SSH.
 
 One VM for the module, the tests run in order against it:
-  first run (fresh host) -> service active, NFS mount from the guest's own kernel client works
+  --check --diff on the fresh host previews the install and touches nothing
+  -> first run (fresh host) -> service active, NFS mount from the guest's own kernel client works
   -> second run changes nothing -> --check --diff previews a config change without applying it
   -> the applied config change reloads the service (same PID, a reload in the journal).
 The guest has no network but its forwarded SSH port: ckptgw is installed from the wheel of
@@ -85,11 +86,40 @@ def first_run(deploy):
     return deploy("first run (fresh host)", "--diff")
 
 
+def host_state(vm: GuestVM) -> str:
+    """What a deployment would change on the host: the role's paths, accounts, units and the cache disk."""
+    script = ("for p in /etc/ckptgw /opt/ckptgw /var/lib/ckptgw /etc/systemd/system/ckptgw.service; do"
+              " if sudo test -e $p; then echo \"exists $p\"; fi; done;"
+              " getent passwd ckptgw || true; getent group ckptgw || true;"
+              " echo \"vdb: $(sudo blkid --probe --output export /dev/vdb | tr '\\n' ' ')\";"
+              " systemctl list-unit-files --no-legend 'ckptgw*' 'var-lib-ckptgw*' || true")
+    return vm.ssh(script).stdout
+
+
+@pytest.fixture(scope="module")
+def fresh_check(vm, deploy):
+    """--check --diff before anything was deployed, with the host's state before and after."""
+    before = host_state(vm)
+    run = deploy("--check --diff on the fresh host", "--check", "--diff")
+    return run, before, host_state(vm)
+
+
 def journal(vm: GuestVM, lines: int = 60) -> str:
     return vm.ssh(f"sudo journalctl --no-pager -u ckptgw.service -n {lines}", check=False).stdout
 
 
-def test_first_run_deploys_an_active_service(vm, first_run):
+def test_check_mode_on_a_fresh_host_previews_and_changes_nothing(fresh_check):
+    run, before, after = fresh_check
+    assert run.returncode == 0, run.tail()
+    recap = run.recap(HOST)
+    assert recap["failed"] == 0 and recap["changed"] > 0, run.tail()
+    # the preview names what the first run would do: the unit file and the config with its contents
+    assert "+[Service]" in run.output and "+[server]" in run.output, run.tail()
+    assert before == after, f"--check changed the host:\n--- before\n{before}\n--- after\n{after}"
+    assert "exists" not in after and "ckptgw:" not in after and "TYPE=" not in after, after
+
+
+def test_first_run_deploys_an_active_service(vm, fresh_check, first_run):
     assert first_run.returncode == 0, first_run.tail() + "\n--- journal of ckptgw.service\n" + journal(vm)
     recap = first_run.recap(HOST)
     assert recap["failed"] == 0 and recap["unreachable"] == 0 and recap["changed"] > 0
