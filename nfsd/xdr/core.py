@@ -501,14 +501,19 @@ class FixedArray(XdrType):
                     ep(x, out)
 
             def unpack(buf, pos):
-                res = []
-                append = res.append
-                for _ in range(n):
-                    x, pos = eu(buf, pos)
-                    append(x)
-                return res, pos
+                return _unpack_elems(eu, n, buf, pos)
 
         self.pack, self.unpack = pack, unpack
+
+
+def _unpack_elems(eu, n: int, buf, pos: int):
+    """n elements decoded one after another by `eu`: (list, new_pos)."""
+    res = []
+    append = res.append
+    for _ in range(n):
+        x, pos = eu(buf, pos)
+        append(x)
+    return res, pos
 
 
 class VarArray(XdrType):
@@ -574,12 +579,7 @@ class VarArray(XdrType):
                 pos += 4
                 if n * emin > len(buf) - pos:      # refuse absurd counts before allocating
                     raise _truncated(name, pos, buf)
-                res = []
-                append = res.append
-                for _ in range(n):
-                    x, pos = eu(buf, pos)
-                    append(x)
-                return res, pos
+                return _unpack_elems(eu, n, buf, pos)
 
         self.pack, self.unpack = pack, unpack
 
