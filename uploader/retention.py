@@ -77,10 +77,17 @@ def _lock_for(path: str) -> threading.Lock:
         return _locks.setdefault(path, threading.Lock())
 
 
+# The audit log is rotated at the start of an apply once it reaches this size (every intent
+# is closed then), keeping this many older generations (audit.jsonl.1 newest).
+AUDIT_ROTATE_BYTES = 8 << 20
+AUDIT_GENERATIONS = 4
+
+
 class Records:
     """<store>/retention/audit.jsonl: one JSON object per line, appended and fsynced (a torn
-    last line after a crash is skipped). <store>/retention/objects.json: what we last did to
-    each object (tag class, storage class, lock), keyed by object key, valid for its etag."""
+    last line after a crash is skipped), rotated to audit.jsonl.1 .. .N by size.
+    <store>/retention/objects.json: what we last did to each object (tag class, storage
+    class, lock), keyed by object key, valid for its etag."""
 
     def __init__(self, store):
         self.dir = os.path.join(store.path, "retention")
@@ -102,9 +109,11 @@ class Records:
         log.info("retention_audit", **{k: v for k, v in entry.items() if k != "t"})
         return entry
 
-    def entries(self) -> list[dict]:
+    def entries(self, generation: int = 0) -> list[dict]:
+        """The entries of the current log (generation 0) or of a rotated one, oldest first."""
+        path = self.audit_path if generation == 0 else f"{self.audit_path}.{generation}"
         try:
-            with open(self.audit_path, encoding="utf-8") as f:
+            with open(path, encoding="utf-8") as f:
                 lines = f.readlines()
         except FileNotFoundError:
             return []
@@ -115,6 +124,38 @@ class Records:
             except ValueError:
                 continue                     # a line torn by a crash
         return out
+
+    def newest_entries(self, limit: int) -> list[dict]:
+        """The newest `limit` entries (0: all) across the rotated generations, oldest first."""
+        out: list[dict] = []
+        for generation in range(AUDIT_GENERATIONS + 1):
+            out[:0] = self.entries(generation)
+            if 0 < limit <= len(out):
+                return out[-limit:]
+        return out
+
+    def rotate_if_large(self, limit: int | None = None, keep: int | None = None) -> bool:
+        """Move audit.jsonl to audit.jsonl.1 (older ones up by one, the oldest dropped) once it
+        holds `limit` bytes. Only call it when no intent is open: resume() reads the current log."""
+        limit = AUDIT_ROTATE_BYTES if limit is None else limit
+        keep = AUDIT_GENERATIONS if keep is None else keep
+        with self.lock:
+            try:
+                if os.stat(self.audit_path).st_size < limit:
+                    return False
+            except FileNotFoundError:
+                return False
+            for generation in range(keep, 0, -1):
+                src = self.audit_path if generation == 1 else f"{self.audit_path}.{generation - 1}"
+                if os.path.exists(src):
+                    os.replace(src, f"{self.audit_path}.{generation}")
+            fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(fd)                 # the renames survive a crash
+            finally:
+                os.close(fd)
+        log.info("retention_audit_rotated", path=self.audit_path, kept=keep)
+        return True
 
     def objects(self) -> dict:
         try:
@@ -497,6 +538,7 @@ def _apply_sync(store, rules, object_client, now, settings, only) -> dict:
     with _apply_lock:
         records = Records(store)
         resumed = resume(store)
+        records.rotate_if_large()            # resume() closed every open intent
         p = build_plan(store, rules, object_client, now, settings)
         done, skipped, queued_jobs = [], [], 0
         for a in p["actions"]:
@@ -545,9 +587,9 @@ async def apply(*, store, rules, object_client=None, now=None, settings=None, up
 
 async def log_entries(*, store, limit=100, **_) -> dict:
     """`ckptgw retention log`: the newest `limit` audit entries (0: all), oldest first."""
-    entries = await asyncio.to_thread(lambda: Records(store).entries())
     limit = int(limit) if limit is not None else 100
-    return {"entries": entries[-limit:] if limit > 0 else entries}
+    entries = await asyncio.to_thread(Records(store).newest_entries, max(limit, 0))
+    return {"entries": entries}
 
 
 # ---- pins ------------------------------------------------------------------------------------
