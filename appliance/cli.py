@@ -340,11 +340,13 @@ def verify(as_json, path):
 @json_option
 def import_cmd(as_json):
     """Add the bucket's objects under the configured prefix that the cache lacks, as files fetched on
-    first read (owner and mode from s3fs metadata). Names that exist locally are kept: local data wins."""
+    first read (owner and mode from s3fs metadata) and symlinks. Names that exist locally are kept:
+    local data wins."""
     res = call("import")
     if as_json:
         return emit_json(res)
-    click.echo(f"imported {res['imported']} object(s), {res['directories']} directory marker(s); "
+    links = f" ({res['symlinks']} of them symlinks)" if res.get("symlinks") else ""
+    click.echo(f"imported {res['imported']} object(s){links}, {res['directories']} directory marker(s); "
                f"{res['already_present']} name(s) already present (local data wins)"
                + (f"; {len(res['invalid_keys'])} key(s) cannot be paths" if res["invalid_keys"] else ""))
 

@@ -301,9 +301,9 @@ class Commands:
     async def cmd_import(self, args, progress):
         """Objects under the bucket prefix that the namespace lacks become ABSENT files."""
         report = await self.uploader.import_bucket()
-        log.info("imported", imported=report.imported, directories=report.directories,
+        log.info("imported", imported=report.imported, directories=report.directories, symlinks=report.symlinks,
                  kept_local=report.skipped_existing, invalid=len(report.skipped_invalid))
-        return {"imported": report.imported, "directories": report.directories,
+        return {"imported": report.imported, "directories": report.directories, "symlinks": report.symlinks,
                 "already_present": report.skipped_existing, "invalid_keys": list(report.skipped_invalid)}
 
     # -- retention and lifecycle (uploader.retention / uploader.lifecycle) -------------------

@@ -12,6 +12,7 @@ from enum import IntEnum
 
 ROOT_INO = 1
 NAME_MAX = 255
+SYMLINK_MAX = 4096          # bytes of a symbolic link's target
 
 
 class StoreError(OSError):

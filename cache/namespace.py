@@ -10,11 +10,10 @@ from __future__ import annotations
 import errno
 import time
 
-from .api import (ChangeInfo, DataState, FileType, NAME_MAX, ROOT_INO, StoreError)
+from .api import (ChangeInfo, DataState, FileType, NAME_MAX, ROOT_INO, SYMLINK_MAX, StoreError)
 from .index import FIRST_COOKIE, Inode, Writer
 
 TYPE_NAMES = {FileType.REG: "reg", FileType.DIR: "dir", FileType.LNK: "lnk"}
-SYMLINK_MAX = 4096
 
 
 def validate_name(name: bytes) -> None:
@@ -113,7 +112,8 @@ class Namespace:
         return rec, cinfo
 
     def symlink(self, w: Writer, parent: int, name: bytes, target: bytes, mode: int,
-                uid: int, gid: int):
+                uid: int, gid: int, *, journal: bool = True):
+        """journal=False: no change-journal job (a link imported from S3 needs no upload)."""
         validate_name(name)
         if not target or b"\0" in target:
             raise StoreError(errno.EINVAL, "symlink target must be non-empty without NUL")
@@ -127,9 +127,10 @@ class Namespace:
         rec.size = len(target)
         w.put_inode(rec, old)
         w.set_flag_key(w.ix.symlinks, rec.ino, True, bytes(target))
-        w.queue_put({"kind": "ns", "op": "symlink", "ino": rec.ino, "type": "lnk",
-                     "new_path": entry_path(w, parent, name),
-                     "target": bytes(target).decode("utf-8", "surrogateescape")})
+        if journal:
+            w.queue_put({"kind": "ns", "op": "symlink", "ino": rec.ino, "type": "lnk",
+                         "new_path": entry_path(w, parent, name),
+                         "target": bytes(target).decode("utf-8", "surrogateescape")})
         return rec, cinfo
 
     def link(self, w: Writer, ino: int, new_parent: int, new_name: bytes):

@@ -701,25 +701,12 @@ class Store:
                       mtime_ns: int, remote: RemoteInfo) -> Attr | None:
         """Add an object as an ABSENT file (creating parent dirs). Never overrides an existing
         name (returns None then): local data always wins. Not journaled (it came from S3)."""
-        parts = [p.encode("utf-8", "surrogateescape") for p in path.split("/") if p]
-        if not parts:
-            raise StoreError(errno.EINVAL, f"import of an empty path {path!r}")
-        for p in parts:
-            validate_name(p)
         if size < 0:
             raise StoreError(errno.EINVAL, "negative size")
+        parts = _import_parts(path)
         with self.ix.write() as w:
-            parent = ROOT_INO
-            for name in parts[:-1]:
-                ent = w.dirent(parent, name)
-                if ent is None:
-                    parent = self.ns._make(w, w.must_dir(parent), name, FileType.DIR,
-                                           0o755, uid, gid)[0].ino
-                elif ent[2] != FileType.DIR:
-                    return None
-                else:
-                    parent = ent[0]
-            if w.dirent(parent, parts[-1]) is not None:
+            parent = self._import_parent(w, parts, uid, gid)
+            if parent is None:
                 return None
             rec, _ = self.ns._make(w, w.must_dir(parent), parts[-1], FileType.REG, mode,
                                    uid, gid)
@@ -731,6 +718,35 @@ class Store:
             w.put_inode(rec, old)
             w.put_remote(rec.ino, remote)
         return rec.attr()
+
+    def import_symlink(self, path: str, target: bytes, mode: int, uid: int, gid: int,
+                       mtime_ns: int) -> Attr | None:
+        """Add a symbolic link mirrored in S3 (creating parent dirs). Like import_object: never
+        overrides an existing name (returns None then), not journaled."""
+        parts = _import_parts(path)
+        with self.ix.write() as w:
+            parent = self._import_parent(w, parts, uid, gid)
+            if parent is None:
+                return None
+            rec, _ = self.ns.symlink(w, parent, parts[-1], target, mode, uid, gid, journal=False)
+            old = rec.copy()
+            rec.mtime_ns = mtime_ns
+            w.put_inode(rec, old)
+        return rec.attr()
+
+    def _import_parent(self, w, parts: list[bytes], uid: int, gid: int) -> int | None:
+        """The directory an imported name goes into (made as needed), or None when a component
+        is a local non-directory or the name itself exists: local data always wins."""
+        parent = ROOT_INO
+        for name in parts[:-1]:
+            ent = w.dirent(parent, name)
+            if ent is None:
+                parent = self.ns._make(w, w.must_dir(parent), name, FileType.DIR, 0o755, uid, gid)[0].ino
+            elif ent[2] != FileType.DIR:
+                return None
+            else:
+                parent = ent[0]
+        return None if w.dirent(parent, parts[-1]) is not None else parent
 
     def set_pinned(self, ino: int, pinned: bool, reason: str = "") -> None:
         """Pinned files are never evicted; `pinned()` lists them with their reasons."""
@@ -788,3 +804,13 @@ class Store:
         A full scan: for tests and the admin CLI, not the request path."""
         from .check import check
         return check(self)
+
+
+def _import_parts(path: str) -> list[bytes]:
+    """The checked name components of an export-relative path from S3."""
+    parts = [p.encode("utf-8", "surrogateescape") for p in path.split("/") if p]
+    if not parts:
+        raise StoreError(errno.EINVAL, f"import of an empty path {path!r}")
+    for p in parts:
+        validate_name(p)
+    return parts

@@ -5,21 +5,23 @@ file or a directory, whatever its state: dirty, uploading, clean) is skipped, ne
 merged or overwritten; so is an object whose parent path is a local file. Only names the
 gateway does not know are added, as ABSENT files carrying the object's size, ETag and the
 s3fs metadata (x-amz-meta-mode/uid/gid/mtime; defaults 0644, 0:0 and the object's
-LastModified when absent). Directory markers ("dir/") become directories. Keys that
+LastModified when absent). Directory markers ("dir/") become directories, objects marked
+S_IFLNK (s3fs's symbolic links, as the uploader writes them) become symlinks. Keys that
 cannot be paths (empty or "."/".." components, "//", names over 255 bytes) are skipped and
 counted. Import is not journaled by the store, so it causes no S3 traffic by itself.
 """
 from __future__ import annotations
 
 import asyncio
+import errno
 from dataclasses import dataclass, field
 
 import structlog
 
-from cache.api import ROOT_INO, FileType, RemoteInfo, StoreError
+from cache.api import ROOT_INO, SYMLINK_MAX, FileType, RemoteInfo, StoreError
 
 from .gate import RequestGate
-from .keys import KeyMap, attrs_from_metadata
+from .keys import KeyMap, attrs_from_metadata, is_symlink_metadata
 from .objectclient import ObjectClient
 
 log = structlog.get_logger(__name__)
@@ -29,6 +31,7 @@ log = structlog.get_logger(__name__)
 class ImportReport:
     imported: int = 0
     directories: int = 0
+    symlinks: int = 0
     skipped_existing: int = 0
     skipped_invalid: list[str] = field(default_factory=list)
 
@@ -66,8 +69,18 @@ async def import_prefix(store, client: ObjectClient, keys: KeyMap, gate: Request
                 if await asyncio.to_thread(_ensure_dirs, store, path, mode or 0o755, uid, gid):
                     report.directories += 1
                 continue
-            remote = RemoteInfo(key=path, etag=head.etag, checksum=head.checksum, size=head.size)
-            attr = await asyncio.to_thread(store.import_object, path, head.size, mode, uid, gid, mtime_ns, remote)
+            if is_symlink_metadata(head.metadata):
+                if not 0 < head.size <= SYMLINK_MAX:
+                    raise StoreError(errno.EINVAL, f"symlink object of {head.size} bytes")
+                target = await gate.call("GetObject", lambda o=obj, n=head.size: client.get_range(o.key, 0, n),
+                                         what=obj.key)
+                attr = await asyncio.to_thread(store.import_symlink, path, target, mode, uid, gid, mtime_ns)
+                if attr is not None:
+                    report.symlinks += 1
+            else:
+                remote = RemoteInfo(key=path, etag=head.etag, checksum=head.checksum, size=head.size)
+                attr = await asyncio.to_thread(store.import_object, path, head.size, mode, uid, gid, mtime_ns,
+                                               remote)
         except StoreError as e:
             log.warning("import_skipped", key=obj.key, error=str(e))
             report.skipped_invalid.append(obj.key)
@@ -78,5 +91,6 @@ async def import_prefix(store, client: ObjectClient, keys: KeyMap, gate: Request
             report.imported += 1
     await asyncio.to_thread(store.sync)
     log.info("import_done", prefix=keys.prefix, imported=report.imported, directories=report.directories,
+             symlinks=report.symlinks,
              skipped_existing=report.skipped_existing, skipped_invalid=len(report.skipped_invalid))
     return report

@@ -3,7 +3,7 @@
 Jobs live in the store's durable queue (opaque dicts there). Two kinds:
   {"kind": "upload", "ino": I, "change": C, "t": enqueue unix time,
    + while multipart is in progress: "key", "upload_id", "part_size", "upload_change"}
-  {"kind": "ns", "op": "rename"|"unlink"|"mkdir"|"rmdir", ...}   appended by the store itself
+  {"kind": "ns", "op": "rename"|"unlink"|"mkdir"|"rmdir"|"symlink"|"link", ...}   appended by the store itself
       in the same transaction as the namespace op (see cache/store.py at queue_put).
 
 Order: S3 replays the namespace history per path. Keys are export-relative paths: exact
@@ -50,6 +50,8 @@ def ns_keys(job: dict) -> list[KeyRef]:
         return [KeyRef(old), KeyRef(new)]
     if op == "unlink":
         return [KeyRef(old)]
+    if op == "symlink":
+        return [KeyRef(new)]
     if op == "mkdir":
         return [KeyRef((new or old).rstrip("/") + "/")]
     if op == "rmdir":

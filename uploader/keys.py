@@ -1,6 +1,7 @@
 """Object keys, s3fs-compatible metadata and the multipart part plan.
 
-Key = bucket prefix + export-relative path; a directory is the marker object "path/".
+Key = bucket prefix + export-relative path; a directory is the marker object "path/"; a
+symbolic link is an object whose body is the link's target (mode S_IFLNK), as s3fs stores one.
 Metadata uses s3fs-fuse's names so a bucket written here mounts with s3fs and back:
 x-amz-meta-mode (st_mode in decimal, file type bits included), -uid, -gid, -mtime
 (seconds, with nanoseconds after a dot when not whole). Our own keys name the inode the
@@ -68,13 +69,21 @@ def parse_mtime(value: str | None, default_ns: int) -> int:
         return default_ns
 
 
-def object_metadata(attr, *, is_dir: bool, store_id: str = "") -> dict[str, str]:
-    kind = stat.S_IFDIR if is_dir else stat.S_IFREG
+def object_metadata(attr, *, is_dir: bool, is_link: bool = False, store_id: str = "") -> dict[str, str]:
+    kind = stat.S_IFDIR if is_dir else stat.S_IFLNK if is_link else stat.S_IFREG
     meta = {"mode": str(kind | (attr.mode & 0o7777)), "uid": str(attr.uid), "gid": str(attr.gid),
             "mtime": mtime_str(attr.mtime_ns), INO_META: str(attr.ino)}
     if store_id:
         meta[STORE_META] = store_id
     return meta
+
+
+def is_symlink_metadata(meta: dict[str, str]) -> bool:
+    """Whether s3fs-style metadata marks the object as a symbolic link (its body: the target)."""
+    try:
+        return stat.S_ISLNK(int(meta.get("mode", "")))
+    except ValueError:
+        return False
 
 
 def attrs_from_metadata(meta: dict[str, str], *, default_mtime_ns: int,

@@ -111,6 +111,11 @@ class Worker:
                 return None
             raise
 
+    def _job_remote(self, job: dict) -> RemoteInfo | None:
+        """What the store recorded of the file's upload; None for a symlink, whose object
+        (put by its symlink job) is found by its inode metadata instead."""
+        return None if job.get("type") == "lnk" else self._remote(job["ino"])
+
     # ---- upload ------------------------------------------------------------------------
     async def upload(self, job_id: int, job: dict, progress_cb, expected_path: str | None = None) -> str:
         """Upload the file of an upload job. Returns what happened (for logs/tests).
@@ -382,9 +387,10 @@ class Worker:
             return await self._move_file(job)
         if op == "unlink":
             return await self._delete_file(job)
-        if op in ("link", "symlink"):
-            # a hard link shares the object of the first name; symlinks are not mirrored
-            return "nothing-to-do"
+        if op == "link":
+            return "nothing-to-do"        # a hard link shares the object of its first name
+        if op == "symlink":
+            return await self._put_symlink(job)
         if op == "mkdir":
             return await self._put_dir_marker(job)
         if op == "rmdir":
@@ -441,7 +447,7 @@ class Worker:
 
     async def _move_file(self, job: dict) -> str:
         ino, old, new = job["ino"], job["old_path"], job["new_path"]
-        remote = self._remote(ino)
+        remote = self._job_remote(job)
         if remote is not None and not remote.etag:
             return "nothing-to-move"      # never uploaded
         if remote is not None and remote.key == new:
@@ -521,7 +527,7 @@ class Worker:
 
     async def _delete_file(self, job: dict) -> str:
         ino, old = job["ino"], job["old_path"]
-        remote = self._remote(ino)
+        remote = self._job_remote(job)
         if remote is not None and not remote.etag:
             return "never-uploaded"
         if remote is None or remote.key != old:
@@ -540,6 +546,25 @@ class Worker:
                 pass
         log.info("deleted", ino=ino, key=key)
         return "deleted"
+
+    async def _put_symlink(self, job: dict) -> str:
+        """A symbolic link as s3fs stores one: the target is the body, mode says S_IFLNK. Sent
+        under the name it was made with; later renames and unlinks are jobs of their own that
+        find it there by its inode metadata."""
+        path, ino = job["new_path"], job["ino"]
+        try:
+            attr = self.store.getattr(ino)
+            target = self.store.readlink(ino)
+        except StoreError as e:
+            if e.errno in (errno.ESTALE, errno.ENOENT, errno.EINVAL):
+                return "gone"
+            raise
+        key = self.keys.file_key(path)
+        meta = object_metadata(attr, is_dir=False, is_link=True, store_id=self.store_id)
+        await self.gate.call("PutObject", lambda: self.client.put_object(
+            key, target, metadata=meta, checksum=checksum_b64(self.algorithm, target)), what=key)
+        log.info("symlink_put", ino=ino, key=key)
+        return "symlink-put"
 
     async def _put_dir_marker(self, job: dict) -> str:
         path = job.get("new_path") or job.get("old_path")

@@ -1,0 +1,114 @@
+"""Symbolic links are mirrored as s3fs stores them (body = target, mode S_IFLNK), follow renames
+and deletes like files, and come back from the bucket on import."""
+import asyncio
+import stat
+
+from tests.uploader.conftest import make_uploader, mkdirs, objects, remove, rename, write_file
+from uploader.keys import INO_META
+
+
+def symlink(store, path: str, target: bytes) -> int:
+    head, _, name = path.rpartition("/")
+    attr, _ = store.symlink(mkdirs(store, head), name.encode(), target, 0o777, 1000, 1000)
+    store.sync()
+    return attr.ino
+
+
+def link_object(client, key: str) -> tuple[bytes, dict]:
+    info = client.head_object(key)
+    assert info is not None, f"no object {key}"
+    return client.get_range(key, 0, info.size), info.metadata
+
+
+def test_symlink_is_put_then_follows_renames_and_deletes(moto, bucket, store):
+    async def main():
+        up = make_uploader(store, moto.endpoint, bucket)
+        await up.start()
+        try:
+            write_file(store, "run/step_100.ckpt", b"weights")
+            ino = symlink(store, "run/last.ckpt", b"step_100.ckpt")
+            assert await up.flush(timeout=60)
+            first = objects(up.client, "gw/"), link_object(up.client, "gw/run/last.ckpt")
+            rename(store, "run/last.ckpt", "run/latest")
+            assert await up.flush(timeout=60)
+            after_rename = objects(up.client, "gw/")
+            rename(store, "run", "run2")                       # the directory moves with the link in it
+            assert await up.flush(timeout=60)
+            after_dir_rename = objects(up.client, "gw/"), link_object(up.client, "gw/run2/latest")
+            remove(store, "run2/latest")
+            assert await up.flush(timeout=60)
+            return ino, first, after_rename, after_dir_rename, objects(up.client, "gw/")
+        finally:
+            await up.stop()
+
+    ino, (keys, (body, meta)), after_rename, (keys3, (body3, _)), final = asyncio.run(main())
+    assert keys == {"gw/run/": 0, "gw/run/step_100.ckpt": 7, "gw/run/last.ckpt": len(b"step_100.ckpt")}
+    assert body == b"step_100.ckpt"
+    assert stat.S_ISLNK(int(meta["mode"])) and stat.S_IMODE(int(meta["mode"])) == 0o777
+    assert meta["uid"] == "1000" and meta[INO_META] == str(ino)
+    assert set(after_rename) == {"gw/run/", "gw/run/step_100.ckpt", "gw/run/latest"}
+    assert set(keys3) == {"gw/run2/", "gw/run2/step_100.ckpt", "gw/run2/latest"} and body3 == b"step_100.ckpt"
+    assert set(final) == {"gw/run2/", "gw/run2/step_100.ckpt"}
+
+
+def test_symlink_made_and_renamed_before_its_put_ends_under_the_last_name(moto, bucket, store):
+    symlink(store, "ck/tmp-link", b"../elsewhere")
+    rename(store, "ck/tmp-link", "ck/link")
+    symlink(store, "ck/gone", b"x")
+    remove(store, "ck/gone")
+
+    async def main():
+        up = make_uploader(store, moto.endpoint, bucket)
+        await up.start()
+        try:
+            assert await up.flush(timeout=60)
+            return objects(up.client, "gw/"), link_object(up.client, "gw/ck/link")[0]
+        finally:
+            await up.stop()
+
+    keys, body = asyncio.run(main())
+    assert keys == {"gw/ck/": 0, "gw/ck/link": len(b"../elsewhere")} and body == b"../elsewhere"
+
+
+def test_import_restores_symlinks_without_uploading_them_again_and_local_names_win(moto, proxy, bucket, store,
+                                                                                    tmp_path):
+    from cache.api import FileType
+    from cache.store import Store
+    other = Store.open(str(tmp_path / "other"), capacity=1 << 30)
+
+    async def write_elsewhere():
+        up = make_uploader(other, moto.endpoint, bucket)
+        await up.start()
+        try:
+            write_file(other, "run/step_200.ckpt", b"w" * 100)
+            symlink(other, "run/last.ckpt", b"step_200.ckpt")
+            symlink(other, "run/best.ckpt", b"step_100.ckpt")
+            assert await up.flush(timeout=60)
+        finally:
+            await up.stop()
+
+    asyncio.run(write_elsewhere())
+    other.close()
+
+    async def main():
+        write_file(store, "run/best.ckpt", b"a local file")       # the local name wins over the link
+        up = make_uploader(store, proxy.endpoint, bucket)
+        await up.start()
+        try:
+            report = await up.import_bucket()
+            assert await up.flush(timeout=60)
+            return report
+        finally:
+            await up.stop()
+
+    report = asyncio.run(main())
+    assert report.symlinks == 1 and report.skipped_existing == 1
+    run = store.lookup(1, b"run")
+    last = store.lookup(run.ino, b"last.ckpt")
+    assert last.type == FileType.LNK and store.readlink(last.ino) == b"step_200.ckpt"
+    assert last.mode & 0o7777 == 0o777 and last.uid == 1000
+    assert store.lookup(run.ino, b"best.ckpt").type == FileType.REG
+    # the imported link is read (GET), never sent back; the local file is uploaded
+    sent = [r.path for r in proxy.requests(outcome=None) if r.method in ("PUT", "POST")]
+    assert any(p.endswith("/run/best.ckpt") for p in sent), sent
+    assert not [p for p in sent if "last.ckpt" in p], sent
