@@ -78,6 +78,24 @@ def make_uploader(store, endpoint, bucket, prefix="gw/", **over):
     return Uploader(store, Boto3ObjectClient(s3), uploader_settings(**over), s3=s3)
 
 
+def fill_bucket_from_another_gateway(store_dir, endpoint: str, bucket: str, fill) -> None:
+    """What another gateway leaves in the bucket: `fill(store)` on a store of its own, flushed."""
+    other = Store.open(str(store_dir), capacity=1 << 30)
+
+    async def run():
+        up = make_uploader(other, endpoint, bucket)
+        await up.start()
+        try:
+            fill(other)
+            assert await up.flush(timeout=60)
+        finally:
+            await up.stop()
+    try:
+        asyncio.run(run())
+    finally:
+        other.close()
+
+
 def mkdirs(store, path: str) -> int:
     ino = ROOT_INO
     for part in [p for p in path.split("/") if p]:

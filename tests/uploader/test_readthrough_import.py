@@ -5,7 +5,7 @@ import errno
 import pytest
 
 from cache.api import DataState, StoreError
-from tests.uploader.conftest import SMALL_PART, make_uploader, payload, sha, write_file
+from tests.uploader.conftest import SMALL_PART, fill_bucket_from_another_gateway, make_uploader, payload, sha, write_file
 
 
 async def read_all(store, up, ino, size, count=100_000):
@@ -56,22 +56,12 @@ def test_read_through_of_an_evicted_file(moto, proxy, bucket, store):
 
 
 def test_import_into_an_empty_gateway_then_read_and_rename(moto, proxy, bucket, store, tmp_path):
-    from cache.store import Store
     a, b = payload(3 * SMALL_PART, 12), payload(900, 13)
-    other = Store.open(str(tmp_path / "other"), capacity=1 << 30)
 
-    async def write_elsewhere():
-        up = make_uploader(other, moto.endpoint, bucket)
-        await up.start()
-        try:
-            write_file(other, "run/a", a)
-            write_file(other, "run/sub/b", b)
-            assert await up.flush(timeout=60)
-        finally:
-            await up.stop()
-
-    asyncio.run(write_elsewhere())
-    other.close()
+    def fill(other):
+        write_file(other, "run/a", a)
+        write_file(other, "run/sub/b", b)
+    fill_bucket_from_another_gateway(tmp_path / "other", moto.endpoint, bucket, fill)
 
     async def main():
         up = make_uploader(store, proxy.endpoint, bucket)

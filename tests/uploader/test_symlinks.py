@@ -3,7 +3,8 @@ and deletes like files, and come back from the bucket on import."""
 import asyncio
 import stat
 
-from tests.uploader.conftest import make_uploader, mkdirs, objects, remove, rename, write_file
+from tests.uploader.conftest import (fill_bucket_from_another_gateway, make_uploader, mkdirs, objects, remove,
+                                     rename, write_file)
 from uploader.keys import INO_META
 
 
@@ -73,22 +74,12 @@ def test_symlink_made_and_renamed_before_its_put_ends_under_the_last_name(moto, 
 def test_import_restores_symlinks_without_uploading_them_again_and_local_names_win(moto, proxy, bucket, store,
                                                                                     tmp_path):
     from cache.api import FileType
-    from cache.store import Store
-    other = Store.open(str(tmp_path / "other"), capacity=1 << 30)
 
-    async def write_elsewhere():
-        up = make_uploader(other, moto.endpoint, bucket)
-        await up.start()
-        try:
-            write_file(other, "run/step_200.ckpt", b"w" * 100)
-            symlink(other, "run/last.ckpt", b"step_200.ckpt")
-            symlink(other, "run/best.ckpt", b"step_100.ckpt")
-            assert await up.flush(timeout=60)
-        finally:
-            await up.stop()
-
-    asyncio.run(write_elsewhere())
-    other.close()
+    def fill(other):
+        write_file(other, "run/step_200.ckpt", b"w" * 100)
+        symlink(other, "run/last.ckpt", b"step_200.ckpt")
+        symlink(other, "run/best.ckpt", b"step_100.ckpt")
+    fill_bucket_from_another_gateway(tmp_path / "other", moto.endpoint, bucket, fill)
 
     async def main():
         write_file(store, "run/best.ckpt", b"a local file")       # the local name wins over the link
