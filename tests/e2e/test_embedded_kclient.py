@@ -1,7 +1,7 @@
 """The README's first command end to end: `ckptgw serve` in try-out mode (embedded in-memory S3),
 mounted by the real Linux client, a checkpoint saved the recommended way (tmp + fsync + rename, a
-step directory renamed into place), `ckptgw flush --wait`, and the objects in the embedded bucket are
-byte for byte what the guest wrote, under their final names only."""
+step directory renamed into place, a `latest` symlink), `ckptgw flush --wait`, and the objects in the
+embedded bucket are byte for byte what the guest wrote, under their final names only."""
 from __future__ import annotations
 
 import hashlib
@@ -37,6 +37,7 @@ os.rename('run1/step_000100.tmp/rank%d.pt.tmp' % r, 'run1/step_000100.tmp/rank%d
 done
 wait
 mv run1/step_000100.tmp run1/step_000100
+ln -s step_000100 run1/latest
 . "$KCLIENT_GUEST_LIB"
 kc_host_call flush
 ls -l run1/step_000100
@@ -80,7 +81,9 @@ def test_tryout_mode_save_flush_and_objects_in_the_embedded_bucket(daemon):
     listing = s3.list_objects_v2(Bucket=bucket)
     keys = sorted(o["Key"] for o in listing.get("Contents", []))
     files = [k for k in keys if not k.endswith("/")]
-    assert files == [f"run1/step_000100/rank{r}.pt" for r in range(RANKS)], keys
+    assert files == ["run1/latest"] + [f"run1/step_000100/rank{r}.pt" for r in range(RANKS)], keys
+    # the symlink as s3fs stores one: its target is the body
+    assert s3.get_object(Bucket=bucket, Key="run1/latest")["Body"].read() == b"step_000100"
     assert not any(".tmp" in k for k in keys), keys          # temp names never reach S3
     for r in range(RANKS):
         body = s3.get_object(Bucket=bucket, Key=f"run1/step_000100/rank{r}.pt")["Body"].read()
