@@ -57,6 +57,7 @@ class Attr:
     parent: int              # for directories: the parent's ino (root: itself); files: 0
     data_state: DataState = DataState.CLEAN
     pinned: bool = False
+    data_seq: int = 0        # changes with the file's bytes (write, truncate), not with metadata
 
 
 @dataclass(slots=True)

@@ -59,8 +59,10 @@ FIRST_COOKIE = 3                     # 0, 1, 2 are reserved by NFS (RFC 8881 sec
 DIRTY_STATES = (DataState.DIRTY, DataState.QUEUED, DataState.UPLOADING)
 
 #: type, state, flags, mode, nlink, uid, gid, size, committed_size, local_bytes,
-#: atime, mtime, ctime, change, parent, gen, next_cookie, lru_ns
-INODE = struct.Struct("<BBBxIIIIQQQqqqQQIxxxxQQ")
+#: atime, mtime, ctime, change, parent, gen, data_seq, next_cookie, lru_ns
+#: (data_seq took 4 bytes that were padding: records written before it read as 0)
+INODE = struct.Struct("<BBBxIIIIQQQqqqQQIIQQ")
+_DATA_SEQ_FIELD = 16
 
 
 @dataclass(slots=True)
@@ -84,22 +86,30 @@ class Inode:
     next_cookie: int         # directories: next readdir cookie
     lru_ns: int              # CLEAN files: key in the lru index
     ino: int = 0
+    # Bumped (mod 2**32) by every change to the file's bytes (write, truncate), never by
+    # metadata: the uploader's proof that an object it sent still holds the file's data.
+    data_seq: int = 0
 
     def pack(self) -> bytes:
         return INODE.pack(self.type, self.state, self.flags, self.mode, self.nlink, self.uid,
                           self.gid, self.size, self.committed_size, self.local_bytes,
                           self.atime_ns, self.mtime_ns, self.ctime_ns, self.change,
-                          self.parent, self.gen, self.next_cookie, self.lru_ns)
+                          self.parent, self.gen, self.data_seq, self.next_cookie, self.lru_ns)
 
     @classmethod
     def unpack(cls, ino: int, buf) -> "Inode":
-        return cls(*INODE.unpack(buf), ino=ino)
+        fields = list(INODE.unpack(buf))
+        data_seq = fields.pop(_DATA_SEQ_FIELD)
+        return cls(*fields, ino=ino, data_seq=data_seq)
 
     def copy(self) -> "Inode":
         return Inode(self.type, self.state, self.flags, self.mode, self.nlink, self.uid,
                      self.gid, self.size, self.committed_size, self.local_bytes, self.atime_ns,
                      self.mtime_ns, self.ctime_ns, self.change, self.parent, self.gen,
-                     self.next_cookie, self.lru_ns, self.ino)
+                     self.next_cookie, self.lru_ns, self.ino, self.data_seq)
+
+    def bump_data_seq(self) -> None:
+        self.data_seq = (self.data_seq + 1) & 0xFFFFFFFF
 
     @property
     def is_dirty(self) -> bool:
@@ -124,7 +134,7 @@ class Inode:
         return Attr(self.ino, self.gen, FileType(self.type), self.mode, self.nlink, self.uid,
                     self.gid, self.size, self.local_bytes, self.atime_ns, self.mtime_ns,
                     self.ctime_ns, self.change, self.parent, DataState(self.state),
-                    bool(self.flags & F_PINNED))
+                    bool(self.flags & F_PINNED), self.data_seq)
 
 
 def ready_key(rec: Inode) -> bytes:

@@ -56,6 +56,8 @@ def recover(ix: Index, data: DataFiles) -> dict:
                 cut.add(rec.ino)
             elif new.size < new.committed_size:
                 new.committed_size = new.size
+            if rec.ino in cut or rec.flags & (F_UNCOMMITTED | F_TRUNCATED):
+                new.bump_data_seq()          # its bytes may differ from any object sent before
             new.flags &= ~(F_UNCOMMITTED | F_TRUNCATED)
             if new.state in (DataState.QUEUED, DataState.UPLOADING):
                 new.state = DataState.DIRTY

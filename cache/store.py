@@ -226,6 +226,7 @@ class Store:
                                                             sa.size)
                     new.size = sa.size
                     new.committed_size = sa.size
+                    new.bump_data_seq()
                     new.flags |= F_TRUNCATED     # recovery re-cuts the data file
                     if new.state in (DataState.CLEAN, DataState.ABSENT):
                         new.state = DataState.DIRTY
@@ -445,8 +446,8 @@ class Store:
                     if not cur.is_dirty:
                         new.state = DataState.DIRTY
                     new.flags |= F_UNCOMMITTED
-                    if new != cur:
-                        w.put_inode(new, cur)
+                    new.bump_data_seq()      # before the bytes change, as the flag
+                    w.put_inode(new, cur)
         try:
             return self._write_applied(ino, offset, data)
         finally:
@@ -483,6 +484,7 @@ class Store:
                                                  offset + n, DataState.DIRTY)
             new.mtime_ns = new.ctime_ns = t
             new.change += 1
+            new.bump_data_seq()
             if new.state in (DataState.CLEAN, DataState.ABSENT):
                 new.state = DataState.DIRTY
             new.flags |= F_UNCOMMITTED

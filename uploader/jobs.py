@@ -1,8 +1,9 @@
 """The uploader's durable jobs and the rule that orders them.
 
 Jobs live in the store's durable queue (opaque dicts there). Two kinds:
-  {"kind": "upload", "ino": I, "change": C, "t": enqueue unix time,
-   + while multipart is in progress: "key", "upload_id", "part_size", "upload_change"}
+  {"kind": "upload", "ino": I, "change": C, "data_seq": D, "t": enqueue unix time,
+   + while multipart is in progress: "key", "upload_id", "part_size", "upload_change",
+     "upload_data_seq"}
   {"kind": "ns", "op": "rename"|"unlink"|"mkdir"|"rmdir"|"symlink"|"link", ...}   appended by the store itself
       in the same transaction as the namespace op (see cache/store.py at queue_put).
 

@@ -200,8 +200,8 @@ class Uploader:
                 attr = self.store.getattr(ino)
             except StoreError:
                 continue
-            job = {"kind": UPLOAD, "ino": ino, "change": attr.change, "mtime_ns": attr.mtime_ns,
-                   "size": attr.size, "t": time.time()}
+            job = {"kind": UPLOAD, "ino": ino, "change": attr.change, "data_seq": attr.data_seq,
+                   "t": time.time()}
             self.store.queue_put(job)
             self.store.set_data_state(ino, DataState.QUEUED, attr.change)
             self._upload_inos.add(ino)

@@ -65,12 +65,17 @@ class UploadProgress:
         return "finish"
 
 
-def _same_data(attr, mtime_ns, size) -> bool:
+# what a job records of a multipart upload in progress (older versions: mtime/size instead of
+# the data sequence; dropped with the rest)
+_UPLOAD_JOB_FIELDS = ("key", "upload_id", "upload_change", "part_size", "upload_data_seq", "upload_mtime_ns",
+                      "upload_size")
+
+
+def _same_data(attr, data_seq) -> bool:
     """The store bumps `change` for metadata too (rename, chmod: NFS change attribute), so
-    "same bytes" is judged by mtime and size, which every write and truncate move.
-    (A SETATTR that truncates AND sets an explicit old mtime in one call would fool this;
-    a per-file data version in the store would not: see the uploader report.)"""
-    return mtime_ns is not None and attr.mtime_ns == mtime_ns and attr.size == size
+    "same bytes" is judged by the store's data sequence, which every write and truncate (and
+    nothing else) moves. A job without one (queued by an older version) counts as changed."""
+    return data_seq is not None and attr.data_seq == data_seq
 
 
 def _pread_exact(fd: int, offset: int, length: int) -> bytearray:
@@ -151,7 +156,7 @@ class Worker:
         if attr.data_state in (DataState.CLEAN, DataState.ABSENT) and remote.uploaded_change == attr.change:
             return "already-clean"
         change = attr.change
-        if change != job.get("change", change) and not _same_data(attr, job.get("mtime_ns"), job.get("size")):
+        if change != job.get("change", change) and not _same_data(attr, job.get("data_seq")):
             self.store.set_data_state(ino, DataState.DIRTY)
             return "changed"
         if not self.store.set_data_state(ino, DataState.UPLOADING, change):
@@ -183,7 +188,7 @@ class Worker:
                 pass                     # gone meanwhile: the job finds out when it runs again
             raise
         now = self.store.getattr(ino)
-        if now.change != change and _same_data(now, attr.mtime_ns, attr.size) and now.data_state == DataState.UPLOADING:
+        if now.change != change and _same_data(now, attr.data_seq) and now.data_state == DataState.UPLOADING:
             change = now.change              # renamed or chmod-ed meanwhile, same bytes
         info = RemoteInfo(key=path, etag=result.etag, checksum=result.checksum, uploaded_change=change,
                           size=attr.size, upload_id=None, parts=[])
@@ -227,7 +232,7 @@ class Worker:
             same = (job.get("upload_id") == remote.upload_id and job.get("key") == key
                     and job.get("part_size") == part_size
                     and (job.get("upload_change") == change
-                         or _same_data(attr, job.get("upload_mtime_ns"), job.get("upload_size"))))
+                         or _same_data(attr, job.get("upload_data_seq"))))
             if same:
                 done = await self._resumable_parts(key, remote, ranges)
                 if done is not None:
@@ -244,7 +249,7 @@ class Worker:
             upload_id = await self.gate.call(
                 "CreateMultipartUpload", lambda: self.client.create_multipart_upload(key, metadata=meta), what=key)
             job.update(key=key, upload_id=upload_id, upload_change=change, part_size=part_size,
-                       upload_mtime_ns=attr.mtime_ns, upload_size=size)
+                       upload_data_seq=attr.data_seq)
             await self._store(self.store.queue_update, job_id, job)
             remote.upload_id, remote.parts = upload_id, []
             await self._store(self.store.set_remote_info, ino, remote)
@@ -349,7 +354,7 @@ class Worker:
         return keep
 
     async def _forget_upload(self, job_id: int, job: dict, ino: int, remote: RemoteInfo) -> None:
-        for k in ("key", "upload_id", "upload_change", "part_size", "upload_mtime_ns", "upload_size"):
+        for k in _UPLOAD_JOB_FIELDS:
             job.pop(k, None)
         await self._store(self.store.queue_update, job_id, job)
         remote.upload_id, remote.parts = None, []
@@ -369,7 +374,7 @@ class Worker:
         except NotFoundError:
             pass
         log.info("multipart_abort", key=key, upload_id=upload_id)
-        for k in ("key", "upload_id", "upload_change", "part_size", "upload_mtime_ns", "upload_size"):
+        for k in _UPLOAD_JOB_FIELDS:
             job.pop(k, None)
         if remote is not None:
             remote.upload_id, remote.parts = None, []

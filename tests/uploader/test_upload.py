@@ -55,3 +55,32 @@ def test_empty_directory_marker_and_settle_window(moto, bucket, store):
     up = asyncio.run(main())
     head = up.client.head_object("gw/empty/sub/")
     assert stat.S_ISDIR(int(head.metadata["mode"]))
+
+
+def test_bytes_rewritten_during_an_upload_with_size_and_mtime_restored_are_sent_again(moto, proxy, bucket, store):
+    """A client rewrites the file (same size) while its multipart upload runs, then sets the old
+    mtime back (cp -p, rsync -t). Size and mtime say "same"; the store's data sequence does not:
+    the object sent first is stale and the new bytes are uploaded."""
+    from cache.api import SetAttr
+    old, new = payload(8 * SMALL_PART, 21), payload(8 * SMALL_PART, 22)
+
+    async def main():
+        up = make_uploader(store, proxy.endpoint, bucket, bytes_per_second=4 * SMALL_PART,
+                           burst_seconds=0.25, max_concurrency=2)
+        ino = write_file(store, "ck/model.pt", old)
+        mtime = store.getattr(ino).mtime_ns
+        await up.start()
+        try:
+            await up.flush(wait=False)
+            await wait_for(lambda: up.file_state(ino).get("bytes_done", 0) > 0, timeout=30, interval=0.01)
+            write_file(store, "ck/model.pt", new)
+            store.setattr(ino, SetAttr(mtime_ns=mtime))
+            assert store.getattr(ino).size == len(old) and store.getattr(ino).mtime_ns == mtime
+            assert await up.flush(timeout=120)
+            return up, up.file_state(ino)
+        finally:
+            await up.stop()
+
+    up, fstate = asyncio.run(main())
+    assert object_sha(up.client, "gw/ck/model.pt") == sha(new)
+    assert fstate["state"] == "clean"
