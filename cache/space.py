@@ -30,6 +30,9 @@ class Space:
         self.capacity = capacity
         self.high = int(capacity * high_watermark)
         self.low = int(capacity * low_watermark)
+        # set once usage passed the high watermark, until it is down to the low one: a round
+        # that found too little clean data (dirty files not uploaded yet) is finished later
+        self._evicting = False
 
     def admit(self, used: int, dirty: int, growth: int) -> int:
         """Check `growth` new local bytes; returns how many clean bytes must be evicted
@@ -42,8 +45,14 @@ class Space:
         return max(0, used + growth - self.capacity)
 
     def eviction_target(self, used: int) -> int:
-        """Bytes to evict now to get from above the high watermark to the low one."""
-        return used - self.low if used > self.high else 0
+        """Bytes to evict now: once above the high watermark, whatever is above the low one,
+        round after round, until usage is down to it."""
+        if used > self.high:
+            self._evicting = True
+        if self._evicting and used > self.low:
+            return used - self.low
+        self._evicting = False
+        return 0
 
     def disk_free(self) -> int:
         st = os.statvfs(self.root)

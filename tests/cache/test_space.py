@@ -118,3 +118,30 @@ def test_full_disk_is_enospc_and_recovers(small_fs):
     assert s.read(s.lookup(ROOT_INO, b"later2").ino, 0, len(chunk)) == (chunk, True)
     assert s.check() == []
     s.close()
+
+
+def test_eviction_started_above_high_continues_to_low_as_files_become_clean(store_dir):
+    """Above the high watermark with too little clean data, a round frees what it can; once the
+    other files are uploaded, later rounds carry on down to the low watermark, although usage is
+    below the high watermark by then."""
+    s = Store.open(store_dir, capacity=8 * MiB, high_watermark=0.5, low_watermark=0.25)
+    files = []
+    for i in range(5):                                  # 5 MiB used: above high (4 MiB)
+        f = mkfile(s, b"f%d" % i)
+        s.write(f, 0, os.urandom(MiB))
+        s.commit(f)
+        files.append(f)
+    s.mark_uploaded(files[0], RemoteInfo(uploaded_change=s.getattr(files[0]).change))
+    assert s.maybe_evict() == MiB                       # only one file is clean
+    assert s.usage()["used"] == 4 * MiB                 # at the high watermark, above the low one
+    for f in files[1:]:
+        assert s.mark_uploaded(f, RemoteInfo(uploaded_change=s.getattr(f).change))
+    assert s.maybe_evict() == 2 * MiB
+    assert s.usage()["used"] == 2 * MiB                 # the low watermark
+    assert s.maybe_evict() == 0                         # done: nothing more until above high again
+    g = mkfile(s, b"g")
+    s.write(g, 0, os.urandom(MiB))
+    s.commit(g)
+    assert s.maybe_evict() == 0 and s.usage()["used"] == 3 * MiB
+    assert s.check() == []
+    s.close()
