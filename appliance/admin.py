@@ -3,8 +3,12 @@
 Wire format, one JSON object per line each way:
     request   {"cmd": "flush", "args": {"path": "run1", "wait": true}, "token": "..."}
     progress  {"progress": {...}}              (zero or more, for long commands)
+    alive     {"alive": true}                  (every HEARTBEAT_SECONDS while a command runs)
     reply     {"ok": true, "result": {...}}  |  {"ok": false, "code": "timeout", "error": "..."}
-A connection may carry several requests, one after the other.
+A connection may carry several requests, one after the other. The heartbeat lets a client
+put a timeout on silence rather than on a command's length: a long `verify` keeps the line
+alive, a wedged daemon (its event loop stuck) does not, and the client gives up with a clear
+message instead of hanging.
 
 Who may talk: on the Unix socket the peer's credentials (SO_PEERCRED, taken by the kernel at
 connect) must be the daemon's uid, root, or a member of the configured admin group; the
@@ -29,6 +33,8 @@ import structlog
 log = structlog.get_logger(__name__)
 
 MAX_REQUEST = 1 << 20
+HEARTBEAT_SECONDS = 5.0
+DEFAULT_CLIENT_TIMEOUT = 30.0        # seconds of silence from the daemon before a client gives up
 
 # error codes on the wire; the CLI maps them to exit codes
 CODES = ("bad_request", "denied", "not_found", "unavailable", "timeout", "failed", "busy")
@@ -197,8 +203,16 @@ class AdminServer:
             await _send(writer, {"progress": info})
 
         log.info("admin_request", cmd=req["cmd"], args=args, **who)
+        task = asyncio.ensure_future(self.dispatch(req["cmd"], args, progress))
         try:
-            result = await self.dispatch(req["cmd"], args, progress)
+            while not task.done():
+                await asyncio.wait({task}, timeout=HEARTBEAT_SECONDS)
+                if not task.done():
+                    await _send(writer, {"alive": True})
+            result = task.result()
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
         except AdminError as e:
             return {"ok": False, "code": e.code, "error": e.message}
         except Exception as e:          # a bug: say so, keep serving
@@ -228,10 +242,13 @@ def _socket_in_use(path: str) -> bool:
 # ---- client side (the CLI) ----------------------------------------------------------
 
 class AdminClient:
-    """Blocking client: call(cmd, args, on_progress) -> result, raising AdminError."""
+    """Blocking client: call(cmd, args, on_progress) -> result, raising AdminError.
+    `timeout` bounds the connect and every wait for the next line (the daemon's heartbeat
+    arrives every HEARTBEAT_SECONDS while a command runs); socket.timeout (TimeoutError) is
+    raised when it passes."""
 
     def __init__(self, socket_path: str | None = None, tcp: tuple[str, int] | None = None,
-                 token: str | None = None, timeout: float | None = None):
+                 token: str | None = None, timeout: float | None = DEFAULT_CLIENT_TIMEOUT):
         self.token = token
         if tcp:
             self.sock = socket.create_connection(tcp, timeout=timeout)
@@ -257,6 +274,8 @@ class AdminClient:
             if not line:
                 raise AdminError("failed", "the daemon closed the connection without an answer")
             msg = json.loads(line)
+            if "alive" in msg:
+                continue
             if "progress" in msg:
                 if on_progress:
                     on_progress(msg["progress"])

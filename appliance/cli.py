@@ -12,7 +12,8 @@ import sys
 import click
 
 from . import config as configmod
-from .admin import AdminClient, AdminError
+from . import version as versionmod
+from .admin import DEFAULT_CLIENT_TIMEOUT, AdminClient, AdminError
 from .units import fmt_bytes, fmt_rate, fmt_seconds, table
 
 # exit codes (documented in README.md, "Admin CLI")
@@ -34,10 +35,17 @@ def fail(message: str, code: str = "failed") -> None:
 @click.option("--token", envvar="CKPTGW_ADMIN_TOKEN", metavar="TOKEN", help="Admin token for --admin.")
 @click.option("--config", "config_path", envvar="CKPTGW_CONFIG", metavar="PATH",
               help=f"Config file (default {configmod.DEFAULT_CONFIG_PATH} when present).")
+@click.option("--admin-timeout", type=click.FloatRange(min=0.1), default=DEFAULT_CLIENT_TIMEOUT,
+              envvar="CKPTGW_ADMIN_TIMEOUT", show_default=True, metavar="SECONDS",
+              help="Give up (exit 4) when the daemon says nothing for this long; a running command "
+                   "sends a heartbeat, so this bounds a wedged daemon, not a long command.")
+@click.version_option(versionmod.version(), "--version", "-V", message=versionmod.describe(),
+                      help="Show the version and the on-disk store format, and exit.")
 @click.pass_context
-def main(ctx, socket_path, admin_tcp, token, config_path):
+def main(ctx, socket_path, admin_tcp, token, config_path, admin_timeout):
     """ckptgw: NFSv4 checkpoint caching gateway in front of S3."""
-    ctx.obj = {"socket": socket_path, "tcp": admin_tcp, "token": token, "config": config_path}
+    ctx.obj = {"socket": socket_path, "tcp": admin_tcp, "token": token, "config": config_path,
+               "timeout": admin_timeout}
 
 
 # ---- serve ------------------------------------------------------------------------------
@@ -120,11 +128,16 @@ def _socket_path(obj: dict) -> str:
 def call(cmd: str, args: dict | None = None, on_progress=None):
     obj = click.get_current_context().obj
     where = obj["tcp"] or _socket_path(obj)
+    timeout = obj.get("timeout", DEFAULT_CLIENT_TIMEOUT)
+    wedged = (f"the daemon at {where} did not answer within {timeout:g} s: is it wedged? "
+              "(see its log, e.g. `journalctl -u ckptgw`; --admin-timeout waits longer)")
     try:
         if obj["tcp"]:
-            client = AdminClient(tcp=configmod._address(obj["tcp"]), token=obj["token"])
+            client = AdminClient(tcp=configmod._address(obj["tcp"]), token=obj["token"], timeout=timeout)
         else:
-            client = AdminClient(socket_path=where)
+            client = AdminClient(socket_path=where, timeout=timeout)
+    except TimeoutError:
+        fail(wedged, "timeout")
     except PermissionError:
         fail(f"permission denied on the admin socket {where}: run as the daemon's user, root, or a "
              "member of the admin group", "denied")
@@ -137,6 +150,8 @@ def call(cmd: str, args: dict | None = None, on_progress=None):
             return client.call(cmd, args, on_progress)
     except AdminError as e:
         fail(e.message.rstrip(".") + ".", e.code)
+    except TimeoutError:
+        fail(wedged, "timeout")
     except (ConnectionError, OSError) as e:
         fail(f"lost the connection to the daemon: {e}", "no_daemon")
 
@@ -170,7 +185,18 @@ class _Bar:
             self.bar.__exit__(None, None, None)
 
 
-json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+json_option = click.option("--json", "as_json", is_flag=True,
+                           help="Machine-readable output: exactly one JSON document on stdout.")
+
+
+def _json_needs_yes(as_json: bool, yes: bool, plan_cmd: str) -> None:
+    """--json without --yes is refused (exit 2) before anything is asked or done: a program
+    reading JSON cannot answer a prompt, and a plan printed before the question would make
+    stdout hold one document or another depending on the answer. `PLAN --json` shows the plan;
+    `--yes --json` applies and prints the result."""
+    if as_json and not yes:
+        fail(f"--json needs --yes (nothing is asked in JSON mode); see the plan with "
+             f"`ckptgw {plan_cmd} --json`", "bad_request")
 
 
 # ---- commands -------------------------------------------------------------------------------
@@ -221,14 +247,21 @@ def _state_text(entry: dict) -> str:
     return entry["state"]
 
 
+FILE_STATES = ("dirty", "queued", "uploading", "clean", "absent")
+
+
 @main.command("ls")
-@click.option("--state", "show_state", is_flag=True, help="Show each file's upload state (default).")
+@click.option("--state", "states", multiple=True, type=click.Choice(FILE_STATES),
+              help="Only files in this state (repeatable), e.g. `ls -R --state dirty /` for what is "
+                   "not yet in S3.")
 @click.option("-R", "--recursive", is_flag=True, help="List the whole subtree.")
 @json_option
 @click.argument("path", default="/")
-def ls_cmd(show_state, recursive, as_json, path):
+def ls_cmd(states, recursive, as_json, path):
     """Files under PATH with their state: dirty, queued, uploading N%, clean, absent; and pins."""
     res = call("ls", {"path": path, "recursive": recursive})
+    if states:
+        res["entries"] = [e for e in res["entries"] if e["type"] == "reg" and e["state"] in states]
     if as_json:
         return emit_json(res)
     rows = [[e["path"] + ("/" if e["type"] == "dir" else ""), e["type"],
@@ -265,7 +298,7 @@ def flush(wait, timeout, as_json, path):
 
 
 @main.command()
-@click.option("--reason", default="admin", help="Why (shown by `ls --state`, the retention plan and logs).")
+@click.option("--reason", default="admin", help="Why (shown by `ls`, the retention plan and logs).")
 @json_option
 @click.argument("path")
 def pin(reason, as_json, path):
@@ -392,11 +425,12 @@ def retention_plan(as_json):
 @json_option
 def retention_apply(yes, as_json):
     """Carry the plan out (deletes at once, S3 work through the uploader's durable queue)."""
+    _json_needs_yes(as_json, yes, "retention plan")
     args: dict = {}
     if not yes:
         res = call("retention_plan")
         if not res["actions"]:
-            return emit_json({"actions": [], "skipped": []}) if as_json else click.echo("nothing to do")
+            return click.echo("nothing to do")
         _show_retention_plan(res)
         if not click.confirm(f"apply these {len(res['actions'])} action(s)?", default=False, err=True):
             fail("nothing applied", "failed")
@@ -455,10 +489,11 @@ def lifecycle_plan(as_json):
 @json_option
 def lifecycle_sync(yes, as_json):
     """Write our rules (IDs ckptgw-*) to the bucket; rules with other IDs are kept."""
+    _json_needs_yes(as_json, yes, "lifecycle plan")
     if not yes:
         res = call("lifecycle_plan")
         if res["in_sync"]:
-            return emit_json(res) if as_json else _show_lifecycle(res)
+            return _show_lifecycle(res)
         _show_lifecycle(res)
         if not click.confirm("write this lifecycle configuration?", default=False, err=True):
             fail("nothing written", "failed")

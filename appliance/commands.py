@@ -1,7 +1,9 @@
 """The admin commands: what `ckptgw <command>` asks the daemon, one method each.
 
 Each `cmd_<name>(args, progress)` returns a JSON-able result or raises AdminError. They run
-on the daemon's event loop; store walks and S3 calls go to worker threads.
+on the daemon's event loop; store walks and S3 calls go to worker threads. Each declares the
+arguments a caller may send (`@takes`, appliance.argschema); `dispatch` refuses anything else
+before the command runs, so a command only ever sees declared, type-checked, bounded args.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from cache.api import DataState, FileType, StoreError
 
 from . import tree
 from .admin import AdminError
+from .argschema import MAX_ITEMS, PATH, Arg, validate
 
 log = structlog.get_logger(__name__)
 
@@ -40,6 +43,19 @@ def _store_error(e: StoreError, path: str) -> AdminError:
     return AdminError("failed", f"{path or '/'}: {os.strerror(e.errno) if e.errno else e}")
 
 
+def takes(**schema: Arg):
+    """Declare the arguments a command accepts (name -> Arg); none given: it takes none."""
+    def mark(fn):
+        fn.schema = schema
+        return fn
+    return mark
+
+
+def schemas() -> dict[str, dict[str, Arg]]:
+    """Wire command name -> its declared arguments (for docs and tests)."""
+    return {name[len("cmd_"):]: fn.schema for name, fn in vars(Commands).items() if name.startswith("cmd_")}
+
+
 class Commands:
     def __init__(self, daemon):
         self.d = daemon
@@ -48,6 +64,10 @@ class Commands:
         handler = getattr(self, "cmd_" + cmd.replace("-", "_"), None)
         if handler is None:
             raise AdminError("bad_request", f"unknown command {cmd!r}")
+        schema = getattr(handler, "schema", None)
+        if schema is None:           # every command declares its arguments: no schema, no call
+            raise AdminError("bad_request", f"unknown command {cmd!r}")
+        args = validate(cmd, schema, args)
         try:
             return await handler(args, progress)
         except StoreError as e:
@@ -94,9 +114,11 @@ class Commands:
         return row
 
     # -- status and inventory -------------------------------------------------------------
+    @takes()
     async def cmd_status(self, args, progress):
         return await asyncio.to_thread(self.d.status)
 
+    @takes(path=PATH, recursive=Arg("bool", "the whole subtree"))
     async def cmd_ls(self, args, progress):
         rel = self._rel(args)
         store = self.store
@@ -111,6 +133,7 @@ class Commands:
             return rows
         return {"path": rel, "entries": await asyncio.to_thread(listing)}
 
+    @takes()
     async def cmd_clients(self, args, progress):
         nfs = self.d.nfs
         sessions = getattr(nfs, "sessions", None)
@@ -125,6 +148,7 @@ class Commands:
                         "sessions": len(c.sessions), "idle_s": round(now - c.last_renew, 3)})
         return {"clients": out}
 
+    @takes()
     async def cmd_exports(self, args, progress):
         return {"exports": [{"path": e.path, "networks": list(e.networks), "access": e.access,
                              "squash": e.squash, "anon_uid": e.anon_uid, "anon_gid": e.anon_gid,
@@ -132,10 +156,12 @@ class Commands:
                              "mode": f"{e.mode:04o}" if e.mode is not None else None}
                             for e in self.d.config.exports]}
 
+    @takes()
     async def cmd_check(self, args, progress):
         problems = await asyncio.to_thread(self.store.check)
         return {"consistent": not problems, "problems": list(problems)}
 
+    @takes()
     async def cmd_reload(self, args, progress):
         return await self.d.reload()
 
@@ -146,6 +172,8 @@ class Commands:
         pending = [a for _, a in files if a.data_state not in (DataState.CLEAN, DataState.ABSENT)]
         return len(pending), sum(a.size for a in pending), sum(a.size for _, a in files)
 
+    @takes(path=PATH, wait=Arg("bool", "wait until in S3"),
+               timeout=Arg("number", "seconds to wait at most", lo=0, hi=366 * 86400))
     async def cmd_flush(self, args, progress):
         rel = self._rel(args)
         uploader = self.uploader
@@ -211,12 +239,15 @@ class Commands:
         log.info("pinned" if pinned else "unpinned", path=rel, files=result["files"], reason=reason)
         return result
 
+    @takes(path=PATH, reason=Arg("str", "why (shown in ls, plans, logs)"))
     async def cmd_pin(self, args, progress):
         return await self._set_pinned(args, True)
 
+    @takes(path=PATH)
     async def cmd_unpin(self, args, progress):
         return await self._set_pinned(args, False)
 
+    @takes(path=PATH)
     async def cmd_evict(self, args, progress):
         if self.d.embedded is not None:
             raise AdminError("unavailable", "eviction is off in try-out mode: the embedded S3 is in memory, "
@@ -247,6 +278,7 @@ class Commands:
         log.info("evicted", path=rel, files=evicted, bytes=freed, skipped=skipped)
         return {"path": rel, "evicted_files": evicted, "freed_bytes": freed, "skipped": skipped}
 
+    @takes(path=PATH)
     async def cmd_warmup(self, args, progress):
         rel = self._rel(args)
         uploader = self.uploader
@@ -269,6 +301,7 @@ class Commands:
             await progress({"done_bytes": done, "total_bytes": total, "file": path})
         return {"path": rel, "files": len(files), "bytes": fetched}
 
+    @takes(path=PATH)
     async def cmd_verify(self, args, progress):
         rel = self._rel(args)
         store = self.store
@@ -298,6 +331,7 @@ class Commands:
             log.error("verify_mismatch", path=rel, mismatches=results["mismatches"][:20])
         return results
 
+    @takes()
     async def cmd_import(self, args, progress):
         """Objects under the bucket prefix that the namespace lacks become ABSENT files."""
         report = await self.uploader.import_bucket()
@@ -315,27 +349,33 @@ class Commands:
         fn = getattr(module, action, None) if module else None
         if fn is None:
             raise AdminError("unavailable", f"{name} {action} is not available in this version")
-        kwargs = {"store": self.store, "rules": self.d.config.retention.series,
+        # the caller's (declared, checked) arguments first; the daemon's own last, so they win
+        kwargs = {**args, "store": self.store, "rules": self.d.config.retention.series,
                   "settings": self.d.config.retention, "object_client": self.d.object_client,
                   "uploader": self.d.uploader, "prefix": self.d.s3_prefix, "now": time.time()}
-        kwargs.update({k: v for k, v in args.items() if k != "path"})
         result = fn(**kwargs)
         if asyncio.iscoroutine(result):
             result = await result
         return result
 
+    @takes()
     async def cmd_retention_plan(self, args, progress):
         return await self._rules_module("retention", "plan", args)
 
+    @takes(only=Arg("str_list", "ids of the plan's actions to apply (the plan shown)",
+                              max_len=MAX_ITEMS))
     async def cmd_retention_apply(self, args, progress):
         return await self._rules_module("retention", "apply", args)
 
+    @takes(limit=Arg("int", "newest N entries (0: all)", lo=0, hi=MAX_ITEMS))
     async def cmd_retention_log(self, args, progress):
         return await self._rules_module("retention", "log_entries", args)
 
+    @takes()
     async def cmd_lifecycle_plan(self, args, progress):
         return await self._rules_module("lifecycle", "plan", args)
 
+    @takes()
     async def cmd_lifecycle_sync(self, args, progress):
         return await self._rules_module("lifecycle", "sync", args)
 

@@ -27,6 +27,7 @@ from cache.api import ROOT_INO, DataState, FileType, SetAttr, StoreError
 
 from . import config as configmod
 from . import logs, sdnotify, tree
+from . import version as versionmod
 from .admin import AdminServer
 from .commands import Commands
 from .embedded_s3 import CREDENTIALS as EMBEDDED_CREDENTIALS, EmbeddedS3
@@ -35,7 +36,6 @@ from .units import fmt_bytes, fmt_rate
 
 log = structlog.get_logger(__name__)
 
-VERSION = "0.1.0"
 RESTART_ONLY = ("server.listen", "server.cache_dir", "server.capacity", "server.reserve", "s3", "upload",
                 "admin", "metrics", "server.lease_time")
 
@@ -442,7 +442,7 @@ class Daemon:
     def status(self) -> dict:
         """A snapshot for `ckptgw status` and the metrics collector. Callable from any thread."""
         cfg = self.config
-        out = {"version": VERSION, "pid": os.getpid(), "uptime_s": round(time.time() - self.started, 3),
+        out = {"version": versionmod.version(), "store_format": versionmod.STORE_FORMAT, "pid": os.getpid(), "uptime_s": round(time.time() - self.started, 3),
                "tryout": cfg.embedded_s3, "listen": _addr(self.listen), "metrics": _addr(self.metrics_address),
                "admin_socket": self.admin.socket_path if self.admin else None,
                "admin_tcp": _addr(self.admin.tcp_address) if self.admin else None,

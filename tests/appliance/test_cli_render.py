@@ -42,7 +42,7 @@ def test_ls_shows_progress_and_pins():
         {"path": "run1/b.bin", "type": "reg", "size": 4 << 20, "state": "uploading", "pinned": False,
          "progress": 0.426},
         {"path": "run1/sub", "type": "dir", "size": 4096, "state": "clean", "pinned": False, "progress": None}]}
-    out = run(["ls", "--state", "run1"], reply).output.splitlines()
+    out = run(["ls", "run1"], reply).output.splitlines()
     assert out[0].split() == ["PATH", "TYPE", "SIZE", "STATE", "PIN"]
     assert out[1].split() == ["run1/a.bin", "reg", "1.5", "KiB", "clean", "pinned", "(best)"]
     assert out[2].split() == ["run1/b.bin", "reg", "4.0", "MiB", "uploading", "42%"]
