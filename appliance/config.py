@@ -19,7 +19,7 @@ import os
 import re
 import tomllib
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from uploader.settings import UploadSettings as _UploadSettings
 
@@ -34,12 +34,25 @@ UNPRIVILEGED_NFS_PORT = 12049
 
 
 class ConfigError(ValueError):
-    """A configuration problem, located: `where` is "FILE:LINE" or "--flag"."""
+    """A configuration problem, located: `where` is "FILE:LINE" or "--flag". A file with
+    several problems raises one ConfigError naming them all (`errors`, one line each);
+    where/key/expected are the first one's."""
 
     def __init__(self, where: str | None, key: str, expected: str):
         self.where, self.key, self.expected = where, key, expected
+        self.errors: list[ConfigError] = [self]
         prefix = f"{where}: " if where else ""
         super().__init__(f"{prefix}{key}: {expected}")
+
+    @classmethod
+    def combine(cls, errors: list["ConfigError"]) -> "ConfigError":
+        if len(errors) == 1:
+            return errors[0]
+        first = errors[0]
+        out = cls(first.where, first.key, first.expected)
+        out.errors = list(errors)
+        out.args = (f"{len(errors)} problems:\n" + "\n".join(f"  {e}" for e in errors),)
+        return out
 
 
 # ---- value kinds -------------------------------------------------------------------
@@ -249,16 +262,34 @@ def _storage_class(v):
                    "GLACIER", "DEEP_ARCHIVE")(v)
 
 
-def _opt(default, parse: Callable, doc: str, *, example: str | None = None, required: bool = False):
-    """Declare one option: its default, its parser, and the comment that documents it."""
+# What a reload does with a changed option (its `reload` in the declaration; a section's
+# `reload_default` when the option names none). The daemon has one applier per effect
+# (appliance.daemon.RELOAD_APPLIERS); "restart" means: reported as needing a restart, the
+# running value is kept.
+RELOAD_EFFECTS = {
+    "restart": "needs a restart",
+    "config": "read from the configuration each time it is used: applied at once",
+    "log": "the log format and level are set again",
+    "exports": "the exports are rebuilt and swapped in (clients stay connected)",
+    "watermarks": "the store's eviction watermarks are set again",
+    "eviction": "the uploader's evictor uses it from its next round",
+}
+
+
+def _opt(default, parse: Callable, doc: str, *, example: str | None = None, required: bool = False,
+         reload: str | None = None):
+    """Declare one option: its default, its parser, the comment that documents it, and what a
+    reload does when it changes (a RELOAD_EFFECTS key; None: the section's reload_default)."""
+    assert reload is None or reload in RELOAD_EFFECTS, reload
     return field(default=default, metadata={"parse": parse, "doc": doc, "example": example,
-                                            "required": required})
+                                            "required": required, "reload": reload})
 
 
 # ---- the sections ---------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class ServerSettings:
+    reload_default: ClassVar[str] = "restart"
     listen: tuple | None = _opt(None, _address, "NFS listen address. Default 127.0.0.1:2049 when run as root "
                                 "(or with CAP_NET_BIND_SERVICE under systemd), else 127.0.0.1:12049. "
                                 'Clients on other hosts need e.g. "0.0.0.0:2049".', example='""')
@@ -266,20 +297,24 @@ class ServerSettings:
     capacity: int | None = _opt(None, _opt_size, '"auto" (filesystem size less reserve) or a size: the most '
                                 'the cache may hold.', example='"auto"')
     reserve: int = _opt(1 << 30, _size, "Space left free on the cache filesystem when capacity is auto.")
-    high_watermark: float = _opt(0.90, _float(0.0, 1.0), "Start evicting clean files above this fraction of capacity.")
-    low_watermark: float = _opt(0.80, _float(0.0, 1.0), "Evict down to this fraction of capacity.")
-    evict_interval: float = _opt(_UP["evict_interval"], _duration, "How often the watermarks are checked.")
+    high_watermark: float = _opt(0.90, _float(0.0, 1.0), "Start evicting clean files above this fraction of "
+                                 "capacity.", reload="watermarks")
+    low_watermark: float = _opt(0.80, _float(0.0, 1.0), "Evict down to this fraction of capacity.",
+                                reload="watermarks")
+    evict_interval: float = _opt(_UP["evict_interval"], _duration, "How often the watermarks are checked.",
+                                 reload="eviction")
     lease_time: float = _opt(90.0, _duration, "NFSv4 lease time: clients silent longer lose their state.")
     owner_domain: str | None = _opt(None, _opt_str, 'NFSv4 id-mapping domain. Empty: owners travel as numeric '
                                     "ids (what Linux sends with id mapping off). Set (e.g. \"example.org\"): "
                                     "owners are sent as name@domain from this host's users and groups, and both "
-                                    "forms are accepted.", example='""')
+                                    "forms are accepted.", example='""', reload="exports")
     shutdown_timeout: float = _opt(30.0, _duration, "On SIGTERM, how long in-flight requests and durable "
-                                   "writes may take before exit.")
+                                   "writes may take before exit.", reload="config")
 
 
 @dataclass(frozen=True)
 class AdminSettings:
+    reload_default: ClassVar[str] = "restart"
     socket: str | None = _opt(None, _opt_str, "Admin API Unix socket. Default <cache_dir>/admin.sock, or "
                               "/run/ckptgw/admin.sock when run by systemd.", example='""')
     socket_mode: int = _opt(0o600, _mode, "Permissions of the admin socket (0660 with `group`).", example='"0600"')
@@ -294,12 +329,14 @@ class AdminSettings:
 
 @dataclass(frozen=True)
 class MetricsSettings:
+    reload_default: ClassVar[str] = "restart"
     listen: tuple | None = _opt(None, _address, 'Prometheus metrics HTTP endpoint (/metrics), e.g. '
                                 '"127.0.0.1:9464". Off unless set.', example='""')
 
 
 @dataclass(frozen=True)
 class LogSettings:
+    reload_default: ClassVar[str] = "log"
     format: str = _opt("auto", _choice("auto", "json", "console"), '"json" lines, "console" (readable), '
                        'or "auto": console when stderr is a terminal, else json.')
     level: str = _opt("info", _choice("debug", "info", "warning", "error"), "Least severe level logged.")
@@ -307,6 +344,7 @@ class LogSettings:
 
 @dataclass(frozen=True)
 class S3Config:
+    reload_default: ClassVar[str] = "restart"
     endpoint: str | None = _opt(None, _s3_endpoint, 'S3 endpoint URL. "" starts the embedded in-memory S3 '
                                 '(moto) on loopback: a TRY-OUT mode, data in it is lost at exit.', example='""')
     bucket: str = _opt("ckptgw", _bucket, "Bucket the checkpoints go to.")
@@ -324,6 +362,7 @@ class S3Config:
 
 @dataclass(frozen=True)
 class UploadConfig:
+    reload_default: ClassVar[str] = "restart"
     # defaults are the uploader's own (uploader.settings.UploadSettings): one source of truth
     settle: float = _opt(_UP["settle_seconds"], _duration,
                          "Quiet time after a file's last close before it is uploaded.")
@@ -351,6 +390,7 @@ class UploadConfig:
 
 @dataclass(frozen=True)
 class ExportSettings:
+    reload_default: ClassVar[str] = "exports"
     path: str = _opt("/checkpoints", _export_path, "Path clients mount (gateway:/checkpoints).")
     networks: tuple = _opt(("127.0.0.0/8", "::1/128"), _networks, "Client networks allowed (CIDR). The "
                            "default admits loopback only.", example='["127.0.0.0/8", "::1/128"]')
@@ -368,6 +408,7 @@ class ExportSettings:
 
 @dataclass(frozen=True)
 class Transition:
+    reload_default: ClassVar[str] = "config"
     after: float = _opt(None, _duration, "Age of an object at which it moves.", example='"30d"', required=True)
     storage_class: str = _opt(None, _storage_class, "S3 storage class it moves to.", example='"GLACIER_IR"',
                               required=True)
@@ -395,6 +436,7 @@ def _series_pattern(v):
 @dataclass(frozen=True)
 class SeriesRule:
     """A checkpoint series: which paths belong to it and how long its steps live."""
+    reload_default: ClassVar[str] = "config"
     name: str = _opt(None, _series_name, "Name of the series (in plans, logs, S3 tags and lifecycle "
                      "rule IDs).", example='"llama-70b"', required=True)
     pattern: str = _opt(None, _series_pattern, 'Export-relative path of each checkpoint DIRECTORY: "*" '
@@ -416,6 +458,7 @@ class SeriesRule:
 
 @dataclass(frozen=True)
 class RetentionSettings:
+    reload_default: ClassVar[str] = "config"
     pin_lock: str = _opt("legal-hold", _choice("legal-hold", "governance", "compliance", "off"),
                          "How a pin protects objects in a bucket with Object Lock: a legal hold (lifted by "
                          "unpin), a GOVERNANCE or COMPLIANCE retention of pin_lock_days, or off.")
@@ -579,6 +622,7 @@ class _Source:
         self.filename = filename
         self.index = _LineIndex(text) if text is not None else None
         self.flags = flags          # path -> flag name, for values given on the command line
+        self.errors: list[ConfigError] = []
 
     def where(self, path: tuple) -> str | None:
         if path in self.flags:
@@ -596,6 +640,18 @@ class _Source:
             where = None
         return ConfigError(where, key, expected)
 
+    def add(self, path: tuple, expected: str) -> None:
+        """Note a problem and go on, so one run reports every problem of the file."""
+        self.errors.append(self.error(path, expected))
+
+    def raise_if_any(self) -> None:
+        """Raise every noted problem in one ConfigError, in the file's line order."""
+        def line(e: ConfigError) -> int:
+            tail = (e.where or "").rpartition(":")[2]
+            return int(tail) if tail.isdigit() else 0
+        if self.errors:
+            raise ConfigError.combine(sorted(self.errors, key=line))
+
 
 def _unknown_key(src: _Source, path: tuple, known: list[str]) -> ConfigError:
     hint = difflib.get_close_matches(str(path[-1]), known, n=1)
@@ -605,82 +661,91 @@ def _unknown_key(src: _Source, path: tuple, known: list[str]) -> ConfigError:
 
 
 def _build(cls, raw: Any, path: tuple, src: _Source):
+    """The section from its raw table; problems go to src.errors (a value in error keeps its
+    default here, and load() raises them all once every section is read)."""
     if not isinstance(raw, dict):
-        raise src.error(path, f"expected a table, got {_describe(raw)}")
+        src.add(path, f"expected a table, got {_describe(raw)}")
+        return cls()
     known = [f.name for f in fields(cls)]
     for key in raw:
         if key not in known:
-            raise _unknown_key(src, path + (key,), known)
+            src.errors.append(_unknown_key(src, path + (key,), known))
     values = {}
     for f in fields(cls):
         meta = f.metadata
         if f.name not in raw:
             if meta.get("required"):
-                raise src.error(path + (f.name,), "required key is missing")
+                src.add(path + (f.name,), "required key is missing")
             continue
         value = raw[f.name]
         if "table_array" in meta:
             if not isinstance(value, list):
-                raise src.error(path + (f.name,), f"expected an array of tables, got {_describe(value)}")
+                src.add(path + (f.name,), f"expected an array of tables, got {_describe(value)}")
+                continue
             values[f.name] = tuple(_build(meta["table_array"], item, path + (f.name, i), src)
                                    for i, item in enumerate(value))
             continue
         try:
             values[f.name] = meta["parse"](value)
         except ValueError as e:
-            raise src.error(path + (f.name,), str(e)) from None
+            src.add(path + (f.name,), str(e))
     return cls(**values)
 
 
 def _check(cfg: Config, src: _Source) -> None:
     """Rules across keys."""
     s = cfg.server
+    if s.low_watermark <= 0:
+        src.add(("server", "low_watermark"), f"expected above 0, got {s.low_watermark}")
     if not s.low_watermark < s.high_watermark:
-        raise src.error(("server", "low_watermark"),
+        src.add(("server", "low_watermark"),
                         f"expected below high_watermark ({s.high_watermark}), got {s.low_watermark}")
     if cfg.admin.listen and not (cfg.admin.token or cfg.admin.token_file):
-        raise src.error(("admin", "listen"), "the admin API over TCP needs `token` or `token_file` set")
+        src.add(("admin", "listen"), "the admin API over TCP needs `token` or `token_file` set")
     if cfg.admin.token and cfg.admin.token_file:
-        raise src.error(("admin", "token_file"), "give either `token` or `token_file`, not both")
+        src.add(("admin", "token_file"), "give either `token` or `token_file`, not both")
     if cfg.upload.part_size < 5 << 20:
-        raise src.error(("upload", "part_size"), f"expected at least 5MiB (an S3 limit), got {cfg.upload.part_size}")
+        src.add(("upload", "part_size"), f"expected at least 5MiB (an S3 limit), got {cfg.upload.part_size}")
     if cfg.upload.min_concurrency > cfg.upload.max_concurrency:
-        raise src.error(("upload", "min_concurrency"), "expected at most max_concurrency")
+        src.add(("upload", "min_concurrency"), "expected at most max_concurrency")
     if (cfg.s3.access_key is None) != (cfg.s3.secret_key is None):
-        raise src.error(("s3", "access_key"), "expected access_key and secret_key together (or neither)")
+        src.add(("s3", "access_key"), "expected access_key and secret_key together (or neither)")
     seen = {}
     for i, e in enumerate(cfg.exports):
         if e.path in seen:
-            raise src.error(("exports", i, "path"), f"expected a unique path; {e.path!r} is already export "
+            src.add(("exports", i, "path"), f"expected a unique path; {e.path!r} is already export "
                             f"{seen[e.path]}")
         seen[e.path] = i
         for j, other in enumerate(cfg.exports[:i]):
             if e.path.startswith(other.path.rstrip("/") + "/") or other.path.startswith(e.path.rstrip("/") + "/"):
-                raise src.error(("exports", i, "path"), f"expected exports not nested in each other; "
+                src.add(("exports", i, "path"), f"expected exports not nested in each other; "
                                 f"{e.path!r} and {other.path!r} are")
     names = set()
     for i, rule in enumerate(cfg.retention.series):
         if rule.name in names:
-            raise src.error(("retention", "series", i, "name"), f"expected a unique series name, {rule.name!r} repeats")
+            src.add(("retention", "series", i, "name"), f"expected a unique series name, {rule.name!r} repeats")
         names.add(rule.name)
         where = ("retention", "series", i)
         if rule.expire_after is not None and rule.expire_after < rule.min_age:
-            raise src.error(where + ("expire_after",), f"expected at least min_age ({rule.min_age:g} s), "
+            src.add(where + ("expire_after",), f"expected at least min_age ({rule.min_age:g} s), "
                             f"got {rule.expire_after:g} s")
         afters = set()
         for j, t in enumerate(rule.transitions):
             if t.after in afters:
-                raise src.error(where + ("transitions", j, "after"), f"expected distinct ages, {t.after:g} s repeats")
+                src.add(where + ("transitions", j, "after"), f"expected distinct ages, {t.after:g} s repeats")
             afters.add(t.after)
             if rule.expire_after is not None and t.after >= rule.expire_after:
-                raise src.error(where + ("transitions", j, "after"), "expected less than expire_after "
+                src.add(where + ("transitions", j, "after"), "expected less than expire_after "
                                 f"({rule.expire_after:g} s): the checkpoint is deleted first")
     r = cfg.retention
     if r.pin_lock in ("governance", "compliance") and r.pin_lock_days < 1:
-        raise src.error(("retention", "pin_lock_days"), f"expected at least 1 day with pin_lock = {r.pin_lock!r}")
+        src.add(("retention", "pin_lock_days"), f"expected at least 1 day with pin_lock = {r.pin_lock!r}")
     if r.schedule is not None and r.schedule < 60:
-        raise src.error(("retention", "schedule"), f"expected at least 60 s (or \"never\"), got {r.schedule:g} s")
+        src.add(("retention", "schedule"), f"expected at least 60 s (or \"never\"), got {r.schedule:g} s")
     # the uploader's own settings checks, so nothing it would refuse gets past check-config
+    # (a backstop: only when the checks above found nothing, so a problem is named once)
+    if src.errors:
+        return
     try:
         cfg.s3_settings(endpoint=cfg.s3.endpoint or "http://127.0.0.1:1")
         cfg.upload_settings()
@@ -688,7 +753,7 @@ def _check(cfg: Config, src: _Source) -> None:
         pass
     except ValueError as e:
         section = "s3" if str(e).startswith("s3") else "upload"
-        raise src.error((section,), str(e)) from None
+        src.add((section,), str(e))
 
 
 def load(path: str | None, overrides: dict[tuple, tuple[str, Any]] | None = None) -> Config:
@@ -727,21 +792,58 @@ def load(path: str | None, overrides: dict[tuple, tuple[str, Any]] | None = None
     known = list(SECTIONS) + ["exports", "retention"]
     for key in raw:
         if key not in known:
-            raise _unknown_key(src, (key,), known)
+            src.errors.append(_unknown_key(src, (key,), known))
     kwargs: dict[str, Any] = {"source": path}
     for name, cls in SECTIONS.items():
         if name in raw:
             kwargs[name] = _build(cls, raw[name], (name,), src)
     if "exports" in raw:
         if not isinstance(raw["exports"], list) or not raw["exports"]:
-            raise src.error(("exports",), "expected one or more [[exports]] tables")
-        kwargs["exports"] = tuple(_build(ExportSettings, item, ("exports", i), src)
-                                  for i, item in enumerate(raw["exports"]))
+            src.add(("exports",), "expected one or more [[exports]] tables")
+        else:
+            kwargs["exports"] = tuple(_build(ExportSettings, item, ("exports", i), src)
+                                      for i, item in enumerate(raw["exports"]))
     if "retention" in raw:
         kwargs["retention"] = _build(RetentionSettings, raw["retention"], ("retention",), src)
+    src.raise_if_any()              # every problem of every key, at once
     cfg = Config(**kwargs)
-    _check(cfg, src)
+    _check(cfg, src)                # the rules across keys, on values that each parsed
+    src.raise_if_any()
     return cfg
+
+
+# ---- what a reload does with each option -------------------------------------------
+
+def _array_effects(cls) -> tuple[str, ...]:
+    """An array of tables reloads as one unit: "restart" if any of its keys needs one."""
+    effects = set()
+    for f in fields(cls):
+        if "table_array" in f.metadata:
+            effects.update(_array_effects(f.metadata["table_array"]))
+        else:
+            effects.add(f.metadata.get("reload") or cls.reload_default)
+    return ("restart",) if "restart" in effects else tuple(sorted(effects))
+
+
+def reload_policy() -> dict[str, tuple[str, ...]]:
+    """Every option's dotted key ("server.high_watermark", "exports", "retention.series") ->
+    the RELOAD_EFFECTS a change of it calls for. Derived from the declarations above: the
+    reload diff, the example file and the tests all read it, so a new option is covered by
+    being declared."""
+    out: dict[str, tuple[str, ...]] = {}
+    for name, cls in [*SECTIONS.items(), ("retention", RetentionSettings)]:
+        for f in fields(cls):
+            key = f"{name}.{f.name}"
+            out[key] = (_array_effects(f.metadata["table_array"]) if "table_array" in f.metadata
+                        else (f.metadata.get("reload") or cls.reload_default,))
+    out["exports"] = _array_effects(ExportSettings)
+    return out
+
+
+def option_value(cfg: "Config", key: str):
+    section, _, name = key.partition(".")
+    value = getattr(cfg, section)
+    return getattr(value, name) if name else value
 
 
 def default_config_path() -> str | None:

@@ -21,8 +21,9 @@ INTRO = """\
 #
 # Sizes: bytes, or "512KiB" "8MiB" "500GiB" (binary) / "10GB" (decimal).
 # Durations: seconds, or "500ms" "90s" "5m" "2h" "30d" "1w".
-# SIGHUP (systemctl reload ckptgw) re-reads this file: exports, retention and [log] apply at
-# once; other changes are logged as needing a restart.
+# SIGHUP (systemctl reload ckptgw, or `ckptgw reload`) re-reads this file: each option below
+# says whether a reload applies it or it needs a restart (then it is reported as such and keeps
+# its running value until the next start).
 """
 
 SECTION_INTROS = {
@@ -74,6 +75,13 @@ def _comment(text: str, prefix: str = "# ") -> list[str]:
     return [prefix + line for line in textwrap.wrap(text, 96 - len(prefix))]
 
 
+def _reload_note(cls, meta) -> str:
+    if "table_array" in meta:
+        return ""
+    return (" Needs a restart." if (meta.get("reload") or cls.reload_default) == "restart"
+            else " Applied on reload.")
+
+
 def _fields(cls, commented: bool = False) -> list[str]:
     out = []
     lead = "# " if commented else ""
@@ -81,7 +89,7 @@ def _fields(cls, commented: bool = False) -> list[str]:
         meta = f.metadata
         if "table_array" in meta and not commented:
             continue                     # rendered as its own [[...]] tables
-        out += _comment(meta["doc"])
+        out += _comment(meta["doc"] + _reload_note(cls, meta))
         default = f.default if f.default is not MISSING else None
         value = meta.get("example") or _human(default, meta.get("parse"))
         out.append(f"{lead}{f.name} = {value}")

@@ -7,8 +7,9 @@ READY=1. Stop order is the reverse of what accepts work: NFS server (stop accept
 in-flight requests) -> uploader (persist progress) -> store.close() (everything acknowledged
 is durable) -> admin, metrics, embedded S3 -> exit 0.
 
-SIGTERM/SIGINT stop; SIGHUP re-reads the config file and applies exports, retention rules
-and the log level without dropping a client (other changes are reported as needing a restart).
+SIGTERM/SIGINT stop; SIGHUP re-reads the config file. What happens to each changed option is
+declared with the option (appliance.config.reload_policy): applied by one of RELOAD_APPLIERS
+without dropping a client, or reported as needing a restart (its running value is kept).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import signal
 import sys
 import time
 import zlib
-from dataclasses import asdict
+from dataclasses import replace
 
 import structlog
 
@@ -36,8 +37,6 @@ from .units import fmt_bytes, fmt_rate
 
 log = structlog.get_logger(__name__)
 
-RESTART_ONLY = ("server.listen", "server.cache_dir", "server.capacity", "server.reserve", "s3", "upload",
-                "admin", "metrics", "server.lease_time")
 
 
 RATE_SAMPLE_SECONDS = 1.0
@@ -416,27 +415,51 @@ class Daemon:
         except configmod.ConfigError as e:
             log.error("reload_failed", error=str(e), detail="keeping the running configuration")
             raise AdminError("bad_request", f"reload refused, configuration unchanged: {e}") from None
-        applied, need_restart = [], []
-        for key in RESTART_ONLY:
-            if _get(asdict(old), key) != _get(asdict(new), key):
+        applied, need_restart, effects = [], [], set()
+        for key, key_effects in configmod.reload_policy().items():
+            if configmod.option_value(old, key) == configmod.option_value(new, key):
+                continue
+            if "restart" in key_effects:
                 need_restart.append(key)
-        if new.exports != old.exports:
-            if self.nfs is not None:
-                exports = await asyncio.to_thread(build_exports, new, self.store)
-                setter = getattr(self.nfs, "set_exports", None)
-                if setter:
-                    setter(exports)
-                else:
-                    self.nfs.exports = exports
-            applied.append("exports")
-        if new.retention != old.retention:
-            applied.append("retention")
-        if new.log != old.log:
-            logs.configure(new.log.format, new.log.level)
-            applied.append("log")
-        self.config = _keep(new, old, need_restart)
+            else:
+                applied.append(key)
+                effects.update(key_effects)
+        new = _keep(new, old, need_restart)       # restart-only settings keep their running values
+        for effect in RELOAD_ORDER:
+            if effect in effects:
+                try:
+                    await RELOAD_APPLIERS[effect](self, new)
+                except (StoreError, StartupError) as e:
+                    log.error("reload_failed", error=str(e), step=effect, detail="keeping the running configuration")
+                    raise AdminError("failed", f"reload failed applying {effect}: {e}") from None
+        self.config = new
         log.info("reloaded", applied=applied, needs_restart=need_restart)
         return {"applied": applied, "needs_restart": need_restart}
+
+    # ---- reload appliers: one per configmod.RELOAD_EFFECTS entry (but "restart") -------------
+    async def _apply_config(self, new: configmod.Config) -> None:
+        """Read from self.config where used (retention rules, shutdown_timeout): the swap does it."""
+
+    async def _apply_log(self, new: configmod.Config) -> None:
+        logs.configure(new.log.format, new.log.level)
+
+    async def _apply_exports(self, new: configmod.Config) -> None:
+        if self.nfs is None:
+            return
+        exports = await asyncio.to_thread(build_exports, new, self.store)
+        setter = getattr(self.nfs, "set_exports", None)
+        if setter:
+            setter(exports)
+        else:
+            self.nfs.exports = exports
+
+    async def _apply_watermarks(self, new: configmod.Config) -> None:
+        if self.store is not None:
+            self.store.set_watermarks(new.server.high_watermark, new.server.low_watermark)
+
+    async def _apply_eviction(self, new: configmod.Config) -> None:
+        if self.uploader is not None:       # read at each round of the uploader's evictor
+            self.uploader.settings = replace(self.uploader.settings, evict_interval=new.server.evict_interval)
 
     # ---- status -----------------------------------------------------------------------------------
     def status(self) -> dict:
@@ -454,13 +477,21 @@ class Daemon:
                       "clients": len(sessions.clients) if sessions is not None else 0,
                       "ops_total": sum(ops["counts"].values()),
                       "errors_total": sum(n for (op, st), n in ops["counts"].items() if st != "NFS4_OK"),
-                      "bytes_read": ops["bytes_read"], "bytes_written": ops["bytes_written"]}
+                      "bytes_read": ops["bytes_read"], "bytes_written": ops["bytes_written"],
+                      "owner_domain": self._live_owner_domain()}
         out["cache"] = self._cache_status()
         out["upload"] = self._upload_status()
         return out
 
+    def _live_owner_domain(self) -> str | None:
+        """The id-mapping domain the NFS server uses now (not merely what the config says)."""
+        idmap = getattr(getattr(self.nfs, "exports", None), "idmap", None)
+        return getattr(idmap, "domain", None)
+
     def _cache_status(self) -> dict:
         cache = {"dir": os.path.abspath(self.config.server.cache_dir), "evicts": not self.config.embedded_s3}
+        if self.uploader is not None:       # the evictor's live period (a reload changes it)
+            cache["evict_interval_s"] = self.uploader.settings.evict_interval
         if self.store is None:
             return cache
         usage = self.store.usage()          # capacity, used (local bytes), dirty
@@ -505,15 +536,15 @@ def _addr(a) -> str | None:
     return f"{a[0]}:{a[1]}" if a else None
 
 
-def _get(d: dict, dotted: str):
-    for part in dotted.split("."):
-        d = d.get(part) if isinstance(d, dict) else None
-    return d
+# effect -> how the daemon applies it; the ones that can fail (and leave nothing half-done)
+# run first, the log last so the reload's own line is in the new format
+RELOAD_APPLIERS = {"watermarks": Daemon._apply_watermarks, "eviction": Daemon._apply_eviction,
+                   "exports": Daemon._apply_exports, "config": Daemon._apply_config, "log": Daemon._apply_log}
+RELOAD_ORDER = tuple(RELOAD_APPLIERS)
 
 
 def _keep(new: configmod.Config, old: configmod.Config, keys: list[str]) -> configmod.Config:
     """The new config, but with the running values of settings that need a restart."""
-    from dataclasses import replace
     for key in keys:
         section, _, field = key.partition(".")
         if field:

@@ -14,12 +14,14 @@ def notify(*fields: str) -> bool:
         return False
     if address.startswith("@"):
         address = "\0" + address[1:]
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+    # non-blocking: this runs on the event loop, and a receiver whose datagram queue is full
+    # (net.unix.max_dgram_qlen, 10 by default) would otherwise block the whole daemon in send
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK) as s:
         try:
             s.connect(address)
             s.sendall("\n".join(fields).encode())
         except OSError:
-            return False       # systemd gone or socket wrong: not worth failing the daemon for
+            return False       # systemd gone, busy or socket wrong: not worth failing the daemon for
     return True
 
 

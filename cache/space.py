@@ -28,11 +28,16 @@ class Space:
             raise StoreError(errno.EINVAL, f"store capacity {capacity} must be positive "
                              "(is the reserve larger than the filesystem?)")
         self.capacity = capacity
-        self.high = int(capacity * high_watermark)
-        self.low = int(capacity * low_watermark)
+        self.set_watermarks(high_watermark, low_watermark)
         # set once usage passed the high watermark, until it is down to the low one: a round
         # that found too little clean data (dirty files not uploaded yet) is finished later
         self._evicting = False
+
+    def set_watermarks(self, high_watermark: float, low_watermark: float) -> None:
+        """(Re)set the watermarks as fractions of the capacity (at open, and on a reload)."""
+        if not 0 < low_watermark <= high_watermark <= 1:
+            raise StoreError(errno.EINVAL, "watermarks need 0 < low <= high <= 1")
+        self.high, self.low = int(self.capacity * high_watermark), int(self.capacity * low_watermark)
 
     def admit(self, used: int, dirty: int, growth: int) -> int:
         """Check `growth` new local bytes; returns how many clean bytes must be evicted

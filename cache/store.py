@@ -668,6 +668,10 @@ class Store:
         target = self.space.eviction_target(self.ix.used_bytes)
         return self._free_clean(target) if target else 0
 
+    def set_watermarks(self, high_watermark: float, low_watermark: float) -> None:
+        """New eviction watermarks (fractions of capacity), used from the next maybe_evict."""
+        self.space.set_watermarks(high_watermark, low_watermark)
+
     def usage(self) -> dict:
         """Byte accounting for metrics/admin: capacity, used (local), dirty, watermarks."""
         return {"capacity": self.space.capacity, "used": self.ix.used_bytes,

@@ -20,7 +20,11 @@ START_TIMEOUT = 60.0
 class LiveDaemon:
     """`python -m appliance.cli serve` with its own notify socket, cache dir and log file."""
 
-    def __init__(self, workdir: Path, *extra: str, config: Path | None = None, cache_dir: Path | None = None):
+    def __init__(self, workdir: Path, *extra: str, config: Path | None = None, cache_dir: Path | None = None,
+                 bare: bool = False):
+        """bare: only `--config FILE serve` (the file must set listen, admin socket, cache...),
+        so every option comes from the file and a reload can change each of them."""
+        self.bare = bare
         self.workdir = workdir
         self.cache_dir = cache_dir or workdir / "cache"
         self.socket = workdir / "admin.sock"
@@ -37,9 +41,12 @@ class LiveDaemon:
         args = [sys.executable, "-m", "appliance.cli"]
         if self.config:
             args += ["--config", str(self.config)]
-        args += ["serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
-                 "--cache-dir", str(self.cache_dir), "--admin-socket", str(self.socket),
-                 "--log-format", "json", "--upload-settle", "0.2", *self.extra]
+        args += ["serve"]
+        if not self.bare:
+            args += ["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+                     "--cache-dir", str(self.cache_dir), "--admin-socket", str(self.socket),
+                     "--log-format", "json", "--upload-settle", "0.2"]
+        args += [*self.extra]
         if not self.config and "--export" not in self.extra:
             args += ["--export", "/checkpoints:127.0.0.0/8:rw:none"]
         env = dict(os.environ, NOTIFY_SOCKET=str(self.notify_path))

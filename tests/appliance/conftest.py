@@ -10,10 +10,10 @@ from tests.appliance.appliance_live import LiveDaemon
 def live_daemon(tmp_path):
     daemons = []
 
-    def make(*extra, config=None, workdir=None, cache_dir=None) -> LiveDaemon:
+    def make(*extra, config=None, workdir=None, cache_dir=None, bare=False) -> LiveDaemon:
         if workdir is not None:
             workdir.mkdir(exist_ok=True)
-        d = LiveDaemon(workdir or tmp_path, *extra, config=config, cache_dir=cache_dir)
+        d = LiveDaemon(workdir or tmp_path, *extra, config=config, cache_dir=cache_dir, bare=bare)
         daemons.append(d)
         return d.start()
     yield make

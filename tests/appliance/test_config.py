@@ -328,3 +328,24 @@ def test_admin_socket_default_follows_the_service(monkeypatch):
     monkeypatch.setenv("NOTIFY_SOCKET", "/run/systemd/notify")
     monkeypatch.setenv("INVOCATION_ID", "abc")
     assert cfg.admin_socket_path() == "/run/ckptgw/admin.sock"
+
+
+def test_every_problem_of_a_file_is_reported_at_once(tmp_path):
+    e = error_of(tmp_path, """
+        [server]
+        lease_time = "forever"
+        high_watermark = 2
+
+        [s3]
+        bucket = "AB"
+        colour = "blue"
+    """)
+    assert [(err.key, err.where.rsplit(":", 1)[1]) for err in e.errors] == [
+        ("server.lease_time", "2"), ("server.high_watermark", "3"), ("s3.bucket", "6"), ("s3.colour", "7")]
+    assert str(e).startswith("4 problems:\n") and "s3.bucket: expected an S3 bucket name" in str(e)
+    assert (e.key, e.where) == ("server.lease_time", e.errors[0].where)     # the first, as before
+
+
+def test_low_watermark_zero_is_refused_before_the_store_refuses_it(tmp_path):
+    e = error_of(tmp_path, "[server]\nlow_watermark = 0\n")
+    assert e.key == "server.low_watermark" and "above 0" in e.expected

@@ -144,7 +144,7 @@ def test_sighup_reloads_exports_and_rules_without_dropping_clients(live_daemon, 
     [exp] = d.cli_json("exports")["exports"]
     assert exp["networks"] == ["127.0.0.0/8", "10.1.0.0/16"] and exp["anon_uid"] == 1000
     reloaded = [e for e in d.log_events() if e.get("event") == "reloaded"]
-    assert reloaded and reloaded[-1]["applied"] == ["exports", "retention"]
+    assert reloaded and reloaded[-1]["applied"] == ["retention.series", "exports"]
     # the client connected before the reload carries on
     assert client.listdir("run") == ["a.bin"]
     with client.open("run/b.bin", "wb") as f:

@@ -100,3 +100,15 @@ def test_sd_notify_without_systemd(monkeypatch, tmp_path):
     assert sdnotify.ready() is False
     monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "nobody-listens"))
     assert sdnotify.ready() is False
+
+
+@pytest.mark.timeout(30)
+def test_sd_notify_never_blocks_on_a_full_receiver(tmp_path, monkeypatch):
+    """A receiver that does not read (its queue holds max_dgram_qlen datagrams) must not block
+    the daemon's event loop: the notification is dropped instead (found by the reload test)."""
+    path = str(tmp_path / "notify.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as receiver:
+        receiver.bind(path)
+        monkeypatch.setenv("NOTIFY_SOCKET", path)
+        results = [sdnotify.status(f"n{i}") for i in range(200)]
+        assert results[0] is True and results[-1] is False
