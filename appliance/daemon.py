@@ -32,7 +32,7 @@ from . import version as versionmod
 from .admin import AdminServer
 from .commands import Commands
 from .embedded_s3 import CREDENTIALS as EMBEDDED_CREDENTIALS, EmbeddedS3
-from .metrics import MetricsServer, OpStats
+from .metrics import MetricsServer, OpStats, S3Stats
 from .units import fmt_bytes, fmt_rate
 
 log = structlog.get_logger(__name__)
@@ -135,6 +135,7 @@ class Daemon:
         self.config = cfg
         self.overrides = overrides or {}
         self.ops = OpStats()
+        self.s3stats = S3Stats()
         self.store = None
         self.uploader = None
         self.object_client = None
@@ -183,6 +184,7 @@ class Daemon:
 
         from uploader.objectclient import Boto3ObjectClient
         self.object_client = Boto3ObjectClient(s3_settings)
+        self.object_client.observer = self.s3stats      # every S3 request: latency, failures by code
         if self.embedded is not None:
             await asyncio.to_thread(self._reupload_missing)
         await self._start_uploader()
@@ -266,7 +268,7 @@ class Daemon:
     def _start_metrics(self) -> None:
         if not self.config.metrics.listen:
             return
-        self.metrics = MetricsServer(self.config.metrics.listen, self.status, self.ops)
+        self.metrics = MetricsServer(self.config.metrics.listen, self.status, self.ops, self.s3stats)
         try:
             self.metrics_address = self.metrics.start()
         except OSError as e:

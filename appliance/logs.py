@@ -4,10 +4,17 @@ Every record, including those of libraries using the stdlib `logging` module (bo
 moto's HTTP server), goes through the same processor chain, so secrets are redacted
 everywhere: any key that looks like a credential has its value replaced, and so do
 credential-looking values inside free text (an Authorization header in a message).
+
+When stderr is connected to the journal (systemd sets $JOURNAL_STREAM to its "device:inode"),
+each line starts with a syslog priority prefix, "<3>" for an error, "<4>" a warning, "<6>"
+info, "<7>" debug (sd-daemon(3)); journald strips it and files the line under that PRIORITY,
+so `journalctl -u ckptgw -p err` shows the errors only. Elsewhere (a terminal, a file, a pipe)
+lines are left as they are.
 """
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 from typing import Any
@@ -59,6 +66,37 @@ def _shared_processors() -> list:
     ]
 
 
+# syslog priorities (sd-daemon(3) prefixes) of the stdlib levels
+_PRIORITY = ((logging.CRITICAL, 2), (logging.ERROR, 3), (logging.WARNING, 4), (logging.INFO, 6))
+
+
+def syslog_priority(levelno: int) -> int:
+    for threshold, priority in _PRIORITY:
+        if levelno >= threshold:
+            return priority
+    return 7
+
+
+def stream_is_journal(stream) -> bool:
+    """True when `stream` is the journal's stdout/stderr socket ($JOURNAL_STREAM names it)."""
+    want = os.environ.get("JOURNAL_STREAM", "")
+    dev, _, ino = want.partition(":")
+    if not (dev.isdigit() and ino.isdigit()):
+        return False
+    try:
+        st = os.fstat(stream.fileno())
+    except (AttributeError, OSError, ValueError):
+        return False
+    return (st.st_dev, st.st_ino) == (int(dev), int(ino))
+
+
+class _JournalHandler(logging.StreamHandler):
+    """A StreamHandler whose lines carry the "<N>" priority prefix journald reads."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"<{syslog_priority(record.levelno)}>{super().format(record)}"
+
+
 def configure(fmt: str = "auto", level: str = "info", stream=None) -> None:
     """Set up structlog and the stdlib root logger. fmt: "json" | "console" | "auto"
     (console when the stream is a TTY)."""
@@ -80,7 +118,7 @@ def configure(fmt: str = "auto", level: str = "info", stream=None) -> None:
         foreign_pre_chain=shared,
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
     )
-    handler = logging.StreamHandler(stream)
+    handler = (_JournalHandler if stream_is_journal(stream) else logging.StreamHandler)(stream)
     handler.setFormatter(formatter)
     root = logging.getLogger()
     for old in list(root.handlers):

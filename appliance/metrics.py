@@ -1,24 +1,55 @@
-"""Prometheus metrics: NFS op accounting (fed by the server's observer hook) and a Collector
-that reads the daemon's live status at scrape time, so no value is kept twice.
+"""Prometheus metrics: NFS op accounting (fed by the server's observer hook), S3 request
+accounting (fed by the object client's observer hook), and a Collector that reads the daemon's
+live status at scrape time, so no value is kept twice.
 
 The NFS server calls `OpStats.observe(op, status, seconds, nbytes)` once per operation
-(NfsServer.observer); everything else (cache bytes, queue depth, S3 requests...) comes from
-the status snapshot the admin `status` command also shows.
+(NfsServer.observer); the S3 client calls `S3Stats.observe(method, seconds, error_code)` once
+per request (Boto3ObjectClient.observer); everything else (cache bytes, queue depth...) comes
+from the status snapshot the admin `status` command also shows. Rates are left to Prometheus
+(`rate(ckptgw_uploaded_bytes_total[5m])`): only counters and point-in-time gauges are exported.
+The registry also carries the process_* and python_* collectors and ckptgw_build_info.
 """
 from __future__ import annotations
 
 import bisect
 import threading
+from platform import python_version
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import (GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry,
+                               start_http_server)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 # NFS op latency buckets: sub-millisecond GETATTRs up to multi-second COMMITs of big files
 BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
            1.0, 2.5, 5.0, 10.0)
+# S3 request latency buckets: a HEAD on a near endpoint up to a large part over a slow link
+S3_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 READ_OPS = frozenset({"READ"})
 WRITE_OPS = frozenset({"WRITE"})
+
+
+def _count_into(hist: dict[str, list], buckets: tuple, label: str, seconds: float) -> None:
+    """Add one observation to hist[label] = [per-bucket counts..., +Inf count, sum] (under the
+    caller's lock)."""
+    h = hist.get(label)
+    if h is None:
+        h = hist[label] = [0] * (len(buckets) + 2)
+    h[bisect.bisect_left(buckets, seconds)] += 1
+    h[-1] += seconds
+
+
+def _histogram_family(name: str, doc: str, label: str, hist: dict[str, list], buckets: tuple):
+    family = HistogramMetricFamily(name, doc, labels=[label])
+    for value, h in sorted(hist.items()):
+        cumulative, out = 0, []
+        for bound, n in zip(buckets, h):
+            cumulative += n
+            out.append((_le(bound), cumulative))
+        cumulative += h[len(buckets)]
+        out.append(("+Inf", cumulative))
+        family.add_metric([value], out, sum_value=h[-1])
+    return family
 
 
 class OpStats:
@@ -37,11 +68,7 @@ class OpStats:
         with self._lock:
             key = (op, status)
             self.counts[key] = self.counts.get(key, 0) + 1
-            h = self.hist.get(op)
-            if h is None:
-                h = self.hist[op] = [0] * (len(BUCKETS) + 2)
-            h[bisect.bisect_left(BUCKETS, seconds)] += 1
-            h[-1] += seconds
+            _count_into(self.hist, BUCKETS, op, seconds)
             if nbytes:
                 if op in READ_OPS:
                     self.bytes_read += nbytes
@@ -56,12 +83,43 @@ class OpStats:
                     "bytes_read": self.bytes_read, "bytes_written": self.bytes_written}
 
 
-class StatusCollector:
-    """prometheus_client Collector over the live status and the op stats."""
+def s3_operation(method: str) -> str:
+    """boto3's method name as S3's API operation: "put_object" -> "PutObject"."""
+    return "".join(part[:1].upper() + part[1:] for part in method.split("_"))
 
-    def __init__(self, status: Callable[[], dict], ops: OpStats):
+
+class S3Stats:
+    """Latency histogram per S3 operation and failures per (operation, error code): every
+    request, by every part of the daemon (uploads, read-through, retention, verify), whatever
+    its outcome. The hook runs on the S3 worker threads."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.hist: dict[str, list] = {}
+        self.failures: dict[tuple[str, str], int] = {}
+
+    def observe(self, method: str, seconds: float, error_code: str | None = None) -> None:
+        op = s3_operation(method)
+        with self._lock:
+            _count_into(self.hist, S3_BUCKETS, op, seconds)
+            if error_code is not None:
+                key = (op, str(error_code))
+                self.failures[key] = self.failures.get(key, 0) + 1
+
+    __call__ = observe
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return {"hist": {k: list(v) for k, v in self.hist.items()}, "failures": dict(self.failures)}
+
+
+class StatusCollector:
+    """prometheus_client Collector over the live status, the op stats and the S3 stats."""
+
+    def __init__(self, status: Callable[[], dict], ops: OpStats, s3: S3Stats | None = None):
         self._status = status
         self._ops = ops
+        self._s3 = s3 or S3Stats()
 
     def describe(self):
         return []          # unchecked collector: the set of metrics is known only at scrape
@@ -73,21 +131,27 @@ class StatusCollector:
         for (op, status), n in sorted(ops["counts"].items()):
             total.add_metric([op, status], n)
         yield total
-        dur = HistogramMetricFamily("ckptgw_nfs_op_duration_seconds", "NFS operation latency", labels=["op"])
-        for op, h in sorted(ops["hist"].items()):
-            cumulative, buckets = 0, []
-            for bound, n in zip(BUCKETS, h):
-                cumulative += n
-                buckets.append((_le(bound), cumulative))
-            cumulative += h[len(BUCKETS)]
-            buckets.append(("+Inf", cumulative))
-            dur.add_metric([op], buckets, sum_value=h[-1])
-        yield dur
+        yield _histogram_family("ckptgw_nfs_op_duration_seconds", "NFS operation latency", "op",
+                                ops["hist"], BUCKETS)
+        s3 = self._s3.snapshot()
+        yield _histogram_family("ckptgw_s3_request_duration_seconds", "S3 request latency (to the "
+                                "response headers), every request whatever its outcome, by operation",
+                                "operation", s3["hist"], S3_BUCKETS)
+        failures = CounterMetricFamily("ckptgw_s3_request_failures", "S3 requests that failed, by operation "
+                                       "and error code (SlowDown, AccessDenied, 503, NoSuchKey...)",
+                                       labels=["operation", "code"])
+        for (op, code), n in sorted(s3["failures"].items()):
+            failures.add_metric([op, code], n)
+        yield failures
         yield CounterMetricFamily("ckptgw_nfs_read_bytes", "Bytes returned by NFS READ", value=ops["bytes_read"])
         yield CounterMetricFamily("ckptgw_nfs_written_bytes", "Bytes received by NFS WRITE",
                                   value=ops["bytes_written"])
 
         st = self._status()
+        info = GaugeMetricFamily("ckptgw_build_info", "Always 1; the labels say what is running",
+                                 labels=["version", "store_format", "python"])
+        info.add_metric([str(st.get("version", "")), str(st.get("store_format", "")), python_version()], 1)
+        yield info
         nfs, cache, up = st.get("nfs", {}), st.get("cache", {}), st.get("upload", {})
         yield GaugeMetricFamily("ckptgw_nfs_clients", "NFS clients with state", value=nfs.get("clients", 0))
         by_state = GaugeMetricFamily("ckptgw_cache_bytes", "Bytes in the local cache by data state",
@@ -101,12 +165,15 @@ class StatusCollector:
         if cache.get("used") is not None:
             yield GaugeMetricFamily("ckptgw_cache_used_bytes", "Bytes the cache occupies locally",
                                     value=cache["used"])
+        if cache.get("high_watermark") is not None:
+            yield GaugeMetricFamily("ckptgw_cache_high_watermark_bytes", "Eviction starts above this",
+                                    value=cache["high_watermark"])
+            yield GaugeMetricFamily("ckptgw_cache_low_watermark_bytes", "Eviction goes down to this",
+                                    value=cache["low_watermark"])
         yield GaugeMetricFamily("ckptgw_upload_queue_depth", "Files and jobs waiting for upload",
                                 value=up.get("queue_depth", 0))
         yield GaugeMetricFamily("ckptgw_oldest_dirty_age_seconds", "Age of the oldest data not yet in S3",
                                 value=up.get("oldest_dirty_age_s") or 0.0)
-        yield GaugeMetricFamily("ckptgw_upload_rate_bytes_per_second", "Recent upload throughput",
-                                value=up.get("rate_bytes_per_s") or 0.0)
         reqs = CounterMetricFamily("ckptgw_s3_requests", "S3 requests sent, by kind", labels=["kind"])
         for kind, n in sorted((up.get("requests") or {}).items()):
             reqs.add_metric([kind], n)
@@ -127,9 +194,14 @@ def _le(bound: float) -> str:
 class MetricsServer:
     """The /metrics HTTP endpoint (prometheus_client's threaded server)."""
 
-    def __init__(self, address: tuple[str, int], status: Callable[[], dict], ops: OpStats):
+    def __init__(self, address: tuple[str, int], status: Callable[[], dict], ops: OpStats,
+                 s3: S3Stats | None = None):
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(StatusCollector(status, ops))
+        self.registry.register(StatusCollector(status, ops, s3))
+        # what prometheus_client's default registry has: process_* (CPU, RSS, fds, start time),
+        # python_info and python_gc_* (the same collector objects: they keep no state)
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            self.registry.register(collector)
         self.address = address
         self._server = None
         self._thread = None

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol, runtime_checkable
+from typing import Callable, Iterator, Protocol, runtime_checkable
 
 import boto3
 import botocore.exceptions
@@ -241,12 +242,23 @@ class Boto3ObjectClient:
             aws_session_token=s3.session_token, region_name=s3.region)
         self._s3 = session.client("s3", endpoint_url=s3.endpoint_url, config=config)
 
+    # called as observer(method, seconds, error_code or None) after every request (metrics);
+    # it runs on the calling thread and must be quick
+    observer: Callable[[str, float, str | None], None] | None = None
+
     # Every call goes through _call so errors come out classified.
     def _call(self, name: str, **kwargs):
+        started, code = time.monotonic(), None
         try:
             return getattr(self._s3, name)(Bucket=self.bucket, **kwargs)
         except Exception as exc:         # noqa: BLE001 - classified and re-raised
-            raise classify(exc) from exc
+            code = type(exc).__name__    # kept when classify re-raises an error not from S3
+            err = classify(exc)
+            code = err.code
+            raise err from exc
+        finally:
+            if self.observer is not None:
+                self.observer(name, time.monotonic() - started, code)
 
     def _checksum_args(self, checksum: str) -> dict:
         return {"ChecksumAlgorithm": self.checksum_algorithm, f"Checksum{self.checksum_algorithm}": checksum}

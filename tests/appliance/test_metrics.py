@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import urllib.request
 
+import pytest
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from appliance.metrics import MetricsServer, OpStats
@@ -56,3 +58,59 @@ def test_scrape_reads_live_status_and_op_stats():
         assert m[("ckptgw_nfs_ops_total", (("op", "WRITE"), ("status", "NFS4_OK")))] == 3
     finally:
         server.stop()
+
+
+def test_process_build_info_and_s3_request_metrics():
+    import platform
+
+    from appliance.metrics import S3Stats
+    s3 = S3Stats()
+    s3.observe("put_object", 0.02)
+    s3("upload_part", 0.3)
+    s3("upload_part", 7.0, "SlowDown")
+    s3("head_object", 0.004, "404")
+    status = {"version": "9.9.9", "store_format": "ckptgw-store/1",
+              "upload": {"uploaded_bytes": 10, "rate_bytes_per_s": 123.0}}
+    server = MetricsServer(("127.0.0.1", 0), lambda: status, OpStats(), s3)
+    address = server.start()
+    try:
+        m = scrape(address)
+    finally:
+        server.stop()
+    # the process collector of a fresh registry: CPU, RSS, open fds, start time
+    for name in ("process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds",
+                 "process_start_time_seconds"):
+        assert m[(name, ())] > 0, name
+    info = [k for k in m if k[0] == "ckptgw_build_info"]
+    assert info == [("ckptgw_build_info", (("python", platform.python_version()),
+                                           ("store_format", "ckptgw-store/1"), ("version", "9.9.9")))]
+    assert m[info[0]] == 1
+    # S3 latency by operation (every request) and failures by operation and code
+    assert m[("ckptgw_s3_request_duration_seconds_count", (("operation", "UploadPart"),))] == 2
+    assert m[("ckptgw_s3_request_duration_seconds_bucket", (("le", "0.5"), ("operation", "UploadPart")))] == 1
+    assert m[("ckptgw_s3_request_duration_seconds_bucket", (("le", "10.0"), ("operation", "UploadPart")))] == 2
+    assert m[("ckptgw_s3_request_duration_seconds_count", (("operation", "PutObject"),))] == 1
+    assert m[("ckptgw_s3_request_failures_total", (("code", "SlowDown"), ("operation", "UploadPart")))] == 1
+    assert m[("ckptgw_s3_request_failures_total", (("code", "404"), ("operation", "HeadObject")))] == 1
+    # counters, not rates computed in the daemon: Prometheus' rate() of the _total
+    assert m[("ckptgw_uploaded_bytes_total", ())] == 10
+    assert not [k for k in m if "rate" in k[0]]
+
+
+def test_the_object_client_reports_every_request_to_its_observer():
+    from uploader.objectclient import Boto3ObjectClient, TransientError
+    from uploader.settings import S3Settings
+    seen = []
+    client = Boto3ObjectClient(S3Settings(bucket="bkt", endpoint_url="http://127.0.0.1:1", access_key="a",
+                                          secret_key="s", connect_timeout=2.0, read_timeout=2.0))
+    client.observer = lambda *a: seen.append(a)
+    with pytest.raises(TransientError):                 # nothing listens on port 1
+        client.get_range("k", 0, 10)
+    assert len(seen) == 1 and seen[0][0] == "get_object" and seen[0][2] == "EndpointConnectionError"
+
+    class Stub:                                         # a request that succeeds
+        def delete_object(self, **kw):
+            return {}
+    client._s3 = Stub()
+    client.delete_object("k")
+    assert seen[1][0] == "delete_object" and seen[1][2] is None and seen[1][1] >= 0

@@ -112,3 +112,36 @@ def test_sd_notify_never_blocks_on_a_full_receiver(tmp_path, monkeypatch):
         monkeypatch.setenv("NOTIFY_SOCKET", path)
         results = [sdnotify.status(f"n{i}") for i in range(200)]
         assert results[0] is True and results[-1] is False
+
+
+@pytest.mark.parametrize("fmt", ["json", "console"])
+def test_lines_to_the_journal_carry_a_syslog_priority(tmp_path, monkeypatch, fmt):
+    """journald reads "<N>" at the start of a line as its PRIORITY (sd-daemon(3)), so
+    `journalctl -p err` can filter; $JOURNAL_STREAM says whether stderr is the journal."""
+    path = tmp_path / "stream"
+    with open(path, "w") as stream:
+        st = os.fstat(stream.fileno())
+        monkeypatch.setenv("JOURNAL_STREAM", f"{st.st_dev}:{st.st_ino}")
+        logs.configure(fmt, "debug", stream=stream)
+        log = structlog.get_logger("t")
+        log.debug("d")
+        log.info("i")
+        log.warning("w")
+        log.error("e")
+        logging.getLogger("botocore").critical("c")       # stdlib records too
+        stream.flush()
+    lines = path.read_text().splitlines()
+    assert [line[:3] for line in lines] == ["<7>", "<6>", "<4>", "<3>", "<2>"]
+    if fmt == "json":
+        assert json.loads(lines[3][3:])["event"] == "e"
+    # a stream that is not the journal (a file, a pipe, a terminal): no prefix
+    other = io.StringIO()
+    logs.configure(fmt, "info", stream=other)
+    structlog.get_logger("t").error("e")
+    assert not other.getvalue().startswith("<")
+    monkeypatch.setenv("JOURNAL_STREAM", "1:2")
+    with open(tmp_path / "other", "w") as f:
+        logs.configure(fmt, "info", stream=f)
+        structlog.get_logger("t").error("e")
+    assert not (tmp_path / "other").read_text().startswith("<")
+    logs.configure("json", "info", stream=io.StringIO())
