@@ -15,6 +15,7 @@ import importlib
 import os
 import time
 import zlib
+from dataclasses import fields
 from typing import Any
 
 import structlog
@@ -150,10 +151,8 @@ class Commands:
 
     @takes()
     async def cmd_exports(self, args, progress):
-        return {"exports": [{"path": e.path, "networks": list(e.networks), "access": e.access,
-                             "squash": e.squash, "anon_uid": e.anon_uid, "anon_gid": e.anon_gid,
-                             "owner": f"{e.owner[0]}:{e.owner[1]}" if e.owner else None,
-                             "mode": f"{e.mode:04o}" if e.mode is not None else None}
+        """Every declared export option, as the config file would spell it."""
+        return {"exports": [{f.name: _export_value(f.name, getattr(e, f.name)) for f in fields(e)}
                             for e in self.d.config.exports]}
 
     @takes()
@@ -378,6 +377,16 @@ class Commands:
     @takes()
     async def cmd_lifecycle_sync(self, args, progress):
         return await self._rules_module("lifecycle", "sync", args)
+
+
+def _export_value(name: str, value):
+    if value is None:
+        return None
+    if name == "owner":
+        return f"{value[0]}:{value[1]}"
+    if name == "mode":
+        return f"{value:04o}"
+    return list(value) if isinstance(value, tuple) else value
 
 
 # ---- verify ---------------------------------------------------------------------------

@@ -277,12 +277,13 @@ RELOAD_EFFECTS = {
 
 
 def _opt(default, parse: Callable, doc: str, *, example: str | None = None, required: bool = False,
-         reload: str | None = None):
-    """Declare one option: its default, its parser, the comment that documents it, and what a
-    reload does when it changes (a RELOAD_EFFECTS key; None: the section's reload_default)."""
+         reload: str | None = None, to: str | None = None):
+    """Declare one option: its default, its parser, the comment that documents it, what a
+    reload does when it changes (a RELOAD_EFFECTS key; None: the section's reload_default), and
+    `to`, the name of the library setting it feeds when that differs (uploader.settings)."""
     assert reload is None or reload in RELOAD_EFFECTS, reload
     return field(default=default, metadata={"parse": parse, "doc": doc, "example": example,
-                                            "required": required, "reload": reload})
+                                            "required": required, "reload": reload, "to": to})
 
 
 # ---- the sections ---------------------------------------------------------------------
@@ -365,9 +366,10 @@ class UploadConfig:
     reload_default: ClassVar[str] = "restart"
     # defaults are the uploader's own (uploader.settings.UploadSettings): one source of truth
     settle: float = _opt(_UP["settle_seconds"], _duration,
-                         "Quiet time after a file's last close before it is uploaded.")
+                         "Quiet time after a file's last close before it is uploaded.", to="settle_seconds")
     part_size: int = _opt(_UP["part_size_min"], _size,
-                          "Multipart part size floor (raised for huge files; S3 needs >= 5MiB).")
+                          "Multipart part size floor (raised for huge files; S3 needs >= 5MiB).",
+                          to="part_size_min")
     multipart_threshold: int = _opt(_UP["multipart_threshold"], _size,
                                     "Files of at least this size go up as multipart uploads.")
     max_concurrency: int = _opt(_UP["max_concurrency"], _int(1, 1024),
@@ -377,7 +379,8 @@ class UploadConfig:
                                       "Token bucket on S3 requests; 0 = unlimited.")
     bytes_per_second: int = _opt(int(_UP["bytes_per_second"]), _size,
                                  'Token bucket on uploaded bytes ("200MB" per second); 0 = unlimited.')
-    burst: float = _opt(_UP["burst_seconds"], _duration, "Token bucket depth, as seconds of rate.")
+    burst: float = _opt(_UP["burst_seconds"], _duration, "Token bucket depth, as seconds of rate.",
+                        to="burst_seconds")
     backoff_base: float = _opt(_UP["backoff_base"], _duration,
                                "First retry delay (exponential backoff with full jitter).")
     backoff_max: float = _opt(_UP["backoff_max"], _duration, "Longest retry delay.")
@@ -519,16 +522,12 @@ class Config:
                           connect_timeout=s3.connect_timeout, read_timeout=s3.read_timeout)
 
     def upload_settings(self):
+        """uploader.settings.UploadSettings: every [upload] option under its declared name there."""
         from uploader.settings import UploadSettings
         u = self.upload
-        return UploadSettings(settle_seconds=u.settle, part_size_min=u.part_size,
-                              multipart_threshold=u.multipart_threshold, max_concurrency=u.max_concurrency,
-                              min_concurrency=u.min_concurrency, requests_per_second=u.requests_per_second,
-                              bytes_per_second=float(u.bytes_per_second), burst_seconds=u.burst,
-                              backoff_base=u.backoff_base, backoff_max=u.backoff_max,
-                              poll_interval=u.poll_interval, readahead_chunk=u.readahead_chunk,
-                              readahead_chunks=u.readahead_chunks, evict_interval=self.server.evict_interval,
-                              abort_orphan_uploads=u.abort_orphan_uploads)
+        kwargs = {f.metadata["to"] or f.name: getattr(u, f.name) for f in fields(UploadConfig)}
+        kwargs.update(bytes_per_second=float(u.bytes_per_second), evict_interval=self.server.evict_interval)
+        return UploadSettings(**kwargs)
 
 
 SECTIONS = {"server": ServerSettings, "admin": AdminSettings, "metrics": MetricsSettings,

@@ -59,16 +59,17 @@ def test_status(daemon):
 
 
 def test_ls_flush_and_states(daemon):
-    before = daemon.cli_json("ls", "--state", "-R", "/checkpoints/run1")
+    before = daemon.cli_json("ls", "-R", "/checkpoints/run1")
     states = {e["path"]: e["state"] for e in before["entries"]}
     assert set(states) == {"run1", "run1/a.bin", "run1/b.bin"}
     r = daemon.cli("flush", "--wait", "--timeout", "120", "/checkpoints/run1")
     assert r.exit_code == 0, r.stderr
     assert "in S3" in r.stdout
-    after = daemon.cli_json("ls", "--state", "run1")
+    after = daemon.cli_json("ls", "--state", "clean", "run1")
+    assert daemon.cli_json("ls", "--state", "dirty", "--state", "queued", "-R", "run1")["entries"] == []
     assert {e["path"]: e["state"] for e in after["entries"]} == {"run1/a.bin": "clean", "run1/b.bin": "clean"}
     assert {e["path"]: e["size"] for e in after["entries"]} == {"run1/a.bin": len(A), "run1/b.bin": len(B)}
-    human = daemon.cli("ls", "--state", "/checkpoints/run1")
+    human = daemon.cli("ls", "/checkpoints/run1")
     assert human.exit_code == 0
     table = rows(human.stdout)
     assert table["run1/b.bin"][1:] == ["reg", "3.0", "MiB", "clean"]

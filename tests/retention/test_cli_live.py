@@ -1,5 +1,5 @@
 """The operator's view against a live `ckptgw serve` (embedded S3): checkpoints saved over NFS
-(nfs-rs), pin with a reason, `retention plan|apply|log`, `ls --state`, `lifecycle plan|sync`."""
+(nfs-rs), pin with a reason, `retention plan|apply|log`, `ls`, `lifecycle plan|sync`."""
 import json
 import textwrap
 import time
@@ -52,7 +52,7 @@ def test_pin_plan_apply_log_and_lifecycle_through_the_cli(tmp_path):
         entries = {e["path"]: e for e in d.cli_json("ls", "/checkpoints/runs")["entries"]}
         assert sorted(entries) == ["runs/step_0001", "runs/step_0004", "runs/step_0005"]
         assert entries["runs/step_0001"]["pin_reason"] == "keep me"
-        assert "pinned (keep me)" in d.cli("ls", "--state", "/checkpoints/runs").stdout
+        assert "pinned (keep me)" in d.cli("ls", "/checkpoints/runs").stdout
 
         log = d.cli_json("retention", "log")["entries"]
         assert {e["checkpoint"] for e in log if e.get("action") == "delete" and e["status"] == "done"} == {
