@@ -23,7 +23,12 @@ EX_CONFIG = 78          # sysexits.h: configuration error (systemd: RestartPreve
 
 
 def fail(message: str, code: str = "failed") -> None:
+    """One sentence on stderr and the exit code; under --json also the error as the one JSON
+    document on stdout, so a script's parser always has something to read."""
     click.echo(f"ckptgw: {message}", err=True)
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and (ctx.find_root().obj or {}).get("json"):
+        click.echo(json.dumps({"ok": False, "code": code, "exit": EXIT[code], "error": message}))
     sys.exit(EXIT[code])
 
 
@@ -97,14 +102,22 @@ def serve(ctx, exports, **params):
 
 
 @main.command("check-config")
+@click.option("--json", "as_json", is_flag=True,
+              help='{"ok": true|false, "path", "problems": [{"where", "key", "expected"}]} on stdout.')
 @click.argument("path", type=click.Path(dir_okay=False))
-def check_config(path):
-    """Validate a config file: exit 0 if it is good, else 1 with the problem (key, line, expectation)."""
+def check_config(as_json, path):
+    """Validate a config file: exit 0 if it is good, else 1 with every problem (line, key, expectation)."""
     try:
         cfg = configmod.load(path)
     except configmod.ConfigError as e:
         click.echo(f"ckptgw: {e}", err=True)
+        if as_json:
+            emit_json({"ok": False, "path": path, "problems": [
+                {"where": p.where, "key": p.key, "expected": p.expected} for p in e.errors]})
         sys.exit(1)
+    if as_json:
+        return emit_json({"ok": True, "path": path, "problems": [], "exports": len(cfg.exports),
+                          "tryout": cfg.embedded_s3, "retention_series": len(cfg.retention.series)})
     click.echo(f"{path}: OK ({len(cfg.exports)} export(s), "
                f"{'embedded try-out S3' if cfg.embedded_s3 else cfg.s3.endpoint}, "
                f"{len(cfg.retention.series)} retention series)")
@@ -185,8 +198,15 @@ class _Bar:
             self.bar.__exit__(None, None, None)
 
 
-json_option = click.option("--json", "as_json", is_flag=True,
-                           help="Machine-readable output: exactly one JSON document on stdout.")
+def _remember_json(ctx, param, value):
+    if value:                       # fail() needs to know, wherever it is called from
+        ctx.find_root().ensure_object(dict)["json"] = True
+    return value
+
+
+json_option = click.option("--json", "as_json", is_flag=True, callback=_remember_json,
+                           help="Machine-readable output: exactly one JSON document on stdout "
+                                '(on failure {"ok": false, "code", "exit", "error"}).')
 
 
 def _json_needs_yes(as_json: bool, yes: bool, plan_cmd: str) -> None:

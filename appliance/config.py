@@ -347,7 +347,8 @@ class LogSettings:
 class S3Config:
     reload_default: ClassVar[str] = "restart"
     endpoint: str | None = _opt(None, _s3_endpoint, 'S3 endpoint URL. "" starts the embedded in-memory S3 '
-                                '(moto) on loopback: a TRY-OUT mode, data in it is lost at exit.', example='""')
+                                '(moto) on loopback: a TRY-OUT mode, data in it is lost at exit.', example='""',
+                                to="endpoint_url")
     bucket: str = _opt("ckptgw", _bucket, "Bucket the checkpoints go to.")
     prefix: str = _opt("", _prefix, 'Prepended verbatim to every key ("ckpt/" -> "ckpt/run1/step10.pt").')
     region: str = _opt("us-east-1", _str, "Region for request signing.")
@@ -514,20 +515,25 @@ class Config:
     def s3_settings(self, endpoint: str | None = None, credentials: tuple | None = None):
         """uploader.settings.S3Settings for this config (endpoint/credentials of the embedded S3)."""
         from uploader.settings import S3Settings
-        s3 = self.s3
-        ak, sk, st = credentials or (s3.access_key, s3.secret_key, s3.session_token)
-        return S3Settings(bucket=s3.bucket, endpoint_url=endpoint or s3.endpoint, region=s3.region,
-                          prefix=s3.prefix, addressing_style=s3.addressing_style, access_key=ak,
-                          secret_key=sk, session_token=st, checksum_algorithm=s3.checksum_algorithm,
-                          connect_timeout=s3.connect_timeout, read_timeout=s3.read_timeout)
+        kwargs = _library_kwargs(self.s3)
+        if endpoint:
+            kwargs["endpoint_url"] = endpoint
+        if credentials:
+            kwargs["access_key"], kwargs["secret_key"], kwargs["session_token"] = credentials
+        return S3Settings(**kwargs)
 
     def upload_settings(self):
         """uploader.settings.UploadSettings: every [upload] option under its declared name there."""
         from uploader.settings import UploadSettings
-        u = self.upload
-        kwargs = {f.metadata["to"] or f.name: getattr(u, f.name) for f in fields(UploadConfig)}
-        kwargs.update(bytes_per_second=float(u.bytes_per_second), evict_interval=self.server.evict_interval)
+        kwargs = _library_kwargs(self.upload)
+        kwargs.update(bytes_per_second=float(self.upload.bytes_per_second),
+                      evict_interval=self.server.evict_interval)
         return UploadSettings(**kwargs)
+
+
+def _library_kwargs(section) -> dict:
+    """A section's options under the names of the library settings they feed (`to`)."""
+    return {f.metadata["to"] or f.name: getattr(section, f.name) for f in fields(section)}
 
 
 SECTIONS = {"server": ServerSettings, "admin": AdminSettings, "metrics": MetricsSettings,

@@ -127,8 +127,28 @@ def test_json_without_yes_is_refused_before_anything_is_asked(loop_thread, sockd
     fake = FakeDaemon(loop_thread, sockdir, {"retention_plan": PLAN, "retention_apply": APPLIED,
                                              "lifecycle_plan": LC_PLAN, "lifecycle_sync": {"written": True}})
     r = fake.cli(*argv)
-    assert r.exit_code == 2 and r.stdout == "" and fake.calls == []
+    assert r.exit_code == 2 and fake.calls == []
     assert "--json needs --yes" in r.stderr and plan_cmd in r.stderr
+    doc = json.loads(r.stdout)                      # the refusal is the one document
+    assert doc["ok"] is False and doc["code"] == "bad_request" and doc["exit"] == 2
+
+
+def test_json_failures_are_one_document_too(sockdir, tmp_path):
+    r = CliRunner().invoke(cli_main, ["--socket", os.path.join(sockdir, "none.sock"), "status", "--json"])
+    assert r.exit_code == 7 and "no daemon" in r.stderr
+    doc = json.loads(r.stdout)
+    assert doc == {"ok": False, "code": "no_daemon", "exit": 7, "error": doc["error"]} and "no daemon" in doc["error"]
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[server]\nlease_time = "forever"\n[s3]\nbucket = "AB"\n')
+    r = CliRunner().invoke(cli_main, ["check-config", "--json", str(bad)])
+    assert r.exit_code == 1
+    doc = json.loads(r.stdout)
+    assert doc["ok"] is False and [(p["key"], p["where"]) for p in doc["problems"]] == [
+        ("server.lease_time", f"{bad}:2"), ("s3.bucket", f"{bad}:4")]
+    good = tmp_path / "good.toml"
+    good.write_text("[server]\nlease_time = 60\n")
+    r = CliRunner().invoke(cli_main, ["check-config", "--json", str(good)])
+    assert r.exit_code == 0 and json.loads(r.stdout)["ok"] is True
 
 
 @pytest.mark.parametrize("argv, result", [(["retention", "apply", "--yes", "--json"], APPLIED),
