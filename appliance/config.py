@@ -704,7 +704,7 @@ def _check(cfg: Config, src: _Source) -> None:
         src.add(("server", "low_watermark"), f"expected above 0, got {s.low_watermark}")
     if not s.low_watermark < s.high_watermark:
         src.add(("server", "low_watermark"),
-                        f"expected below high_watermark ({s.high_watermark}), got {s.low_watermark}")
+                f"expected below high_watermark ({s.high_watermark}), got {s.low_watermark}")
     if cfg.admin.listen and not (cfg.admin.token or cfg.admin.token_file):
         src.add(("admin", "listen"), "the admin API over TCP needs `token` or `token_file` set")
     if cfg.admin.token and cfg.admin.token_file:
@@ -719,12 +719,12 @@ def _check(cfg: Config, src: _Source) -> None:
     for i, e in enumerate(cfg.exports):
         if e.path in seen:
             src.add(("exports", i, "path"), f"expected a unique path; {e.path!r} is already export "
-                            f"{seen[e.path]}")
+                    f"{seen[e.path]}")
         seen[e.path] = i
         for j, other in enumerate(cfg.exports[:i]):
             if e.path.startswith(other.path.rstrip("/") + "/") or other.path.startswith(e.path.rstrip("/") + "/"):
                 src.add(("exports", i, "path"), f"expected exports not nested in each other; "
-                                f"{e.path!r} and {other.path!r} are")
+                        f"{e.path!r} and {other.path!r} are")
     names = set()
     for i, rule in enumerate(cfg.retention.series):
         if rule.name in names:
@@ -733,7 +733,7 @@ def _check(cfg: Config, src: _Source) -> None:
         where = ("retention", "series", i)
         if rule.expire_after is not None and rule.expire_after < rule.min_age:
             src.add(where + ("expire_after",), f"expected at least min_age ({rule.min_age:g} s), "
-                            f"got {rule.expire_after:g} s")
+                    f"got {rule.expire_after:g} s")
         afters = set()
         for j, t in enumerate(rule.transitions):
             if t.after in afters:
@@ -741,7 +741,7 @@ def _check(cfg: Config, src: _Source) -> None:
             afters.add(t.after)
             if rule.expire_after is not None and t.after >= rule.expire_after:
                 src.add(where + ("transitions", j, "after"), "expected less than expire_after "
-                                f"({rule.expire_after:g} s): the checkpoint is deleted first")
+                        f"({rule.expire_after:g} s): the checkpoint is deleted first")
     r = cfg.retention
     if r.pin_lock in ("governance", "compliance") and r.pin_lock_days < 1:
         src.add(("retention", "pin_lock_days"), f"expected at least 1 day with pin_lock = {r.pin_lock!r}")
