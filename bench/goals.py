@@ -63,7 +63,7 @@ GOALS: tuple[Goal, ...] = (
     _g("acklat.p99", "ack latency", "p99 of 256 KiB FILE_SYNC writes", "ms",
        "local 256 KiB write+fdatasync p99", "≤ 2 ms over local", _at_most(2.0),
        figure=lambda a, b: a - b, figure_name="difference (ms)"),
-    _g("s3indep.faulty_over_clean", "save vs S3 faults", "checkpoint save, S3 at +35 ms and 20% 503s",
+    _g("s3indep.faulty_over_clean", "save vs S3 faults", "3 consecutive checkpoint saves, S3 at +35 ms and 20% 503s",
        "s", "the same save, clean S3", "≤ 1.05", _at_most(1.05)),
     _g("s3indep.boto3_over_gateway", "save vs S3 faults",
        "direct boto3 upload of the shards through the faulty S3 (ckptgw: gateway save through it)", "s",

@@ -51,7 +51,7 @@ def rss_while_saving(run: Run) -> None:
     for rep in range(s.reps):
         with s3_server() as s3, gateway(run.workdir / f"rss{rep}", s3.endpoint) as gw:
             _mkdir(gw.port, "rss")
-            with RssSampler(gw.pid, interval=0.5) as rss:
+            with RssSampler(gw.pid, interval=0.1) as rss:
                 tp.timed_parallel([lambda i=i: tp.write_stream(gw.port, f"rss/shard{i}", per, block)
                                    for i in range(8)])
             run.add("scale.rss", rss.peak / MiB, 256.0)
