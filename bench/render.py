@@ -66,8 +66,9 @@ def markdown(run: Run, meta: dict, facts: dict, plots: list[str]) -> str:
     out = [f"# ckptgw benchmark report (issue 15): {run.mode} mode", ""]
     if meta.get("banner"):
         out += [f"> **{meta['banner']}**", ""]
+    over = " **over budget**" if meta["seconds"] > run.sizes.budget_s else ""
     out += [f"`{meta['command']}` — started {meta['started']}, took {meta['seconds']:.0f} s "
-            f"(budget for {run.mode} mode: {run.sizes.budget_s // 60} min), exit status {meta['exit']}"
+            f"(budget for {run.mode} mode: {run.sizes.budget_s // 60} min{over}), exit status {meta['exit']}"
             f" ({meta['exit_meaning']}).", "",
             "Every figure is measured side by side with its reference in the same repetition (fresh servers, "
             "alternating order); ratios are per repetition, and the goal is judged on their median.", "",
@@ -118,6 +119,7 @@ def plot_all(run: Run, outdir: Path) -> list[str]:
                 ax.bar(range(len(labels)), med, yerr=err, capsize=4, color=[f"C{i}" for i in range(len(labels))])
                 ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=7)
                 ax.set_title(group, fontsize=8)
+                ax.set_ylabel(unit, fontsize=8)
             fig.suptitle(f"{name} (median, bars: min-max over repetitions)", fontsize=9)
         elif kind == "cdf":
             fig, ax = plt.subplots(figsize=(6.4, 4.0))

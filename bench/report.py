@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "REPORT.md").write_text(render.markdown(run, meta, facts, plots))
     (args.out / "results.json").write_text(json.dumps({
         "meta": meta, "facts": facts, "sizes": asdict(run.sizes), "scenarios": run.scenarios, "cpu": run.cpu,
-        "notes": run.notes, "goals": {gid: {"status": r.status, "note": r.note, "reference_note": r.reference_note,
+        "notes": run.notes, "series": run.series, "goals": {gid: {"status": r.status, "note": r.note, "reference_note": r.reference_note,
                                             "ckptgw": r.ckptgw, "reference": r.reference, "figures": r.figures,
                                             "met": r.met} for gid, r in run.results.items()}}, indent=1))
     print(f"wrote {args.out / 'REPORT.md'} and {len(plots)} plot(s); exit {code}: {EXIT_MEANING[code]}",
