@@ -23,7 +23,9 @@ from cache.api import ROOT_INO
 from cache.store import Store
 
 
-def build(path: str, files: int, uncommitted: int) -> None:
+def build(path: str, files: int, uncommitted: int, *, crash: bool = True, quiet: bool = False) -> None:
+    """N files d<i//1000>/f<i>, the first `uncommitted` with an uncommitted 4 KiB write; then
+    drop the store without close() (crash=True) or close it cleanly."""
     s = Store.open(path)
     t0 = time.monotonic()
     d = None
@@ -34,7 +36,11 @@ def build(path: str, files: int, uncommitted: int) -> None:
         if i < uncommitted:
             s.write(ino, 0, b"x" * 4096)
     s.sync()
-    print(f"built {files} files in {time.monotonic() - t0:.1f} s")
+    if not quiet:
+        print(f"built {files} files in {time.monotonic() - t0:.1f} s")
+    if not crash:
+        s.close()
+        return
     s.data.close()                 # crash: no close(), no commit of the live files
     s.ix.close()
     os.close(s._lockfd)

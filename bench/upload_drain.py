@@ -17,6 +17,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,6 +26,7 @@ sys.path.insert(0, ROOT)
 import boto3  # noqa: E402
 import structlog  # noqa: E402
 from boto3.s3.transfer import TransferConfig, create_transfer_manager  # noqa: E402
+from s3transfer.subscribers import BaseSubscriber  # noqa: E402
 
 from cache.api import ROOT_INO  # noqa: E402
 from cache.store import Store  # noqa: E402
@@ -60,41 +62,76 @@ def save(store, name: str, data: bytes, *, tmp_rename: bool = False) -> None:
     store.sync()
 
 
-async def run_uploader(store, endpoint, bucket, settings) -> tuple[float, dict]:
+async def run_uploader(store, endpoint, bucket, settings, progress: list | None = None) -> tuple[float, dict]:
+    """Start an uploader on store, flush everything, stop it. progress: appended
+    (seconds since start, bytes uploaded) every 0.1 s while it drains."""
     s3 = s3settings(endpoint, bucket)
     up = Uploader(store, Boto3ObjectClient(s3, max_pool_connections=settings.max_concurrency + 4),
                   settings, s3=s3)
     await up.start()
     t0 = time.perf_counter()
+
+    async def sample():
+        while True:
+            progress.append((time.perf_counter() - t0, up.status()["bytes_uploaded"]))
+            await asyncio.sleep(0.1)
+    sampler = asyncio.create_task(sample()) if progress is not None else None
     try:
         assert await up.flush(timeout=3600)
-        return time.perf_counter() - t0, up.status()
+        secs = time.perf_counter() - t0
+        status = up.status()
+        if progress is not None:
+            progress.append((secs, status["bytes_uploaded"]))
+        return secs, status
     finally:
+        if sampler:
+            sampler.cancel()
         await up.stop()
 
 
-def _drain_ours(moto, d, blobs, settings, bucket) -> tuple[float, int]:
+def _drain_ours(moto, d, blobs, settings, bucket, progress: list | None = None) -> tuple[float, int]:
     store = Store.open(os.path.join(d, bucket), capacity=4 << 30)
     try:
         for i, b in enumerate(blobs):
             save(store, f"f{i}", b)
         make_bucket(moto.endpoint, bucket)
-        secs, status = asyncio.run(run_uploader(store, moto.endpoint, bucket, settings))
+        secs, status = asyncio.run(run_uploader(store, moto.endpoint, bucket, settings, progress))
         return secs, status["requests_total"]
     finally:
         store.close()
 
 
-def _drain_transfer_manager(moto, paths, cfg, bucket) -> float:
-    make_bucket(moto.endpoint, bucket)
-    client = boto3.client("s3", endpoint_url=moto.endpoint, region_name="us-east-1",
-                          aws_access_key_id="testing", aws_secret_access_key="testing")
+class _Progress(BaseSubscriber):
+    """(seconds since t0, bytes sent) after every progress callback of a TransferManager."""
+
+    def __init__(self, t0: float, timeline: list, lock: threading.Lock, total: list):
+        self.t0, self.timeline, self.lock, self.total = t0, timeline, lock, total
+
+    def on_progress(self, future, bytes_transferred, **kwargs):
+        with self.lock:
+            self.total[0] += bytes_transferred
+            self.timeline.append((time.perf_counter() - self.t0, self.total[0]))
+
+
+def transfer_manager_upload(endpoint, paths, cfg, bucket, progress: list | None = None, **client_config) -> float:
+    """boto3's TransferManager uploading each path to key fI in bucket; returns seconds.
+    client_config: botocore Config arguments (e.g. retries)."""
+    from botocore.config import Config
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing",
+                          config=Config(**client_config) if client_config else None)
     t0 = time.perf_counter()
+    subs = [_Progress(t0, progress, threading.Lock(), [0])] if progress is not None else None
     with create_transfer_manager(client, cfg) as tm:
-        futures = [tm.upload(p, bucket, f"f{i}") for i, p in enumerate(paths)]
+        futures = [tm.upload(p, bucket, f"f{i}", subscribers=subs) for i, p in enumerate(paths)]
         for f in futures:
             f.result()
     return time.perf_counter() - t0
+
+
+def _drain_transfer_manager(moto, paths, cfg, bucket, progress: list | None = None) -> float:
+    make_bucket(moto.endpoint, bucket)
+    return transfer_manager_upload(moto.endpoint, paths, cfg, bucket, progress)
 
 
 def bench_drain(moto, args, blobs) -> dict:
@@ -104,7 +141,7 @@ def bench_drain(moto, args, blobs) -> dict:
     settings = UploadSettings(settle_seconds=3600, part_size_min=part, multipart_threshold=part,
                               max_concurrency=args.concurrency, poll_interval=0.05)
     cfg = TransferConfig(multipart_threshold=part, multipart_chunksize=part, max_concurrency=args.concurrency)
-    ours, theirs = [], []
+    ours, theirs, ours_tl, theirs_tl = [], [], [], []
     with tempfile.TemporaryDirectory() as d:
         paths = []
         for i, b in enumerate(blobs):
@@ -116,23 +153,25 @@ def bench_drain(moto, args, blobs) -> dict:
             first_ours = r % 2 == 0
             for which in ((0, 1) if first_ours else (1, 0)):
                 if which == 0:
-                    secs, requests = _drain_ours(moto, d, blobs, settings, f"ours{r}")
+                    ours_tl.append([])
+                    secs, requests = _drain_ours(moto, d, blobs, settings, f"ours{r}", ours_tl[-1])
                     ours.append(secs)
                 else:
-                    theirs.append(_drain_transfer_manager(moto, paths, cfg, f"tm{r}"))
+                    theirs_tl.append([])
+                    theirs.append(_drain_transfer_manager(moto, paths, cfg, f"tm{r}", theirs_tl[-1]))
             moto.reset()                  # moto keeps objects in memory
     ours_s, theirs_s = statistics.median(ours), statistics.median(theirs)
     return {"bytes": total, "rounds": args.rounds, "uploader_MBps": round(total / ours_s / 1e6, 1),
             "transfer_manager_MBps": round(total / theirs_s / 1e6, 1),
             "uploader_over_transfer_manager": round(theirs_s / ours_s, 2),
             "uploader_runs_s": [round(x, 2) for x in ours], "transfer_manager_runs_s": [round(x, 2) for x in theirs],
-            "uploader_requests": requests}
+            "uploader_requests": requests, "uploader_timelines": ours_tl, "transfer_manager_timelines": theirs_tl}
 
 
-def bench_amplification(moto, proxy_port) -> dict:
+def bench_amplification(moto, proxy_port, mib: int = 24) -> dict:
     proxy = ThreadedFaultProxy(proxy_port)
     try:
-        data = os.urandom(24 * MiB)
+        data = os.urandom(mib * MiB)
         settings = UploadSettings(settle_seconds=1.0, max_concurrency=4, poll_interval=0.05)
         with tempfile.TemporaryDirectory() as d:
             store = Store.open(os.path.join(d, "s"), capacity=4 << 30)
@@ -194,6 +233,8 @@ def main() -> None:
                    "burst_limited": bench_burst(moto, moto.port, args.burst_rps)}
     finally:
         moto.stop()
+    for key in ("uploader_timelines", "transfer_manager_timelines"):
+        results["drain"].pop(key)
     print(json.dumps(results, indent=2))
 
 

@@ -1,0 +1,89 @@
+"""Every performance goal of issue 15, as data: what is compared with what, and the bar.
+
+A goal's figure is computed per repetition from the ckptgw value and the reference value
+measured in the same repetition (side by side), so the load of the moment hits both; the
+report gives min / median / max of that figure and judges the median.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Goal:
+    id: str
+    scenario: str                    # groups rows and names the plot
+    title: str
+    unit: str                        # of the ckptgw and reference values
+    reference: str                   # what the reference column is
+    figure: Callable[[float, float | None], float]     # (ckptgw, reference) -> the judged figure
+    figure_name: str                 # "ratio", "difference (ms)", ...
+    bar: str                         # the goal as the issue states it
+    met: Callable[[float], bool] | None     # None: the issue sets no bar; reported only
+
+
+def _ratio(a, b):
+    return a / b
+
+
+def _inverse_ratio(a, b):
+    return b / a
+
+
+def _at_least(x):
+    return lambda v: v >= x
+
+
+def _at_most(x):
+    return lambda v: v <= x
+
+
+def _g(id, scenario, title, unit, reference, bar, met, figure=_ratio, figure_name="ratio"):
+    return Goal(id, scenario, title, unit, reference, figure, figure_name, bar, met)
+
+
+GE1 = "≥ 1.0x"
+GOALS: tuple[Goal, ...] = (
+    _g("nfsrs.write1", "nfs-rs throughput", "1 stream of 1 MiB durable writes", "MB/s", "NFS-Ganesha (VFS)",
+       GE1, _at_least(1.0)),
+    _g("nfsrs.write8", "nfs-rs throughput", "8 streams of 1 MiB durable writes", "MB/s", "NFS-Ganesha (VFS)",
+       GE1, _at_least(1.0)),
+    _g("nfsrs.read1", "nfs-rs throughput", "1 read stream", "MB/s", "NFS-Ganesha (VFS)", GE1, _at_least(1.0)),
+    _g("nfsrs.small1", "nfs-rs throughput", "small-file saves (4 KiB write+close+rename+unlink), 1 client",
+       "files/s", "NFS-Ganesha (VFS)", GE1, _at_least(1.0)),
+    _g("nfsrs.small8", "nfs-rs throughput", "small-file saves, 8 clients", "files/s", "NFS-Ganesha (VFS)",
+       GE1, _at_least(1.0)),
+    _g("kclient.dd_write", "kernel client", "dd write conv=fsync (qemu guest)", "MB/s", "NFS-Ganesha (VFS)",
+       GE1, _at_least(1.0)),
+    _g("kclient.dd_read", "kernel client", "dd read after drop_caches (qemu guest)", "MB/s",
+       "NFS-Ganesha (VFS)", GE1, _at_least(1.0)),
+    _g("kclient.ckpt_save", "kernel client", "sharded checkpoint save (qemu guest)", "MB/s",
+       "NFS-Ganesha (VFS)", GE1, _at_least(1.0)),
+    _g("acklat.p99", "ack latency", "p99 of 256 KiB FILE_SYNC writes", "ms",
+       "local 256 KiB write+fdatasync p99", "≤ 2 ms over local", _at_most(2.0),
+       figure=lambda a, b: a - b, figure_name="difference (ms)"),
+    _g("s3indep.faulty_over_clean", "save vs S3 faults", "3 consecutive checkpoint saves, S3 at +35 ms and 20% 503s",
+       "s", "the same save, clean S3", "≤ 1.05", _at_most(1.05)),
+    _g("s3indep.boto3_over_gateway", "save vs S3 faults",
+       "direct boto3 upload of the shards through the faulty S3 (ckptgw: gateway save through it)", "s",
+       "boto3 TransferManager, faulty S3", "≥ 3x", _at_least(3.0), figure=_inverse_ratio,
+       figure_name="boto3 ÷ gateway"),
+    _g("drain.rate", "drain", "uploader drain rate", "MB/s", "boto3 TransferManager (same part size, concurrency)",
+       "≥ 0.9x", _at_least(0.9)),
+    _g("drain.amplification", "drain", "bytes PUT ÷ bytes saved (tmp + fsync + rename saves)", "MiB",
+       "bytes saved", "= 1.00", lambda v: round(v, 2) == 1.0),
+    _g("restart.read", "restart read", "read of the last checkpoint through from S3 at +35 ms", "MB/s",
+       "the same read from the local cache", "reported (no bar in the issue)", None),
+    _g("scale.startup", "scale", "start-up (spawn to READY) with many files in the store", "s",
+       "the same with 1k files", "reported (no bar in the issue)", None),
+    _g("scale.lookup_p99", "scale", "LOOKUP+GETATTR p99 with many files in the store", "ms",
+       "the same with 1k files", "reported (no bar in the issue)", None),
+    _g("scale.rss", "RSS while saving", "gateway peak RSS while saving (uploader draining)", "MiB",
+       "the bar: 256 MiB", "≤ 256 MiB", _at_most(256.0), figure=lambda a, b: a, figure_name="peak MiB"),
+    _g("cores.write8", "cores", "8 nfs-rs write streams, all cores", "MB/s", "the gateway on one core",
+       "≥ 1.6x", _at_least(1.6)),
+    _g("cores.small8", "cores", "small-file saves, 8 clients, all cores", "files/s", "the gateway on one core",
+       "≥ 1.6x", _at_least(1.6)),
+)
+BY_ID = {g.id: g for g in GOALS}

@@ -1,0 +1,98 @@
+"""nfs-rs over loopback against `ckptgw serve` (uploader draining to moto at nice 19) vs
+NFS-Ganesha (VFS), plus FILE_SYNC ack latency and the one-core baseline for the cores goals.
+
+Per repetition, fresh servers each: the gateway on all CPUs, the gateway on CPU 0 only (the
+'one process' baseline: whatever the gateway's process layout, confined to one core), NFS-Ganesha;
+their order alternates between repetitions so a drift in the host's load hits each side alike.
+"""
+from __future__ import annotations
+
+import os
+
+from .. import nfsrs_throughput as tp
+from ..latency import file_sync_writes, local_fdatasync_writes
+from ..procs import CpuMeter, RssSampler
+from ..record import MiB, Run
+from ..stack import ganesha, ganesha_missing, gateway, s3_server
+from ..stats import percentile
+
+GOAL_OF = {tp.WRITE1: "nfsrs.write1", tp.WRITE8: "nfsrs.write8", tp.READ1: "nfsrs.read1",
+           tp.SMALL1: "nfsrs.small1", tp.SMALL8: "nfsrs.small8"}
+CORES_OF = {tp.WRITE8: "cores.write8", tp.SMALL8: "cores.small8"}
+ACK_SIZE = 256 * 1024
+SCENARIO = "nfs-rs throughput"
+
+
+def _measure(run: Run, server: str, rep: int, pids: dict[str, int], port: int, only=tp.FIGURES,
+             rss_plot: str | None = None) -> dict[str, float]:
+    """tp.measure() with the CPU seconds of each process in pids (the first is the server)."""
+    s = run.sizes
+    meter = CpuMeter(pids).start()
+    with RssSampler(next(iter(pids.values()))) as rss:
+        figures = tp.measure(port, s.stream_mib * MiB, s.small_seconds, only)
+    cpu = meter.stop()
+    run.cpu.append({"scenario": SCENARIO, "server": server, "rep": rep, "wall_s": meter.wall, "cpu_s": cpu})
+    if rss_plot and rep == 0:
+        run.timeline(rss_plot, "MiB", server, [(t, b / MiB) for t, b in rss.samples])
+    return figures
+
+
+def _gateway_side(run: Run, rep: int, cpus=None) -> tuple[dict, list[float], list[float]]:
+    wd = run.workdir / f"nfs-gw{'-1cpu' if cpus else ''}{rep}"
+    with s3_server() as s3, gateway(wd, s3.endpoint, cpus=cpus) as gw:
+        pids = {"ckptgw": gw.pid, "moto": s3.pid}
+        if cpus:
+            return _measure(run, "ckptgw on 1 CPU", rep, pids, gw.port, tuple(CORES_OF)), [], []
+        figures = _measure(run, "ckptgw", rep, pids, gw.port, rss_plot="RSS during nfs-rs throughput")
+        lat = file_sync_writes(gw.port, run.sizes.acklat_writes, ACK_SIZE)
+        local = local_fdatasync_writes(str(gw.handle.cache_dir), run.sizes.acklat_writes, ACK_SIZE)
+        return figures, lat, local
+
+
+def _ganesha_side(run: Run, rep: int) -> tuple[dict, list[float]]:
+    with ganesha(run.workdir / f"nfs-ganesha{rep}") as g:
+        figures = _measure(run, "ganesha", rep, {"ganesha": g.pid}, g.port)
+        try:
+            lat = file_sync_writes(g.port, run.sizes.acklat_writes, ACK_SIZE)
+        except Exception as e:                 # the CDF's extra line only; the goal is vs local
+            run.notes.append(f"ack latency against Ganesha not measured: {e!r}")
+            lat = []
+        return figures, lat
+
+
+def run(run: Run) -> None:
+    missing = ganesha_missing()
+    if missing:
+        run.reference_missing(GOAL_OF.values(), f"not run: {missing}")
+    one_cpu = len(os.sched_getaffinity(0)) < 2
+    if one_cpu:
+        run.mark(CORES_OF.values(), "not run", "this host gives the benchmark one CPU")
+    for rep in range(run.sizes.reps):
+        sides = ["gw", "gw1", "ganesha"]
+        if rep % 2:
+            sides.reverse()
+        got: dict[str, dict] = {}
+        for side in sides:
+            if side == "gw":
+                got["gw"], lat, local = _gateway_side(run, rep)
+                ms = [x * 1e3 for x in lat]
+                lms = [x * 1e3 for x in local]
+                run.add("acklat.p99", percentile(ms, 99), percentile(lms, 99))
+                run.samples("ack latency", "ms", "ckptgw FILE_SYNC 256 KiB", ms)
+                run.samples("ack latency", "ms", "local write+fdatasync 256 KiB", lms)
+            elif side == "gw1" and not one_cpu:
+                got["gw1"], _, _ = _gateway_side(run, rep, cpus={min(os.sched_getaffinity(0))})
+            elif side == "ganesha" and not missing:
+                got["ganesha"], glat = _ganesha_side(run, rep)
+                run.samples("ack latency", "ms", "NFS-Ganesha FILE_SYNC 256 KiB", [x * 1e3 for x in glat])
+        for fig, gid in GOAL_OF.items():
+            ref = got.get("ganesha", {}).get(fig)
+            run.add(gid, got["gw"][fig], ref)
+            run.bar("nfs-rs throughput", "MB/s or files/s", fig, "ckptgw", got["gw"][fig])
+            if ref is not None:
+                run.bar("nfs-rs throughput", "MB/s or files/s", fig, "NFS-Ganesha", ref)
+        for fig, gid in CORES_OF.items():
+            if "gw1" in got:
+                run.add(gid, got["gw"][fig], got["gw1"][fig])
+                run.bar("cores", "MB/s or files/s", fig, "ckptgw, all CPUs", got["gw"][fig])
+                run.bar("cores", "MB/s or files/s", fig, "ckptgw, 1 CPU", got["gw1"][fig])

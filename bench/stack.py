@@ -1,0 +1,113 @@
+"""The servers a benchmark runs, each as a context manager that yields a `Running` handle:
+
+  s3_server()      moto's S3 server on loopback, every thread at nice 19 (the test S3 is not the
+                   product: its CPU must not be taken from the gateway), objects in its memory
+                   (moto spills values over its key buffer size to temporary files)
+  gateway(...)     `ckptgw serve` (tests/appliance/appliance_live.LiveDaemon) with its uploader
+                   draining to an S3 endpoint, optionally started on a subset of the CPUs
+  ganesha(...)     NFS-Ganesha (VFS FSAL) exporting a scratch directory (tests/kclient/ganesha)
+
+All listen on 127.0.0.1 only and are stopped (their own pid only) when the block ends.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.support.motoserver import MotoServer
+
+from .procs import renice_all
+
+S3_NICE = 19
+BUCKET = "bench"
+CREDS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"}
+
+
+@dataclass
+class Running:
+    name: str
+    pid: int
+    port: int = 0
+    endpoint: str = ""
+    startup_s: float = 0.0
+    handle: object = None
+    extra: dict = field(default_factory=dict)
+
+
+def s3_client(endpoint: str, **config):
+    import boto3
+    from botocore.config import Config
+    return boto3.client("s3", endpoint_url=endpoint, config=Config(**config) if config else None, **CREDS)
+
+
+@contextmanager
+def s3_server(*, nice: int = S3_NICE, bucket: str | None = BUCKET):
+    moto = MotoServer()
+    try:
+        renice_all(moto.proc.pid, nice)
+        if bucket:
+            s3_client(moto.endpoint).create_bucket(Bucket=bucket)
+        yield Running("moto", moto.proc.pid, moto.port, moto.endpoint, handle=moto)
+    finally:
+        moto.stop()
+
+
+def gateway_args(s3_endpoint: str, bucket: str = BUCKET, *, settle: float = 2.0) -> list[str]:
+    """`ckptgw serve` flags for an S3 endpoint on loopback (moto or a fault proxy in front of it)."""
+    return ["--s3-endpoint", s3_endpoint, "--s3-bucket", bucket, "--s3-access-key", "testing",
+            "--s3-secret-key", "testing", "--s3-addressing-style", "path", "--upload-settle", str(settle)]
+
+
+@contextmanager
+def gateway(workdir: Path, s3_endpoint: str, *, bucket: str = BUCKET, settle: float = 2.0,
+            extra: tuple[str, ...] = (), cpus: set[int] | None = None, cache_dir: Path | None = None):
+    """`ckptgw serve` in the product's setting: NFS on 127.0.0.1, its uploader draining to
+    s3_endpoint after the default settle time. cpus: CPU affinity of the daemon (inherited by
+    every thread and child process it starts); None: all CPUs."""
+    from tests.appliance.appliance_live import LiveDaemon
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    d = LiveDaemon(workdir, *gateway_args(s3_endpoint, bucket, settle=settle), *extra, cache_dir=cache_dir)
+    mask = os.sched_getaffinity(0)
+    t0 = time.perf_counter()
+    try:
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)     # this thread only: the child inherits it at fork
+        try:
+            d.start()
+        finally:
+            os.sched_setaffinity(0, mask)
+        startup = time.perf_counter() - t0
+        yield Running("ckptgw", d.proc.pid, d.nfs_port, startup_s=startup, handle=d)
+    finally:
+        d.close()
+
+
+def ganesha_missing() -> str | None:
+    """Why NFS-Ganesha cannot run here, or None."""
+    from tests.kclient.ganesha import VFS_FSAL
+    if not shutil.which("ganesha.nfsd"):
+        return "ganesha.nfsd not installed (bash scripts/install-system-deps.sh --bench)"
+    if not os.path.exists(VFS_FSAL):
+        return f"{VFS_FSAL} missing (apt-get install nfs-ganesha-vfs)"
+    if os.geteuid() != 0:
+        return "NFS-Ganesha needs root here"
+    return None
+
+
+@contextmanager
+def ganesha(workdir: Path):
+    from tests.e2e.conftest import free_port
+    from tests.kclient.ganesha import GaneshaServer
+
+    g = GaneshaServer(workdir, free_port())
+    t0 = time.perf_counter()
+    g.start()
+    try:
+        yield Running("ganesha", g.proc.pid, g.port, startup_s=time.perf_counter() - t0, handle=g)
+    finally:
+        g.stop()
