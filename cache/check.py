@@ -81,7 +81,7 @@ def check(store) -> list[str]:
                 p(f"inode {ino}: dirty index disagrees with state {rec.state}")
             if rec.unsettled != (ino in unsettled):
                 p(f"inode {ino}: unsettled index disagrees")
-            if rec.ready != (ino in ready) or (ino in ready and ready[ino] != max(rec.mtime_ns, 0)):
+            if rec.ready != (ino in ready) or (ino in ready and ready[ino] != rec.activity_ns):
                 p(f"inode {ino}: ready index disagrees")
             if rec.in_lru != (ino in lru) or (ino in lru and lru[ino] != rec.lru_ns):
                 p(f"inode {ino}: lru index disagrees")

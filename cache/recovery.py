@@ -59,6 +59,7 @@ def recover(ix: Index, data: DataFiles) -> dict:
             if rec.ino in cut or rec.flags & (F_UNCOMMITTED | F_TRUNCATED):
                 new.bump_data_seq()          # its bytes may differ from any object sent before
             new.flags &= ~(F_UNCOMMITTED | F_TRUNCATED)
+            w.stamp(new)                     # a full settle window after the restart
             if new.state in (DataState.QUEUED, DataState.UPLOADING):
                 new.state = DataState.DIRTY
                 stats["requeued"] += 1

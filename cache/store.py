@@ -228,6 +228,7 @@ class Store:
                     new.committed_size = sa.size
                     new.bump_data_seq()
                     new.flags |= F_TRUNCATED     # recovery re-cuts the data file
+                    w.stamp(new)
                     if new.state in (DataState.CLEAN, DataState.ABSENT):
                         new.state = DataState.DIRTY
                     self._tseq[ino] = self._tseq.get(ino, 0) + 1
@@ -361,8 +362,22 @@ class Store:
             last = counts == [0, 0]
             if last:
                 del self._opens[ino]
+            last_writer = write and counts[1] == 0
+        if last_writer:
+            self._stamp_if_dirty(ino)
         if last:
             self._reclaim_if_unlinked(ino)
+
+    def _stamp_if_dirty(self, ino: int) -> None:
+        """The last writer closed: the settle window restarts (a temp file renamed right
+        after its close is never uploaded under the temp name). Not synced: the stamp only
+        schedules; recovery re-stamps every file it visits."""
+        with self.ix.write() as w:
+            rec = w.inode(ino)
+            if rec is not None and rec.is_dirty:
+                new = rec.copy()
+                w.stamp(new)
+                w.put_inode(new, rec)
 
     def read(self, ino: int, offset: int, count: int) -> tuple[bytes | memoryview, bool]:
         """Up to `count` bytes at `offset` (holes read as zeros), and eof. Raises
@@ -447,6 +462,7 @@ class Store:
                         new.state = DataState.DIRTY
                     new.flags |= F_UNCOMMITTED
                     new.bump_data_seq()      # before the bytes change, as the flag
+                    w.stamp(new)
                     w.put_inode(new, cur)
         try:
             return self._write_applied(ino, offset, data)
@@ -488,6 +504,7 @@ class Store:
             if new.state in (DataState.CLEAN, DataState.ABSENT):
                 new.state = DataState.DIRTY
             new.flags |= F_UNCOMMITTED
+            w.stamp(new)
             w.put_inode(new, cur)
             self._wseq[ino] = self._wseq.get(ino, 0) + 1
         return new.attr()
@@ -513,6 +530,7 @@ class Store:
                                 and new.committed_size == new.size):
                             new.flags &= ~F_UNCOMMITTED
                     if new != cur:
+                        w.stamp(new)
                         w.put_inode(new, cur)
         self.committer.sync()
 
@@ -523,16 +541,27 @@ class Store:
             v.must_inode(ino)
             return v.path_of(ino)
 
-    def ready_for_upload(self, now_ns: int, settle_ns: int, limit: int = 100) -> list[int]:
+    def clock_ns(self) -> int:
+        """The store's own clock (cache/clock.py): monotonic, survives restarts, ignores
+        wall-clock steps and every client-set time. Settle windows are measured in it."""
+        return self.ix.clock.now_ns()
+
+    def ready_for_upload(self, now_ns: int | None = None, settle_ns: int = 0,
+                         limit: int = 100) -> list[int]:
         """Inodes whose data is dirty, committed, not open for write, and quiet for settle_ns
-        (settle_ns=0: flush), oldest modification first. Walks the `ready` index from its
-        oldest entry and stops at the first one not quiet long enough: O(result), no scan.
-        Only files in state DIRTY are returned (QUEUED/UPLOADING ones are the uploader's)."""
+        (settle_ns=0: flush, whatever any clock says), longest quiet first. Quiet means no
+        write, truncate, commit or writer's close since, on the store clock (`now_ns`: a
+        `clock_ns()` value, None: now); the client-settable mtime plays no part. Walks
+        the `ready` index from its oldest entry and stops at the first one not quiet long
+        enough: O(result), no scan. Only files in state DIRTY are returned
+        (QUEUED/UPLOADING ones are the uploader's)."""
         out = []
+        if now_ns is None:
+            now_ns = self.clock_ns()
         with self.ix.read() as v:
             for key in v.txn.cursor(db=self.ix.ready).iternext(values=False):
-                mtime, ino = U64x2.unpack(key)
-                if now_ns - mtime < settle_ns or len(out) >= limit:
+                stamp, ino = U64x2.unpack(key)
+                if len(out) >= limit or (settle_ns > 0 and now_ns - stamp < settle_ns):
                     break
                 counts = self._opens.get(ino)
                 if counts is None or counts[1] == 0:
@@ -540,8 +569,9 @@ class Store:
         return out
 
     def oldest_ready_ns(self) -> int | None:
-        """mtime (ns) of the oldest settled dirty file waiting to be picked up, or None: the
-        first key of the `ready` index, so the age of the upload backlog costs one cursor step."""
+        """Store-clock time (see clock_ns) of the last activity of the settled dirty file
+        waiting longest to be picked up, or None: the first key of the `ready` index, so
+        the age of the upload backlog (clock_ns() - this) costs one cursor step."""
         with self.ix.read() as v:
             for key in v.txn.cursor(db=self.ix.ready).iternext(values=False):
                 return U64x2.unpack(key)[0]
