@@ -1,7 +1,13 @@
 """LMDB layout of the store index, and the typed accessors every other module uses.
 
-One environment under <store>/index, opened with sync=False/metasync=False: a commit
-only reaches the page cache (survives kill -9), `commit.GroupCommit` makes it durable.
+One environment under <store>/index, opened with sync=True, metasync=False (LMDB's
+MDB_NOMETASYNC): every commit fdatasyncs its data pages BEFORE it writes its meta page, so
+a power cut can never leave a meta page on disk that points at unwritten pages (with
+sync=False it could: the kernel writes dirty pages back in any order, and LMDB's docs say
+the database can then be corrupted). Only the newest commit's meta page may be unsynced:
+the next commit's fdatasync, or `commit.GroupCommit`'s env.sync(), makes it durable; a
+power cut before that rolls the index back to the commit before (ACI kept, D for the
+last commit only). See ARCHITECTURE.md, Durability rules.
 Keys are big-endian so cursor order is numeric order. Named databases:
 
   meta      b"format" -> FORMAT; counters (next_ino, next_job, used, dirty, opens) u64;
@@ -392,7 +398,8 @@ class Index:
         self._wlock = threading.RLock()
         self.lock = self._wlock              # serializes writers; callers may hold it around
                                              # a check and the txn that depends on it
-        self.write_seq = 0               # bumped by every committed write txn (group commit)
+        self.write_seq = 0               # bumped by every committed write txn
+        self.txnid = 0                   # LMDB's id of the newest commit that wrote pages
         os.makedirs(path, exist_ok=True)
         existing = os.path.exists(os.path.join(path, "data.mdb"))
         map_size = MAP_SIZE
@@ -400,7 +407,7 @@ class Index:
             map_size = max(map_size, 2 * os.path.getsize(os.path.join(path, "data.mdb")))
         try:
             self.env = lmdb.open(path, map_size=map_size, max_dbs=len(DB_NAMES) + 2,
-                                 sync=False, metasync=False, readahead=False,
+                                 sync=True, metasync=False, readahead=False,
                                  max_readers=1024, subdir=True)
         except lmdb.Error as e:
             raise StoreError(errno.EINVAL, f"{path}: not a ckptgw store index ({e}); "
@@ -426,6 +433,7 @@ class Index:
             self.dirty_bytes = v.counter(b"dirty")
             # a new (or format 1) store starts its clock at the wall-clock time: see clock.py
             self.clock_high_water = v.counter(b"clock") or time.time_ns()
+        self.txnid = self.env.info()["last_txnid"]
         self.clock = StoreClock(self.clock_high_water)
         if self._upgrade:
             self._upgrade_v1()
@@ -519,6 +527,7 @@ class Index:
             except BaseException:
                 txn.abort()
                 raise
+            self.txnid = self.env.info()["last_txnid"]    # unchanged if nothing was written
             self.used_bytes += w.d_used
             self.dirty_bytes += w.d_dirty
             if hw:

@@ -450,6 +450,7 @@ class Store:
                                  growth)
         if need and self._free_clean(need, exclude=ino) < need:
             raise StoreError(errno.EAGAIN, "cache full of pinned or open clean data")
+        flagged = False
         with self.ix.lock:
             self._inflight[ino] = self._inflight.get(ino, 0) + 1
             if not (rec.is_dirty and rec.flags & F_UNCOMMITTED):
@@ -464,7 +465,12 @@ class Store:
                     new.bump_data_seq()      # before the bytes change, as the flag
                     w.stamp(new)
                     w.put_inode(new, cur)
+                flagged = True
         try:
+            if flagged:
+                # durable before the bytes change (once per commit cycle): after a power
+                # cut the index must not miss a flag whose bytes did reach the disk
+                self.committer.sync()
             return self._write_applied(ino, offset, data)
         finally:
             with self.ix.lock:
