@@ -111,6 +111,8 @@ def check(store) -> list[str]:
             if rec.committed_size > rec.size:
                 p(f"inode {ino}: committed size {rec.committed_size} > size {rec.size}")
             length = data.length(ino)
+            if rec.state == DataState.ABSENT and rec.local_bytes == 0 and length:
+                p(f"inode {ino}: evicted but its data file still holds {length} bytes")
             if length is not None and length > rec.size:
                 p(f"inode {ino}: data file {length} bytes, longer than size {rec.size}")
             if (rec.state == DataState.CLEAN and not store._is_open(ino)

@@ -30,6 +30,7 @@ class GroupCommit:
         self._synced = 0          # every txnid <= this is durable (an env.sync covered it)
         self._running = False
         self.syncs = 0            # number of env syncs performed (for tests/metrics)
+        self.after_sync = None    # called after every sync(): runs file ops made safe by it
 
     def _covered(self, target: int) -> bool:
         return self._synced >= target or self.index.txnid > target
@@ -56,6 +57,12 @@ class GroupCommit:
                     self._cond.notify_all()
                 self.syncs += 1
                 self._synced = max(self._synced, start)
+        if self.after_sync is not None:
+            self.after_sync()
+
+    def covered(self, txnid: int) -> bool:
+        """Whether commit `txnid` is durable (see the module docstring)."""
+        return self._covered(txnid)
 
     def _flush(self) -> None:
         """One durable LMDB sync (fdatasync of data.mdb: the newest meta page)."""

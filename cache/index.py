@@ -28,6 +28,7 @@ Keys are big-endian so cursor order is numeric order. Named databases:
                                 keyed by mtime and is upgraded at open)
   lru       lru_ns+ino -> b""   CLEAN files with local bytes (eviction order)
   orphans   ino -> b""     inodes to reclaim: unlinked while open, or data file not yet removed
+  drops     ino -> b""     evicted files whose data file may still exist: recovery removes it
   remote    ino -> JSON RemoteInfo
   pins      ino -> reason
   queue     job id -> JSON job
@@ -58,7 +59,7 @@ FORMAT_V1 = b"ckptgw-store/1"     # inode records without activity_ns, ready key
 MAP_SIZE = 64 << 30           # sparse; LMDB only uses what it writes
 DB_NAMES = (b"meta", b"inodes", b"dirents", b"cookies", b"links", b"extents", b"symlinks",
             b"dirty", b"unsettled", b"ready", b"lru", b"orphans", b"remote", b"pins",
-            b"queue")
+            b"queue", b"drops")
 
 U64 = struct.Struct(">Q")
 U64x2 = struct.Struct(">QQ")
