@@ -401,6 +401,10 @@ class Index:
                                              # a check and the txn that depends on it
         self.write_seq = 0               # bumped by every committed write txn
         self.txnid = 0                   # LMDB's id of the newest commit that wrote pages
+        self.writing = False             # a write txn is open (its commit will sync)
+        self.wanting = 0                 # threads waiting to open one
+        self.txns_ended = 0
+        self._txn_ended = threading.Condition(threading.Lock())
         os.makedirs(path, exist_ok=True)
         existing = os.path.exists(os.path.join(path, "data.mdb"))
         map_size = MAP_SIZE
@@ -497,8 +501,16 @@ class Index:
     @contextmanager
     def write(self):
         """One write transaction; counters and write_seq are updated only if it commits."""
-        with self._wlock:
+        with self._txn_ended:
+            self.wanting += 1
+        try:
+            self._wlock.acquire()
+        finally:
+            with self._txn_ended:
+                self.wanting -= 1
+        try:
             txn = self.env.begin(write=True)
+            self.writing = True
             w = Writer(self, txn)
             cleared = self.orphans_done[:]
             try:
@@ -513,6 +525,7 @@ class Index:
                     txn.put(b"used", U64.pack(self.used_bytes + w.d_used), db=self.meta)
                     txn.put(b"dirty", U64.pack(self.dirty_bytes + w.d_dirty), db=self.meta)
                 txn.commit()
+                self.txnid = self.env.info()["last_txnid"]    # unchanged if nothing written
             except lmdb.MapFullError:
                 txn.abort()
                 if self._grow_map():      # transient: the caller's client retries
@@ -528,7 +541,6 @@ class Index:
             except BaseException:
                 txn.abort()
                 raise
-            self.txnid = self.env.info()["last_txnid"]    # unchanged if nothing was written
             self.used_bytes += w.d_used
             self.dirty_bytes += w.d_dirty
             if hw:
@@ -540,6 +552,29 @@ class Index:
                 self.ensure_headroom()
             for fn in w.after_commit:
                 fn()
+        finally:
+            self._end_txn()
+            self._wlock.release()
+
+    def _end_txn(self) -> None:
+        with self._txn_ended:
+            self.writing = False
+            self.txns_ended += 1
+            self._txn_ended.notify_all()
+
+    def busy(self) -> bool:
+        """A write txn is open or about to be (and not by the calling thread, which could
+        not let it end): its commit will sync for us."""
+        return (self.writing or self.wanting > 0) and not self._wlock._is_owned()
+
+    def wait_txn_end(self) -> None:
+        """While a write txn is open or wanted, wait until one has ended (committed, and so
+        synced its data pages and every earlier meta page, or aborted)."""
+        with self._txn_ended:
+            seen = self.txns_ended
+            # the timeout is only a safety net: after it the caller syncs by itself
+            self._txn_ended.wait_for(lambda: self.txns_ended != seen or not self.busy(),
+                                     timeout=1.0)
 
     def _grow_map(self) -> bool:
         """Double the map after MapFullError (LMDB allows it only with no txn active in

@@ -167,3 +167,27 @@ def test_a_later_commit_makes_the_earlier_one_durable_without_a_sync(store):
         pass
     store.sync()                           # covers nothing new: no sync
     assert len(calls) == 1
+
+
+def test_a_group_of_concurrent_namespace_ops_costs_one_sync(store):
+    """16 threads create a file and wait for durability at the same moment. Each commit's
+    data sync covers the meta page of the commit before it, and a waiter lets the next
+    queued commit do that rather than syncing by itself: one env.sync for the group (the
+    last commit's meta page), where the old code needed a sync round per batch of waiters."""
+    calls = []
+    real = store.committer._flush
+    store.committer._flush = lambda: (calls.append(1), real())
+    threads = [threading.Thread(target=lambda i=i: (
+        store.create(ROOT_INO, b"g%d" % i, 0o644, 0, 0), store.sync())) for i in range(16)]
+    with store.ix.lock:                    # every op queued before any commits
+        for t in threads:
+            t.start()
+        for _ in range(1000):
+            if getattr(store.ix, "wanting", 16) >= 16:
+                break
+            threading.Event().wait(0.01)
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    assert len(calls) == 1
+    assert sorted(e.name for e in store.readdir(ROOT_INO)) == sorted(b"g%d" % i for i in range(16))
