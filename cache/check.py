@@ -81,7 +81,7 @@ def check(store) -> list[str]:
                 p(f"inode {ino}: dirty index disagrees with state {rec.state}")
             if rec.unsettled != (ino in unsettled):
                 p(f"inode {ino}: unsettled index disagrees")
-            if rec.ready != (ino in ready) or (ino in ready and ready[ino] != max(rec.mtime_ns, 0)):
+            if rec.ready != (ino in ready) or (ino in ready and ready[ino] != rec.activity_ns):
                 p(f"inode {ino}: ready index disagrees")
             if rec.in_lru != (ino in lru) or (ino in lru and lru[ino] != rec.lru_ns):
                 p(f"inode {ino}: lru index disagrees")
@@ -111,6 +111,8 @@ def check(store) -> list[str]:
             if rec.committed_size > rec.size:
                 p(f"inode {ino}: committed size {rec.committed_size} > size {rec.size}")
             length = data.length(ino)
+            if rec.state == DataState.ABSENT and rec.local_bytes == 0 and length:
+                p(f"inode {ino}: evicted but its data file still holds {length} bytes")
             if length is not None and length > rec.size:
                 p(f"inode {ino}: data file {length} bytes, longer than size {rec.size}")
             if (rec.state == DataState.CLEAN and not store._is_open(ino)

@@ -1,11 +1,17 @@
 """LMDB layout of the store index, and the typed accessors every other module uses.
 
-One environment under <store>/index, opened with sync=False/metasync=False: a commit
-only reaches the page cache (survives kill -9), `commit.GroupCommit` makes it durable.
+One environment under <store>/index, opened with sync=True, metasync=False (LMDB's
+MDB_NOMETASYNC): every commit fdatasyncs its data pages BEFORE it writes its meta page, so
+a power cut can never leave a meta page on disk that points at unwritten pages (with
+sync=False it could: the kernel writes dirty pages back in any order, and LMDB's docs say
+the database can then be corrupted). Only the newest commit's meta page may be unsynced:
+the next commit's fdatasync, or `commit.GroupCommit`'s env.sync(), makes it durable; a
+power cut before that rolls the index back to the commit before (ACI kept, D for the
+last commit only). See ARCHITECTURE.md, Durability rules.
 Keys are big-endian so cursor order is numeric order. Named databases:
 
   meta      b"format" -> FORMAT; counters (next_ino, next_job, used, dirty, opens) u64;
-            b"instance" -> 16 random bytes
+            b"instance" -> 16 random bytes; b"clock" -> u64 high-water of the store clock
   inodes    ino -> Inode record (struct, see INODE)
   dirents   parent+name -> child ino, cookie, type      (LOOKUP = one get)
   cookies   parent+cookie -> name                        (READDIR = one cursor walk)
@@ -15,10 +21,14 @@ Keys are big-endian so cursor order is numeric order. Named databases:
   dirty     ino -> b""     regular files whose bytes S3 lacks (the upload set)
   unsettled ino -> b""     files crash recovery must visit: maybe uncommitted bytes, a
                            truncate in flight, or an upload in progress (a subset of dirty)
-  ready     mtime+ino -> b""    dirty files that are settled (committed, state DIRTY,
-                                linked): upload candidates, oldest change first
+  ready     activity+ino -> b"" dirty files that are settled (committed, state DIRTY,
+                                linked): upload candidates, quiet longest first. Keyed by
+                                the inode's activity_ns on the store's own clock (clock.py),
+                                never by the client-settable mtime (format 2; format 1
+                                keyed by mtime and is upgraded at open)
   lru       lru_ns+ino -> b""   CLEAN files with local bytes (eviction order)
   orphans   ino -> b""     inodes to reclaim: unlinked while open, or data file not yet removed
+  drops     ino -> b""     evicted files whose data file may still exist: recovery removes it
   remote    ino -> JSON RemoteInfo
   pins      ino -> reason
   queue     job id -> JSON job
@@ -32,6 +42,7 @@ import json
 import os
 import struct
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -39,14 +50,16 @@ import lmdb
 import structlog
 
 from .api import Attr, DataState, FileType, RemoteInfo, StoreError
+from .clock import HIGH_WATER_STEP, StoreClock
 
 log = structlog.get_logger(__name__)
 
-FORMAT = b"ckptgw-store/1"
+FORMAT = b"ckptgw-store/2"
+FORMAT_V1 = b"ckptgw-store/1"     # inode records without activity_ns, ready keyed by mtime
 MAP_SIZE = 64 << 30           # sparse; LMDB only uses what it writes
 DB_NAMES = (b"meta", b"inodes", b"dirents", b"cookies", b"links", b"extents", b"symlinks",
             b"dirty", b"unsettled", b"ready", b"lru", b"orphans", b"remote", b"pins",
-            b"queue")
+            b"queue", b"drops")
 
 U64 = struct.Struct(">Q")
 U64x2 = struct.Struct(">QQ")
@@ -61,7 +74,9 @@ DIRTY_STATES = (DataState.DIRTY, DataState.QUEUED, DataState.UPLOADING)
 #: type, state, flags, mode, nlink, uid, gid, size, committed_size, local_bytes,
 #: atime, mtime, ctime, change, parent, gen, data_seq, next_cookie, lru_ns
 #: (data_seq took 4 bytes that were padding: records written before it read as 0)
-INODE = struct.Struct("<BBBxIIIIQQQqqqQQIIQQ")
+INODE_V1 = struct.Struct("<BBBxIIIIQQQqqqQQIIQQ")
+#: format 2 appends activity_ns; a V1 record (format 1, until rewritten) reads as 0
+INODE = struct.Struct(INODE_V1.format + "Q")
 _DATA_SEQ_FIELD = 16
 
 
@@ -89,24 +104,32 @@ class Inode:
     # Bumped (mod 2**32) by every change to the file's bytes (write, truncate), never by
     # metadata: the uploader's proof that an object it sent still holds the file's data.
     data_seq: int = 0
+    # The store clock (clock.py) at the file's last write, truncate, commit or last
+    # writer's close: the settle window runs from here. Never the client-settable mtime.
+    activity_ns: int = 0
 
     def pack(self) -> bytes:
         return INODE.pack(self.type, self.state, self.flags, self.mode, self.nlink, self.uid,
                           self.gid, self.size, self.committed_size, self.local_bytes,
                           self.atime_ns, self.mtime_ns, self.ctime_ns, self.change,
-                          self.parent, self.gen, self.data_seq, self.next_cookie, self.lru_ns)
+                          self.parent, self.gen, self.data_seq, self.next_cookie, self.lru_ns,
+                          self.activity_ns)
 
     @classmethod
     def unpack(cls, ino: int, buf) -> "Inode":
-        fields = list(INODE.unpack(buf))
+        if len(buf) == INODE_V1.size:
+            fields = list(INODE_V1.unpack(buf)) + [0]
+        else:
+            fields = list(INODE.unpack(buf))
+        activity = fields.pop()
         data_seq = fields.pop(_DATA_SEQ_FIELD)
-        return cls(*fields, ino=ino, data_seq=data_seq)
+        return cls(*fields, ino=ino, data_seq=data_seq, activity_ns=activity)
 
     def copy(self) -> "Inode":
         return Inode(self.type, self.state, self.flags, self.mode, self.nlink, self.uid,
                      self.gid, self.size, self.committed_size, self.local_bytes, self.atime_ns,
                      self.mtime_ns, self.ctime_ns, self.change, self.parent, self.gen,
-                     self.next_cookie, self.lru_ns, self.ino, self.data_seq)
+                     self.next_cookie, self.lru_ns, self.ino, self.data_seq, self.activity_ns)
 
     def bump_data_seq(self) -> None:
         self.data_seq = (self.data_seq + 1) & 0xFFFFFFFF
@@ -138,7 +161,7 @@ class Inode:
 
 
 def ready_key(rec: Inode) -> bytes:
-    return U64x2.pack(max(rec.mtime_ns, 0), rec.ino)      # pre-1970 mtimes sort first
+    return U64x2.pack(rec.activity_ns, rec.ino)
 
 
 def dirent_key(parent: int, name: bytes) -> bytes:
@@ -271,6 +294,11 @@ class Writer(View):
         self.d_used = 0
         self.d_dirty = 0
         self.after_commit: list = []     # callables run once the txn committed
+        self.max_stamp = 0               # newest activity_ns stored by this txn
+
+    def stamp(self, rec: Inode) -> None:
+        """Record activity on `rec` now, on the store's clock (restarts its settle window)."""
+        rec.activity_ns = self.ix.clock.now_ns()
 
     def put_inode(self, new: Inode | None, old: Inode | None) -> None:
         """Store `new` (None: delete `old`), maintaining dirty, lru and byte counters."""
@@ -301,10 +329,12 @@ class Writer(View):
                 self.txn.delete(key, db=ix.unsettled)
         old_ready = old is not None and old.ready
         new_ready = new is not None and new.ready
-        if old_ready and (not new_ready or old.mtime_ns != new.mtime_ns):
+        if old_ready and (not new_ready or old.activity_ns != new.activity_ns):
             self.txn.delete(ready_key(old), db=ix.ready)
-        if new_ready and (not old_ready or old.mtime_ns != new.mtime_ns):
+        if new_ready and (not old_ready or old.activity_ns != new.activity_ns):
             self.txn.put(ready_key(new), b"", db=ix.ready)
+        if new is not None and new.activity_ns > self.max_stamp:
+            self.max_stamp = new.activity_ns
         old_lru = old is not None and old.in_lru
         new_lru = new is not None and new.in_lru
         if old_lru and (not new_lru or old.lru_ns != new.lru_ns):
@@ -369,7 +399,12 @@ class Index:
         self._wlock = threading.RLock()
         self.lock = self._wlock              # serializes writers; callers may hold it around
                                              # a check and the txn that depends on it
-        self.write_seq = 0               # bumped by every committed write txn (group commit)
+        self.write_seq = 0               # bumped by every committed write txn
+        self.txnid = 0                   # LMDB's id of the newest commit that wrote pages
+        self.writing = False             # a write txn is open (its commit will sync)
+        self.wanting = 0                 # threads waiting to open one
+        self.txns_ended = 0
+        self._txn_ended = threading.Condition(threading.Lock())
         os.makedirs(path, exist_ok=True)
         existing = os.path.exists(os.path.join(path, "data.mdb"))
         map_size = MAP_SIZE
@@ -377,7 +412,7 @@ class Index:
             map_size = max(map_size, 2 * os.path.getsize(os.path.join(path, "data.mdb")))
         try:
             self.env = lmdb.open(path, map_size=map_size, max_dbs=len(DB_NAMES) + 2,
-                                 sync=False, metasync=False, readahead=False,
+                                 sync=True, metasync=False, readahead=False,
                                  max_readers=1024, subdir=True)
         except lmdb.Error as e:
             raise StoreError(errno.EINVAL, f"{path}: not a ckptgw store index ({e}); "
@@ -401,8 +436,35 @@ class Index:
             v = View(self, txn)
             self.used_bytes = v.counter(b"used")
             self.dirty_bytes = v.counter(b"dirty")
+            # a new (or format 1) store starts its clock at the wall-clock time: see clock.py
+            self.clock_high_water = v.counter(b"clock") or time.time_ns()
+        self.txnid = self.env.info()["last_txnid"]
+        self.clock = StoreClock(self.clock_high_water)
+        if self._upgrade:
+            self._upgrade_v1()
+
+    def _upgrade_v1(self) -> None:
+        """Format 1 -> 2 in one transaction (a crash leaves format 1, and the upgrade runs
+        again): the ready index was keyed by mtime; every dirty file (ready or unsettled)
+        gets activity = now, so it waits one full settle window and no file is lost or
+        skipped. Clean files keep their short records (activity 0) until next written."""
+        with self.write() as w:
+            todo = {U64x2.unpack(k)[1] for k in w.txn.cursor(db=self.ready).iternext(values=False)}
+            todo.update(w.keys(self.unsettled))
+            w.txn.drop(self.ready, delete=False)      # mtime keys
+            for ino in sorted(todo):
+                rec = w.inode(ino)
+                if rec is not None:
+                    new = rec.copy()
+                    w.stamp(new)                      # put_inode re-keys it (and writes V2)
+                    w.put_inode(new, rec)
+            w.txn.put(b"format", FORMAT, db=self.meta)
+        self.env.sync(True)
+        log.info("store.upgraded", path=self.path, frm=FORMAT_V1.decode(), to=FORMAT.decode(),
+                 dirty_files=len(todo))
 
     def _check_format(self, existing: bool) -> None:
+        self._upgrade = False
         with self.env.begin() as txn:
             names = [bytes(k) for k in txn.cursor().iternext(values=False)]
         if not names:
@@ -419,6 +481,9 @@ class Index:
         with self.env.begin() as txn:
             meta = self.env.open_db(b"meta", txn=txn, create=False)
             fmt = txn.get(b"format", db=meta)
+        if fmt is not None and bytes(fmt) == FORMAT_V1:
+            self._upgrade = True         # done once the databases are open
+            return
         if fmt is None or bytes(fmt) != FORMAT:
             found = None if fmt is None else bytes(fmt).decode("ascii", "replace")
             raise StoreError(errno.EINVAL, f"{self.path}: store format {found!r} is not "
@@ -436,18 +501,31 @@ class Index:
     @contextmanager
     def write(self):
         """One write transaction; counters and write_seq are updated only if it commits."""
-        with self._wlock:
+        with self._txn_ended:
+            self.wanting += 1
+        try:
+            self._wlock.acquire()
+        finally:
+            with self._txn_ended:
+                self.wanting -= 1
+        try:
             txn = self.env.begin(write=True)
+            self.writing = True
             w = Writer(self, txn)
             cleared = self.orphans_done[:]
             try:
                 for ino in cleared:
                     txn.delete(U64.pack(ino), db=self.orphans)
                 yield w
+                hw = 0
+                if w.max_stamp > self.clock_high_water:   # see clock.py
+                    hw = w.max_stamp + HIGH_WATER_STEP
+                    txn.put(b"clock", U64.pack(hw), db=self.meta)
                 if w.d_used or w.d_dirty:
                     txn.put(b"used", U64.pack(self.used_bytes + w.d_used), db=self.meta)
                     txn.put(b"dirty", U64.pack(self.dirty_bytes + w.d_dirty), db=self.meta)
                 txn.commit()
+                self.txnid = self.env.info()["last_txnid"]    # unchanged if nothing written
             except lmdb.MapFullError:
                 txn.abort()
                 if self._grow_map():      # transient: the caller's client retries
@@ -465,6 +543,8 @@ class Index:
                 raise
             self.used_bytes += w.d_used
             self.dirty_bytes += w.d_dirty
+            if hw:
+                self.clock_high_water = hw
             self.write_seq += 1
             del self.orphans_done[:len(cleared)]
             self._since_check += 1
@@ -472,6 +552,29 @@ class Index:
                 self.ensure_headroom()
             for fn in w.after_commit:
                 fn()
+        finally:
+            self._end_txn()
+            self._wlock.release()
+
+    def _end_txn(self) -> None:
+        with self._txn_ended:
+            self.writing = False
+            self.txns_ended += 1
+            self._txn_ended.notify_all()
+
+    def busy(self) -> bool:
+        """A write txn is open or about to be (and not by the calling thread, which could
+        not let it end): its commit will sync for us."""
+        return (self.writing or self.wanting > 0) and not self._wlock._is_owned()
+
+    def wait_txn_end(self) -> None:
+        """While a write txn is open or wanted, wait until one has ended (committed, and so
+        synced its data pages and every earlier meta page, or aborted)."""
+        with self._txn_ended:
+            seen = self.txns_ended
+            # the timeout is only a safety net: after it the caller syncs by itself
+            self._txn_ended.wait_for(lambda: self.txns_ended != seen or not self.busy(),
+                                     timeout=1.0)
 
     def _grow_map(self) -> bool:
         """Double the map after MapFullError (LMDB allows it only with no txn active in

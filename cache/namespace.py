@@ -30,9 +30,11 @@ def new_inode(w: Writer, typ: int, mode: int, uid: int, gid: int, parent: int,
     ino = w.next_id(b"next_ino")
     dir_ = typ == FileType.DIR
     state = DataState.DIRTY if typ == FileType.REG else DataState.CLEAN
-    return Inode(typ, state, 0, mode & 0o7777, 2 if dir_ else 1, uid, gid,
-                 4096 if dir_ else 0, 0, 0, t, t, t, 1, parent if dir_ else 0,
-                 (t // 1_000_000_000) & 0xFFFFFFFF, FIRST_COOKIE, 0, ino)
+    rec = Inode(typ, state, 0, mode & 0o7777, 2 if dir_ else 1, uid, gid,
+                4096 if dir_ else 0, 0, 0, t, t, t, 1, parent if dir_ else 0,
+                (t // 1_000_000_000) & 0xFFFFFFFF, FIRST_COOKIE, 0, ino)
+    w.stamp(rec)              # a new file's settle window starts at its creation
+    return rec
 
 
 def entry_path(w: Writer, parent: int, name: bytes) -> str:

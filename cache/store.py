@@ -15,6 +15,23 @@ recovery (they were unstable writes; the new write verifier tells clients to res
 Names are `bytes` (one path component). Invalid names raise StoreError(EINVAL)
 (empty, ".", "..", containing b"/" or NUL) or StoreError(ENAMETOOLONG) (> 255 bytes).
 
+Invariant between the index and the extent files (this module owns it):
+  I1. Every byte the index describes as local (DIRTY/CLEAN extents below `size`, holes
+      included) is in the inode's extent file, at every instant and after any crash.
+  I2. A write's bytes reach the file only after the index says the file may hold
+      uncommitted bytes (F_UNCOMMITTED, durable once per commit cycle), so recovery visits
+      every file whose bytes may differ from its committed, uploaded state.
+  I3. Bytes leave an extent file (evict unlink, reclaim of an unlinked inode, truncate)
+      only after the index change that stops describing them is durable; the index keeps
+      naming the pending file operation (orphans, drops, F_TRUNCATED/unsettled) until it
+      is done, and recovery finishes it after a crash.
+  I4. One file's writes, read-through fills, truncates, evictions and commits are
+      linearizable: a write registers (`_inflight`, under the index lock) before its
+      pwrite and unregisters after its index update; fill, truncate and evict run under the
+      index lock and only while no write of that file is registered, so a fill never
+      overwrites bytes a client wrote and a truncate never cuts bytes a write is about to
+      describe. Tests: tests/cache/test_races.py.
+
 One process opens a store at a time (an flock on <path>/store.lock; a second open gets
 StoreError(EBUSY)). Layout: index.py (LMDB), data.py (extent files), extents.py (extent
 maps), namespace.py (namespace ops), commit.py (group commit), recovery.py, check.py,
@@ -100,6 +117,13 @@ class Store:
         self._inflight: dict[int, int] = {}        # ino -> writes between pwrite and index
         self._evictions = 0                        # bumped at each evicted data file
         self._deferred: set[int] = set()           # unlinked during a write: reclaim after
+        # writers of a file unregister under the index lock and notify: fill, truncate and
+        # evict wait here for a file's registered writes to end (invariant I4)
+        self._writes_done = threading.Condition(self.ix.lock)
+        self._drops_lock = threading.Lock()
+        self._pending_drops: list[tuple[int, int]] = []    # (txnid, ino): remove when durable
+        self.committer.after_sync = self._drop_durable
+        self.race_hook = None      # tests: called as race_hook(point, ino) at race windows
         self._ensure_root()
         self.recovery_stats = recover(self.ix, self.data)
         with self.ix.write() as w:
@@ -154,6 +178,32 @@ class Store:
             if rec is not None and rec.nlink == 0 and not self._is_open(ino):
                 self._reclaim(w, rec, rec)
 
+    def _hook(self, point: str, ino: int) -> None:
+        if self.race_hook is not None:
+            self.race_hook(point, ino)
+
+    def _wait_writes(self, ino: int) -> None:
+        """Caller holds the index lock: wait until no write of `ino` is between its
+        registration and its index update (I4). New writes cannot register meanwhile."""
+        while self._inflight.get(ino):
+            self._hook("wait_writes", ino)
+            self._writes_done.wait()
+
+    def _drop_durable(self) -> None:
+        """Remove the data files of reclaimed inodes whose purge is durable now (I3)."""
+        with self._drops_lock:
+            ready = [e for e in self._pending_drops if self.committer.covered(e[0])]
+            if not ready:
+                return
+            self._pending_drops = [e for e in self._pending_drops
+                                   if not self.committer.covered(e[0])]
+        for _, ino in ready:
+            self._hook("reclaim.unlink", ino)
+            self.data.remove(ino)
+            self.ix.orphans_done.append(ino)     # the orphan key goes in the next txn
+            self._wseq.pop(ino, None)
+            self._tseq.pop(ino, None)
+
     def _reclaim(self, w: Writer, rec: Inode, old: Inode) -> None:
         """The last link of `rec` is gone (rec.nlink == 0): free it now, or at last close."""
         w.set_flag_key(self.ix.orphans, rec.ino, True)
@@ -165,12 +215,10 @@ class Store:
         w.purge_inode(old)
         ino = rec.ino
 
-        def drop_data():
-            self.data.remove(ino)
-            self.ix.orphans_done.append(ino)
-            self._wseq.pop(ino, None)
-            self._tseq.pop(ino, None)
-        w.after_commit.append(drop_data)
+        def drop_when_durable():        # the orphan key names the file until then (I3)
+            with self._drops_lock:
+                self._pending_drops.append((self.ix.txnid, ino))
+        w.after_commit.append(drop_when_durable)
 
     @staticmethod
     def _regular(rec: Inode) -> None:
@@ -203,6 +251,21 @@ class Store:
     def setattr(self, ino: int, sa: SetAttr) -> Attr:
         """Size changes truncate/extend (truncate up reads zeros). Bumps change/ctime."""
         t = time.time_ns()
+        with self.ix.lock:
+            if sa.size is not None:
+                self._wait_writes(ino)          # I4
+            rec, new = self._setattr_txn(ino, sa, t)
+            if sa.size is not None and sa.size != rec.size:
+                self._hook("truncate.index_done", ino)
+                self.committer.sync()           # I3: durable before bytes leave the file
+                self._hook("truncate.synced", ino)
+                # zero anything a failed write left past the old end, then set the length
+                self.data.truncate(ino, min(rec.size, sa.size))
+                if sa.size > rec.size:
+                    self.data.truncate(ino, sa.size)
+        return new.attr()
+
+    def _setattr_txn(self, ino: int, sa: SetAttr, t: int) -> tuple[Inode, Inode]:
         with self.ix.write() as w:
             rec = w.must_inode(ino)
             new = rec.copy()
@@ -228,6 +291,7 @@ class Store:
                     new.committed_size = sa.size
                     new.bump_data_seq()
                     new.flags |= F_TRUNCATED     # recovery re-cuts the data file
+                    w.stamp(new)
                     if new.state in (DataState.CLEAN, DataState.ABSENT):
                         new.state = DataState.DIRTY
                     self._tseq[ino] = self._tseq.get(ino, 0) + 1
@@ -236,12 +300,7 @@ class Store:
             new.ctime_ns = t
             new.change += 1
             w.put_inode(new, rec)
-            if sa.size is not None and sa.size != rec.size:
-                # zero anything a failed write left past the old end, then set the length
-                self.data.truncate(ino, min(rec.size, sa.size))
-                if sa.size > rec.size:
-                    self.data.truncate(ino, sa.size)
-        return new.attr()
+        return rec, new
 
     def create(self, parent: int, name: bytes, mode: int, uid: int, gid: int,
                *, exclusive: bool = False) -> tuple[Attr, ChangeInfo, bool]:
@@ -361,8 +420,22 @@ class Store:
             last = counts == [0, 0]
             if last:
                 del self._opens[ino]
+            last_writer = write and counts[1] == 0
+        if last_writer:
+            self._stamp_if_dirty(ino)
         if last:
             self._reclaim_if_unlinked(ino)
+
+    def _stamp_if_dirty(self, ino: int) -> None:
+        """The last writer closed: the settle window restarts (a temp file renamed right
+        after its close is never uploaded under the temp name). Not synced: the stamp only
+        schedules; recovery re-stamps every file it visits."""
+        with self.ix.write() as w:
+            rec = w.inode(ino)
+            if rec is not None and rec.is_dirty:
+                new = rec.copy()
+                w.stamp(new)
+                w.put_inode(new, rec)
 
     def read(self, ino: int, offset: int, count: int) -> tuple[bytes | memoryview, bool]:
         """Up to `count` bytes at `offset` (holes read as zeros), and eof. Raises
@@ -435,6 +508,7 @@ class Store:
                                  growth)
         if need and self._free_clean(need, exclude=ino) < need:
             raise StoreError(errno.EAGAIN, "cache full of pinned or open clean data")
+        flagged = False
         with self.ix.lock:
             self._inflight[ino] = self._inflight.get(ino, 0) + 1
             if not (rec.is_dirty and rec.flags & F_UNCOMMITTED):
@@ -447,8 +521,14 @@ class Store:
                         new.state = DataState.DIRTY
                     new.flags |= F_UNCOMMITTED
                     new.bump_data_seq()      # before the bytes change, as the flag
+                    w.stamp(new)
                     w.put_inode(new, cur)
+                flagged = True
         try:
+            if flagged:
+                # durable before the bytes change (once per commit cycle): after a power
+                # cut the index must not miss a flag whose bytes did reach the disk
+                self.committer.sync()
             return self._write_applied(ino, offset, data)
         finally:
             with self.ix.lock:
@@ -457,6 +537,7 @@ class Store:
                     self._inflight[ino] = left
                 else:
                     del self._inflight[ino]
+                    self._writes_done.notify_all()
                     if ino in self._deferred:      # unlinked while we wrote
                         self._deferred.discard(ino)
                         self._reclaim_if_unlinked(ino)
@@ -465,6 +546,7 @@ class Store:
         n = len(data)
         try:
             self.data.pwrite(ino, offset, data)
+            self._hook("write.pwritten", ino)
         except StoreError:
             with self.ix.write() as w:     # a partial write may have grown the file
                 cur = w.inode(ino)
@@ -488,6 +570,7 @@ class Store:
             if new.state in (DataState.CLEAN, DataState.ABSENT):
                 new.state = DataState.DIRTY
             new.flags |= F_UNCOMMITTED
+            w.stamp(new)
             w.put_inode(new, cur)
             self._wseq[ino] = self._wseq.get(ino, 0) + 1
         return new.attr()
@@ -513,6 +596,7 @@ class Store:
                                 and new.committed_size == new.size):
                             new.flags &= ~F_UNCOMMITTED
                     if new != cur:
+                        w.stamp(new)
                         w.put_inode(new, cur)
         self.committer.sync()
 
@@ -523,16 +607,27 @@ class Store:
             v.must_inode(ino)
             return v.path_of(ino)
 
-    def ready_for_upload(self, now_ns: int, settle_ns: int, limit: int = 100) -> list[int]:
+    def clock_ns(self) -> int:
+        """The store's own clock (cache/clock.py): monotonic, survives restarts, ignores
+        wall-clock steps and every client-set time. Settle windows are measured in it."""
+        return self.ix.clock.now_ns()
+
+    def ready_for_upload(self, now_ns: int | None = None, settle_ns: int = 0,
+                         limit: int = 100) -> list[int]:
         """Inodes whose data is dirty, committed, not open for write, and quiet for settle_ns
-        (settle_ns=0: flush), oldest modification first. Walks the `ready` index from its
-        oldest entry and stops at the first one not quiet long enough: O(result), no scan.
-        Only files in state DIRTY are returned (QUEUED/UPLOADING ones are the uploader's)."""
+        (settle_ns=0: flush, whatever any clock says), longest quiet first. Quiet means no
+        write, truncate, commit or writer's close since, on the store clock (`now_ns`: a
+        `clock_ns()` value, None: now); the client-settable mtime plays no part. Walks
+        the `ready` index from its oldest entry and stops at the first one not quiet long
+        enough: O(result), no scan. Only files in state DIRTY are returned
+        (QUEUED/UPLOADING ones are the uploader's)."""
         out = []
+        if now_ns is None:
+            now_ns = self.clock_ns()
         with self.ix.read() as v:
             for key in v.txn.cursor(db=self.ix.ready).iternext(values=False):
-                mtime, ino = U64x2.unpack(key)
-                if now_ns - mtime < settle_ns or len(out) >= limit:
+                stamp, ino = U64x2.unpack(key)
+                if len(out) >= limit or (settle_ns > 0 and now_ns - stamp < settle_ns):
                     break
                 counts = self._opens.get(ino)
                 if counts is None or counts[1] == 0:
@@ -540,8 +635,9 @@ class Store:
         return out
 
     def oldest_ready_ns(self) -> int | None:
-        """mtime (ns) of the oldest settled dirty file waiting to be picked up, or None: the
-        first key of the `ready` index, so the age of the upload backlog costs one cursor step."""
+        """Store-clock time (see clock_ns) of the last activity of the settled dirty file
+        waiting longest to be picked up, or None: the first key of the `ready` index, so
+        the age of the upload backlog (clock_ns() - this) costs one cursor step."""
         with self.ix.read() as v:
             for key in v.txn.cursor(db=self.ix.ready).iternext(values=False):
                 return U64x2.unpack(key)[0]
@@ -612,23 +708,48 @@ class Store:
         self.committer.sync()
 
     def evict(self, ino: int) -> int:
-        """Drop a CLEAN, unpinned, not-open file's local data (-> ABSENT); bytes freed
-        (0 when the file is not evictable at this moment)."""
-        with self.ix.write() as w:
-            rec = w.must_inode(ino)
-            if (rec.type != FileType.REG or rec.state != DataState.CLEAN
-                    or rec.flags & F_PINNED or self._is_open(ino) or rec.nlink == 0):
+        """*Blocking.* Drop a CLEAN, unpinned, not-open file's local data (-> ABSENT); bytes
+        freed (0 when the file is not evictable at this moment)."""
+        with self.ix.read() as v:
+            v.must_inode(ino)
+        return self._evict([ino])
+
+    def _evict(self, inos: list[int]) -> int:
+        """Evict many files with one index txn and one sync. The index lock is held from the
+        check to the unlink, so no write registers and no fill runs in between (I4), and
+        the files go only once the index saying ABSENT is durable; `drops` names them until
+        they are gone, for recovery (I3)."""
+        freed = 0
+        with self.ix.lock:
+            done = []
+            with self.ix.write() as w:
+                for ino in inos:
+                    rec = w.inode(ino)
+                    if (rec is None or rec.type != FileType.REG
+                            or rec.state != DataState.CLEAN or rec.flags & F_PINNED
+                            or self._is_open(ino) or rec.nlink == 0):
+                        continue
+                    new = rec.copy()
+                    extents.replace_all(w.txn, self.ix.extents, ino,
+                                        [(0, rec.size, DataState.ABSENT)])
+                    new.local_bytes = 0
+                    new.state = DataState.ABSENT if rec.size else DataState.CLEAN
+                    w.put_inode(new, rec)
+                    w.set_flag_key(self.ix.drops, ino, True)
+                    done.append((ino, rec.local_bytes))
+            if not done:
                 return 0
-            new = rec.copy()
-            extents.replace_all(w.txn, self.ix.extents, ino,
-                                [(0, rec.size, DataState.ABSENT)])
-            new.local_bytes = 0
-            new.state = DataState.ABSENT if rec.size else DataState.CLEAN
-            w.put_inode(new, rec)
-            # the index says ABSENT first: a crash before the unlink leaves only garbage
-            w.after_commit.append(lambda: self._drop_evicted(ino))
-        log.info("store.evicted", ino=ino, bytes=rec.local_bytes)
-        return rec.local_bytes
+            self._hook("evict.index_done", done[0][0])
+            self.committer.sync()
+            self._hook("evict.synced", done[0][0])
+            for ino, nbytes in done:
+                self._drop_evicted(ino)
+                freed += nbytes
+                log.info("store.evicted", ino=ino, bytes=nbytes)
+            with self.ix.write() as w:
+                for ino, _ in done:
+                    w.set_flag_key(self.ix.drops, ino, False)
+        return freed
 
     def _drop_evicted(self, ino: int) -> None:
         # bumped BEFORE the file goes: a reader that raced with us sees the change and
@@ -656,11 +777,7 @@ class Store:
     def _free_clean(self, want: int, exclude: int = 0) -> int:
         if not self.evict_on_write:
             return 0
-        freed = 0
-        for ino in self.eviction_candidates(want):
-            if ino != exclude:
-                freed += self.evict(ino)
-        return freed
+        return self._evict([ino for ino in self.eviction_candidates(want) if ino != exclude])
 
     def maybe_evict(self) -> int:
         """Evict LRU clean data if usage is above the high watermark, down to the low one.
@@ -682,6 +799,7 @@ class Store:
         still ABSENT are written: bytes a client wrote meanwhile always win."""
         view = memoryview(data)
         with self.ix.lock:             # no write/evict may interleave between check and store
+            self._wait_writes(ino)     # a registered write's bytes may be in the file (I4)
             with self.ix.read() as v:
                 rec = v.must_inode(ino)
                 self._regular(rec)

@@ -179,14 +179,14 @@ class Uploader:
             self._kick.clear()
 
     async def _enqueue_ready(self) -> None:
-        now = time.time_ns()
-        # files with a job already (e.g. waiting out a permanent error, state DIRTY) come back
+        # the settle window runs on the store's own clock (never a client-set mtime).
+        # Files with a job already (e.g. waiting out a permanent error, state DIRTY) come back
         # too: ask for that many more so they never crowd out new ones
-        ready = self.store.ready_for_upload(now, int(self.settings.settle_seconds * 1e9),
+        ready = self.store.ready_for_upload(None, int(self.settings.settle_seconds * 1e9),
                                             1000 + len(self._upload_inos))
         if self._flush_prefixes:
             # a flush skips the settle window for the files under its path
-            for ino in self.store.ready_for_upload(now, 0, 1 << 30):
+            for ino in self.store.ready_for_upload(None, 0, 1 << 30):
                 try:
                     path = self.store.path_of(ino)
                 except StoreError:
@@ -435,10 +435,12 @@ class Uploader:
         jobs = self._last_jobs
         now = time.time()
         upload_ts = [j.get("t", now) for _, j in jobs if j.get("kind") == UPLOAD]
-        # Settled dirty files not yet picked up count too: they have waited since their mtime.
+        # Settled dirty files not yet picked up count too: they have waited since their last
+        # write/commit/close, measured on the store's clock (like the settle window), then
+        # put on the jobs' time line as that many seconds ago.
         ready_ns = self.store.oldest_ready_ns() if hasattr(self.store, "oldest_ready_ns") else None
         if ready_ns is not None:
-            upload_ts.append(min(now, ready_ns / 1e9))
+            upload_ts.append(now - max(0, self.store.clock_ns() - ready_ns) / 1e9)
         usage = self.store.usage() if hasattr(self.store, "usage") else {}
         return {
             "running": self._started,

@@ -152,6 +152,7 @@ def test_hard_links(store):
     with pytest.raises(StoreError) as e:
         store.getattr(f)
     assert err(e) == errno.ESTALE
+    store.sync()          # the data file goes once the unlink is durable
     assert not os.path.exists(store.data.path(f))
 
 
@@ -166,6 +167,7 @@ def test_rename_file_over_file_reclaims_target(store):
     with pytest.raises(StoreError) as e:
         store.getattr(b)
     assert err(e) == errno.ESTALE
+    store.sync()          # the data file goes once the unlink is durable
     assert not os.path.exists(store.data.path(b))
     jobs = [j for _, j in store.queue_list()]
     # the replaced target's unlink job comes BEFORE the rename job
@@ -187,6 +189,7 @@ def test_rename_over_open_file_keeps_it_readable_until_close(store):
     with pytest.raises(StoreError) as e:
         store.getattr(b)
     assert err(e) == errno.ESTALE
+    store.sync()          # the data file goes once the unlink is durable
     assert not os.path.exists(store.data.path(b))
 
 
@@ -310,6 +313,7 @@ def test_unlinked_open_file_reclaimed_after_crash(store_dir):
     assert s.recovery_stats["orphans"] == 1
     with pytest.raises(StoreError):
         s.getattr(f)
+    s.sync()          # the data file goes once the unlink is durable
     assert not os.path.exists(s.data.path(f))
     assert s.check() == []
     s.close()
@@ -344,6 +348,7 @@ def test_unlink_during_a_write_defers_reclaim(store, monkeypatch):
     with pytest.raises(StoreError) as e:
         store.getattr(f)
     assert err(e) == errno.ESTALE
+    store.sync()          # the data file goes once the unlink is durable
     assert not os.path.exists(store.data.path(f))
 
 

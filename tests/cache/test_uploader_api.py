@@ -39,8 +39,8 @@ def test_ready_for_upload_rules(store):
     assert store.ready_for_upload(FAR, 0) == []          # uncommitted
     store.commit(f)
     assert store.ready_for_upload(FAR, 0) == [f]
-    now = store.getattr(f).mtime_ns
-    assert store.ready_for_upload(now + 10, 1000) == []  # not quiet long enough
+    now = store.clock_ns()
+    assert store.ready_for_upload(now, 10**12) == []     # not quiet long enough
     store.open_file(f, write=True)
     assert store.ready_for_upload(FAR, 0) == []          # open for write
     store.close_file(f, write=True)
@@ -49,10 +49,10 @@ def test_ready_for_upload_rules(store):
     empty = mkfile(store, b"empty")
     assert store.ready_for_upload(FAR, 0) == [empty]     # an empty new file is uploadable
     old = mkfile(store, b"old")
-    store.setattr(old, SetAttr(mtime_ns=-5))             # pre-1970: sorts first
+    store.setattr(old, SetAttr(mtime_ns=-5))             # a client's mtime changes no order
     store.set_data_state(f, DataState.DIRTY)
-    assert store.ready_for_upload(FAR, 0) == [old, f, empty]
-    assert store.ready_for_upload(FAR, 0, limit=2) == [old, f]
+    assert store.ready_for_upload(FAR, 0) == [f, empty, old]
+    assert store.ready_for_upload(FAR, 0, limit=2) == [f, empty]
 
 
 def test_oldest_ready_is_the_oldest_settled_dirty_file(store):
@@ -61,9 +61,13 @@ def test_oldest_ready_is_the_oldest_settled_dirty_file(store):
     store.commit(older)
     newer = mkfile(store, b"newer", b"b")
     store.commit(newer)
-    assert store.oldest_ready_ns() == store.getattr(older).mtime_ns
+    first = store.oldest_ready_ns()
+    assert first is not None and first <= store.clock_ns()
+    store.setattr(older, SetAttr(mtime_ns=1))            # client times are not the clock
+    store.setattr(newer, SetAttr(mtime_ns=1 << 62))
+    assert store.oldest_ready_ns() == first
     upload(store, older)
-    assert store.oldest_ready_ns() == store.getattr(newer).mtime_ns
+    assert first < store.oldest_ready_ns() <= store.clock_ns()
 
 def test_upload_cycle_and_change_race(store):
     f = mkfile(store, b"f", b"hello")
