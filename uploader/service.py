@@ -69,6 +69,7 @@ class Uploader:
         self._upload_inos: set[int] = set()
         self._not_before: dict[int, float] = {}
         self._notified: set[int] = set()
+        self._first_seen: dict[int, float] = {}    # mkdir job id -> monotonic time first seen
         self._flush_prefixes: list[str | None] = []
         self._last_jobs: list[tuple[int, dict]] = []
         self._kick = asyncio.Event()
@@ -233,7 +234,8 @@ class Uploader:
             if kind == NS:
                 keys = ns_keys(job)
                 if job_id not in self._running:
-                    blocked = ahead.blocks(keys) or uploading.blocks(keys)
+                    blocked = (ahead.blocks(keys) or uploading.blocks(keys)
+                               or self._marker_settling(job_id, job, now))
                     if uploading.blocks(keys):
                         self._notify_running_upload(job_id, job)
                     if (not blocked and len(self._running) < max_jobs
@@ -261,6 +263,18 @@ class Uploader:
             else:
                 log.warning("unknown_queue_job", job_id=job_id, job=job)
                 self.store.queue_done(job_id)
+
+    def _marker_settling(self, job_id: int, job: dict, now: float) -> bool:
+        """A directory marker waits out the settle window like a file (from when this run
+        first saw its job), so a directory renamed soon after its mkdir is marked once, under
+        its final name; a flush covering it lets it go at once."""
+        if job.get("op") != "mkdir":
+            return False
+        first = self._first_seen.setdefault(job_id, now)
+        path = job.get("new_path") or job.get("old_path") or ""
+        if any(_under(path.rstrip("/"), p) for p in self._flush_prefixes):
+            return False
+        return now - first < self.settings.settle_seconds
 
     def _notify_running_upload(self, job_id: int, job: dict) -> None:
         if job_id in self._notified or job.get("op") not in ("rename", "unlink"):
@@ -309,6 +323,7 @@ class Uploader:
             self.store.queue_done(job_id)
             self._not_before.pop(job_id, None)
             self._notified.discard(job_id)
+            self._first_seen.pop(job_id, None)
             if kind == UPLOAD:
                 self._upload_inos.discard(ino)
             if self.permanent_error and outcome not in ("gone", "unlinked"):
