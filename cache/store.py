@@ -585,7 +585,7 @@ class Store:
         with self.ix.write() as w:
             rec = w.must_inode(ino)
             self._regular(rec)
-            w.put_remote(ino, remote)
+            w.put_remote(ino, _keep_replaces(w.remote(ino), remote, overwritten=remote.key))
             new = rec.copy()
             ok = rec.change == remote.uploaded_change
             if ok:
@@ -608,7 +608,7 @@ class Store:
         """*Blocking.* Record progress (upload_id, parts) durably for resume after a crash."""
         with self.ix.write() as w:
             w.must_inode(ino)
-            w.put_remote(ino, remote)
+            w.put_remote(ino, _keep_replaces(w.remote(ino), remote))
         self.committer.sync()
 
     def evict(self, ino: int) -> int:
@@ -838,6 +838,17 @@ class Store:
             self.committer.sync()
         return hit
 
+    def forget_replaced(self, ino: int, key: str, etag: str) -> None:
+        """*Blocking, durable.* The kept object (key, etag) was deleted or handed on."""
+        with self.ix.write() as w:
+            if w.inode(ino) is None:
+                return
+            r = w.remote(ino)
+            if (key, etag) in r.replaces:
+                r.replaces = [x for x in r.replaces if x != (key, etag)]
+                w.put_remote(ino, r)
+        self.committer.sync()
+
     def adopt_replaced(self, path: str, key: str, etag: str, exclude_ino: int) -> int | None:
         """*Blocking, durable.* A file unlinked (or renamed over) at `path` left its object
         (`key`, `etag`) in S3. If a regular file (not `exclude_ino`) now sits at `path`, its
@@ -869,6 +880,14 @@ class Store:
         A full scan: for tests and the admin CLI, not the request path."""
         from .check import check
         return check(self)
+
+
+def _keep_replaces(stored: RemoteInfo, new: RemoteInfo, overwritten: str | None = None) -> RemoteInfo:
+    """`replaces` belongs to adopt_replaced / rekey_remote / forget_replaced: a record written
+    from a copy read earlier must not drop entries added meanwhile. An object just written
+    at `overwritten` replaced the entry there."""
+    new.replaces = [x for x in stored.replaces if overwritten is None or x[0] != overwritten]
+    return new
 
 
 def _import_parts(path: str) -> list[bytes]:

@@ -22,6 +22,7 @@ from .gate import RequestGate
 from .keys import DIR_CONTENT_TYPE, INO_META, STORE_META, KeyMap, object_metadata, part_ranges, part_size_for
 from .objectclient import (NotFoundError, ObjectClient, PartInfo, PermanentError, PreconditionFailedError,
                            PutResult, TransientError, checksum_b64)
+from .manifest import manifest_path
 from .series import has_tmp_component
 from .settings import S3_MAX_COPY, UploadSettings
 from .stats import Counters
@@ -109,6 +110,7 @@ class Worker:
         self.store_id = getattr(store, "instance_id", b"").hex()
         self.algorithm = client.checksum_algorithm
         self.fetch_missing = None    # async (ino, ranges): read-through, set by the service
+        self.manifests_on = False    # series configured: a removed directory's manifest goes too
         self.orphans_swept = asyncio.Event()          # set by the service once the start sweep is over
 
     async def _store(self, fn, *args):
@@ -423,7 +425,11 @@ class Worker:
         if op == "mkdir":
             return await self._put_dir_marker(job)
         if op == "rmdir":
-            key = self.keys.dir_key(job.get("old_path") or job["new_path"])
+            path = job.get("old_path") or job["new_path"]
+            if self.manifests_on:
+                mkey = self.keys.file_key(manifest_path(path))
+                await self.gate.call("DeleteObject", lambda: self.client.delete_object(mkey), what=mkey)
+            key = self.keys.dir_key(path)
             await self.gate.call("DeleteObject", lambda: self.client.delete_object(key), what=key)
             self.counters.deletes_done += 1
             return "marker-deleted"
@@ -464,8 +470,11 @@ class Worker:
         hand it to the file now at `path` if there is one (its upload replaces it), else
         delete it."""
         if await self._store(self.store.adopt_replaced, path, path, etag, ino) is not None:
-            return "kept-until-replaced"
-        return "deleted" if await self._delete_if(path, etag) else "already-gone"
+            outcome = "kept-until-replaced"
+        else:
+            outcome = "deleted" if await self._delete_if(path, etag) else "already-gone"
+        await self._store(self.store.forget_replaced, ino, path, etag)
+        return outcome
 
     async def _copy(self, src: str, dst: str, size: int, etag: str) -> PutResult:
         """Server-side copy of exactly the object `etag` at `src` (NotFoundError if none,
