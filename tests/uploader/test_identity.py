@@ -301,3 +301,77 @@ def test_crash_between_copy_and_rekey_leaves_no_stale_key(moto, proxy, bucket, s
     up, fstate = asyncio.run(main())
     assert objects(up.client, "gw/") == {"gw/b.bin": len(data)}
     assert fstate["key"] == "b.bin" and fstate["etag"] == up.client.head_object("gw/b.bin").etag
+
+
+def test_complete_checkpoint_gets_a_manifest_written_last(moto, proxy, bucket, store):
+    """Point 6: a checkpoint of a [[retention.series]] rule whose files are all in S3 gets
+    <checkpoint>/.ckptgw-manifest.json, PUT after every file it lists; it follows a
+    rewrite, and goes with the checkpoint."""
+    import json
+    from types import SimpleNamespace
+
+    from uploader.manifest import MANIFEST_NAME
+    from uploader.service import Uploader
+    m1, o1, m2 = payload(3000, 11), payload(1000, 12), payload(3500, 13)
+    rule = SimpleNamespace(name="run", pattern="runs/*/step_{step}")
+    mkey = f"gw/runs/a/step_000100/{MANIFEST_NAME}"
+
+    def manifest(client):
+        body = client._s3.get_object(Bucket=client.bucket, Key=mkey)["Body"].read()
+        return json.loads(body)
+
+    async def main():
+        base = make_uploader(store, proxy.endpoint, bucket)
+        up = Uploader(store, base.client, base.settings, prefix="gw/", series=[rule])
+        await up.start()
+        try:
+            write_file(store, "runs/a/step_000100/model.pt", m1)
+            write_file(store, "runs/a/step_000100/opt.pt", o1)
+            write_file(store, "runs/a/step_000200.tmp/model.pt", m1)      # unfinished: no manifest
+            assert await up.flush("runs/a/step_000100", timeout=60)
+            first = manifest(up.client)
+            puts = [r.path for r in proxy.requests("PUT") if "step_000100" in r.path and "uploadId" not in r.query]
+            write_file(store, "runs/a/step_000100/model.pt", m2)
+            assert await up.flush("runs/a/step_000100", timeout=60)
+            second = manifest(up.client)
+            for name in ("model.pt", "opt.pt"):
+                remove(store, f"runs/a/step_000100/{name}")
+            remove(store, "runs/a/step_000100")
+            assert await up.flush(timeout=60)
+            return up, first, second, puts
+        finally:
+            await up.stop()
+
+    up, first, second, puts = asyncio.run(main())
+    assert puts[-1].endswith(MANIFEST_NAME) and len([p for p in puts if p.endswith(".pt")]) == 2
+    assert first["format"] == "ckptgw-manifest/1" and first["checkpoint"] == "runs/a/step_000100"
+    assert first["step"] == 100 and first["series"] == "run"
+    assert [(f["name"], f["size"]) for f in first["files"]] == [("model.pt", len(m1)), ("opt.pt", len(o1))]
+    assert [(f["name"], f["size"]) for f in second["files"]] == [("model.pt", len(m2)), ("opt.pt", len(o1))]
+    assert second["files"][0]["etag"] != first["files"][0]["etag"]
+    left = objects(up.client, "gw/runs/")
+    assert not [k for k in left if "step_000100" in k]
+    assert not [k for k in left if k.endswith(MANIFEST_NAME)]
+
+
+def test_directory_marker_waits_out_the_settle_window(moto, proxy, bucket, store):
+    """A directory renamed inside the settle window is marked once, under its final name;
+    a flush of a path inside a held directory does not wait for its settle window."""
+    async def main():
+        up = make_uploader(store, proxy.endpoint, bucket, settle_seconds=30.0)
+        await up.start()
+        try:
+            mkdirs(store, "first")
+            await asyncio.sleep(0.5)                       # several scheduler passes
+            held = objects(up.client, "gw/")
+            rename(store, "first", "final")
+            write_file(store, "final/sub/x.bin", b"x" * 100)
+            assert await up.flush("final/sub", timeout=20)
+            return up, held
+        finally:
+            await up.stop()
+
+    up, held = asyncio.run(main())
+    assert held == {}
+    assert not [r for r in proxy.requests(outcome=None) if "first" in r.path]
+    assert objects(up.client, "gw/") == {"gw/final/": 0, "gw/final/sub/": 0, "gw/final/sub/x.bin": 100}
