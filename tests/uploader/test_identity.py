@@ -375,3 +375,30 @@ def test_directory_marker_waits_out_the_settle_window(moto, proxy, bucket, store
     assert held == {}
     assert not [r for r in proxy.requests(outcome=None) if "first" in r.path]
     assert objects(up.client, "gw/") == {"gw/final/": 0, "gw/final/sub/": 0, "gw/final/sub/x.bin": 100}
+
+
+def test_versioned_bucket_records_version_and_reads_exactly_it(moto, proxy, bucket, store):
+    """On a versioned bucket the record carries the VersionId: a read-through of an evicted
+    file reads that version even after another writer replaced the key."""
+    size = 2 * SMALL_PART
+    data, other = payload(size, 14), payload(size, 15)
+    direct = make_uploader(store, moto.endpoint, bucket).client
+    direct._s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+
+    async def main():
+        up = make_uploader(store, proxy.endpoint, bucket, readahead_chunks=0)
+        await up.start()
+        try:
+            ino = write_file(store, "v.bin", data)
+            assert await up.flush(timeout=60)
+            assert store.evict(ino) > 0
+            direct.put_object("gw/v.bin", other, metadata={}, checksum=_crc(direct, other))
+            await up.fetch_missing(ino, [(0, size)])
+            return ino
+        finally:
+            await up.stop()
+
+    ino = asyncio.run(main())
+    assert store.remote_info(ino).version_id
+    buf, _ = store.read(ino, 0, size)
+    assert bytes(buf) == data
