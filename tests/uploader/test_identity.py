@@ -264,7 +264,8 @@ def test_file_rewritten_during_multipart_upload_is_aborted_and_good_object_stays
     assert mid == good
 
 
-def test_crash_between_copy_and_rekey_leaves_no_stale_key(moto, proxy, bucket, store):
+@pytest.mark.parametrize("what", ["file", "dir"])
+def test_crash_between_copy_and_rekey_leaves_no_stale_key(moto, proxy, bucket, store, what):
     """The gateway dies right after a rename's CopyObject, before the record is re-keyed
     (the record write fails, the uploader is stopped, a new one starts on the same store):
     the replay ends with the record naming the object that exists (before: the source was
@@ -273,7 +274,7 @@ def test_crash_between_copy_and_rekey_leaves_no_stale_key(moto, proxy, bucket, s
     async def main():
         up = make_uploader(store, proxy.endpoint, bucket)
         await up.start()
-        ino = write_file(store, "a.bin", data)
+        ino = write_file(store, "a.bin" if what == "file" else "d/a.bin", data)
         assert await up.flush(timeout=60)
         hit = asyncio.Event()
         real = {name: getattr(store, name) for name in ("rekey_remote", "set_remote_info") if hasattr(store, name)}
@@ -284,7 +285,7 @@ def test_crash_between_copy_and_rekey_leaves_no_stale_key(moto, proxy, bucket, s
         for name in real:
             setattr(store, name, dies)
         try:
-            rename(store, "a.bin", "b.bin")
+            rename(store, *(("a.bin", "b.bin") if what == "file" else ("d", "e")))
             await asyncio.wait_for(hit.wait(), 30)
         finally:
             await up.stop()
@@ -299,8 +300,9 @@ def test_crash_between_copy_and_rekey_leaves_no_stale_key(moto, proxy, bucket, s
             await up.stop()
 
     up, fstate = asyncio.run(main())
-    assert objects(up.client, "gw/") == {"gw/b.bin": len(data)}
-    assert fstate["key"] == "b.bin" and fstate["etag"] == up.client.head_object("gw/b.bin").etag
+    final = "b.bin" if what == "file" else "e/a.bin"
+    assert set(objects(up.client, "gw/")) == ({"gw/b.bin"} if what == "file" else {"gw/e/", "gw/e/a.bin"})
+    assert fstate["key"] == final and fstate["etag"] == up.client.head_object(f"gw/{final}").etag
 
 
 def test_complete_checkpoint_gets_a_manifest_written_last(moto, proxy, bucket, store):
