@@ -203,10 +203,12 @@ class Worker:
         now = self.store.getattr(ino)
         if now.change != change and _same_data(now, attr.data_seq) and now.data_state == DataState.UPLOADING:
             change = now.change              # renamed or chmod-ed meanwhile, same bytes
-        # objects this file was renamed over: the one at `path` is replaced now; one at another
-        # name (the file moved on before its upload) is handed on or deleted
+        # objects this file was renamed over: the one at `path` is replaced now, the one at
+        # its current name will be by its pending move's copy; one at another name (the file
+        # moved on before its upload) is handed on or deleted
+        now_path = self.store.path_of(ino)
         for k, e in (self._remote(ino) or RemoteInfo()).replaces:
-            if k != path:
+            if k not in (path, now_path):
                 await self._drop_replaced(k, e, ino)
         info = RemoteInfo(key=path, etag=result.etag, checksum=result.checksum, uploaded_change=change,
                           size=attr.size, upload_id=None, parts=[], version_id=result.version_id,

@@ -80,24 +80,34 @@ class _Watcher:
         self._t.join(10)
 
 
-@pytest.mark.parametrize("tmp_uploaded", [False, True], ids=["tmp-settling", "tmp-uploaded"])
+@pytest.mark.parametrize("tmp_uploaded", ["settling", "uploaded", "uploading"],
+                         ids=["tmp-settling", "tmp-uploaded", "tmp-uploading"])
 def test_rename_over_uploaded_file_never_leaves_s3_without_either(moto, proxy, bucket, store, tmp_uploaded):
     """latest.pt.tmp renamed over an uploaded latest.pt: at every moment S3 holds the old
     or the new checkpoint under latest.pt (the proxy shows no DELETE of it at all, and a
     watcher polling moto directly never finds the key empty)."""
-    old, new = payload(3000, 2), payload(4000, 3)
+    old = payload(3000, 2)
+    # uploading: a multipart upload on a slow link, renamed over once bytes are on the wire
+    # (it finishes under the temporary name, then the move's copy replaces latest.pt)
+    new = payload(8 * SMALL_PART if tmp_uploaded == "uploading" else 4000, 3)
     direct = make_uploader(store, moto.endpoint, bucket).client
+    slow = dict(bytes_per_second=4 * SMALL_PART, burst_seconds=0.25, max_concurrency=2)
 
     async def main():
-        up = make_uploader(store, proxy.endpoint, bucket, settle_seconds=1.0)
+        up = make_uploader(store, proxy.endpoint, bucket, settle_seconds=1.0,
+                           **(slow if tmp_uploaded == "uploading" else {}))
         await up.start()
         try:
             write_file(store, "run/latest.pt", old)
             assert await up.flush(timeout=60)
             with _Watcher(direct, "gw/run/latest.pt") as w:
-                write_file(store, "run/latest.pt.tmp", new)
-                if tmp_uploaded:
+                tmp = write_file(store, "run/latest.pt.tmp", new)
+                if tmp_uploaded == "uploaded":
                     assert await up.flush("run/latest.pt.tmp", timeout=60)
+                elif tmp_uploaded == "uploading":
+                    await up.flush("run/latest.pt.tmp", wait=False)
+                    await wait_for(lambda: up.file_state(tmp).get("bytes_done", 0) > 0, timeout=30,
+                                   interval=0.01)
                 rename(store, "run/latest.pt.tmp", "run/latest.pt")
                 await asyncio.sleep(0.5)           # inside the settle window
                 assert await up.flush(timeout=60)
