@@ -235,7 +235,7 @@ class Daemon:
     async def _start_uploader(self) -> None:
         from uploader.service import Uploader
         self.uploader = Uploader(self.store, self.object_client, self.config.upload_settings(),
-                                 prefix=self.s3_prefix)
+                                 prefix=self.s3_prefix, series=self.config.retention.series)
         await self.uploader.start()
         log.info("uploader_started", bucket=self.config.s3.bucket, prefix=self.s3_prefix)
 

@@ -113,3 +113,9 @@ class RemoteInfo:
     size: int = 0
     upload_id: str | None = None     # an in-progress multipart upload
     parts: list = field(default_factory=list)   # [(part_number, etag, checksum)]
+    # object identity (issue 13): what the object at `key` is, checked before acting on it
+    version_id: str | None = None    # on a versioned bucket
+    data_seq: int | None = None      # the inode's data sequence the object holds
+    # objects of files this one was renamed over, [(key, etag)]: kept in S3 until this
+    # file's object replaces them (or deleted once nothing will), so S3 never lacks both
+    replaces: list = field(default_factory=list)

@@ -37,6 +37,7 @@ maintained in one place, `Writer.put_inode`, so they cannot drift apart.
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -173,14 +174,16 @@ def link_key(ino: int, parent: int, name: bytes) -> bytes:
 
 
 def remote_to_json(r: RemoteInfo) -> bytes:
-    return json.dumps({"key": r.key, "etag": r.etag, "checksum": r.checksum,
-                       "uploaded_change": r.uploaded_change, "size": r.size,
-                       "upload_id": r.upload_id, "parts": [list(p) for p in r.parts]}).encode()
+    d = {f.name: getattr(r, f.name) for f in dataclasses.fields(RemoteInfo)}
+    d["parts"] = [list(p) for p in r.parts]
+    d["replaces"] = [list(p) for p in r.replaces]
+    return json.dumps(d).encode()
 
 
 def remote_from_json(buf) -> RemoteInfo:
     d = json.loads(bytes(buf))
     d["parts"] = [tuple(p) for p in d.get("parts", [])]
+    d["replaces"] = [tuple(p) for p in d.get("replaces", [])]
     return RemoteInfo(**d)
 
 

@@ -37,6 +37,18 @@ def new_inode(w: Writer, typ: int, mode: int, uid: int, gid: int, parent: int,
     return rec
 
 
+def object_of(w: Writer, ino: int) -> dict:
+    """What an unlink job must know of the file's objects after its inode is reclaimed (the
+    record goes with it): the object it uploaded [key, etag] and those it `replaces`."""
+    r = w.remote(ino)
+    out: dict = {}
+    if r.etag and r.key:
+        out["object"] = [r.key, r.etag]
+    if r.replaces:
+        out["replaces"] = [list(x) for x in r.replaces]
+    return out
+
+
 def entry_path(w: Writer, parent: int, name: bytes) -> str:
     base = w.path_of(parent)
     leaf = name.decode("utf-8", "surrogateescape")
@@ -170,7 +182,8 @@ class Namespace:
         rec = w.must_inode(child)
         t = time.time_ns()
         w.queue_put({"kind": "ns", "op": "unlink", "ino": child, "type": TYPE_NAMES[typ],
-                     "old_path": entry_path(w, parent, name), "last_link": rec.nlink <= 1})
+                     "old_path": entry_path(w, parent, name), "last_link": rec.nlink <= 1,
+                     **object_of(w, child)})
         old_pd = pd.copy()
         w.del_dirent(parent, name)
         self._drop_link(w, rec, t)
@@ -248,7 +261,7 @@ class Namespace:
                          else "unlink", "ino": drec.ino, "type": TYPE_NAMES[drec.type],
                          "old_path": new_path,
                          "last_link": drec.type == FileType.DIR or drec.nlink <= 1,
-                         "replaced_by": s_ino})
+                         "replaced_by": s_ino, **object_of(w, drec.ino)})
             w.del_dirent(dp, dn)
             if drec.type == FileType.DIR:
                 dpd.nlink -= 1

@@ -681,7 +681,7 @@ class Store:
         with self.ix.write() as w:
             rec = w.must_inode(ino)
             self._regular(rec)
-            w.put_remote(ino, remote)
+            w.put_remote(ino, _keep_replaces(w.remote(ino), remote, overwritten=remote.key))
             new = rec.copy()
             ok = rec.change == remote.uploaded_change
             if ok:
@@ -704,7 +704,7 @@ class Store:
         """*Blocking.* Record progress (upload_id, parts) durably for resume after a crash."""
         with self.ix.write() as w:
             w.must_inode(ino)
-            w.put_remote(ino, remote)
+            w.put_remote(ino, _keep_replaces(w.remote(ino), remote))
         self.committer.sync()
 
     def evict(self, ino: int) -> int:
@@ -923,11 +923,93 @@ class Store:
         with self.ix.write() as w:
             w.txn.delete(U64.pack(job_id), db=self.ix.queue)
 
+    # ---- object records (uploader identity bookkeeping, issue 13) ------------------------
+    def remote_records_under(self, prefix: str) -> list[tuple[int, RemoteInfo]]:
+        """(ino, RemoteInfo) of every record whose key, or a key it `replaces`, starts with
+        `prefix` (export-relative): the objects a directory rename in S3 moves. A scan of the
+        object records, not the tree: records follow S3 keys, which lag the namespace."""
+        from .index import remote_from_json
+        out = []
+        with self.ix.read() as v:
+            for k, buf in v.txn.cursor(db=self.ix.remote):
+                r = remote_from_json(buf)
+                if (r.key or "").startswith(prefix) or any(key.startswith(prefix) for key, _ in r.replaces):
+                    out.append((U64.unpack(bytes(k))[0], r))
+        return out
+
+    def rekey_remote(self, ino: int, old_key: str, old_etag: str | None, new_key: str,
+                     new_etag: str, version_id: str | None = None) -> bool:
+        """*Blocking, durable.* The object (old_key, old_etag) now lives at new_key with
+        new_etag: update the record that points at it (as its key or in `replaces`) if it
+        still does. Compare-and-set, so a replayed move never re-keys a newer record."""
+        with self.ix.write() as w:
+            if w.inode(ino) is None:
+                return False
+            r = w.remote(ino)
+            hit = False
+            moved = [(new_key, new_etag) if (k, e) == (old_key, old_etag) else (k, e) for k, e in r.replaces]
+            if r.key == old_key and (old_etag is None or r.etag == old_etag):
+                r.key, r.etag, r.version_id, hit = new_key, new_etag, version_id, True
+                # the copy overwrote whatever was at new_key: nothing left there to replace
+                moved = [(k, e) for k, e in moved if k != new_key]
+            if moved != list(r.replaces):
+                r.replaces, hit = moved, True
+            if hit:
+                w.put_remote(ino, r)
+        if hit:
+            self.committer.sync()
+        return hit
+
+    def forget_replaced(self, ino: int, key: str, etag: str) -> None:
+        """*Blocking, durable.* The kept object (key, etag) was deleted or handed on."""
+        with self.ix.write() as w:
+            if w.inode(ino) is None:
+                return
+            r = w.remote(ino)
+            if (key, etag) in r.replaces:
+                r.replaces = [x for x in r.replaces if x != (key, etag)]
+                w.put_remote(ino, r)
+        self.committer.sync()
+
+    def adopt_replaced(self, path: str, key: str, etag: str, exclude_ino: int) -> int | None:
+        """*Blocking, durable.* A file unlinked (or renamed over) at `path` left its object
+        (`key`, `etag`) in S3. If a regular file (not `exclude_ino`) now sits at `path`, its
+        upload or move will replace that object atomically: record it in that file's
+        `replaces` and return its ino; else None (nothing will: the caller deletes)."""
+        try:
+            parts = _import_parts(path)
+        except StoreError:
+            return None
+        with self.ix.write() as w:
+            ino = ROOT_INO
+            for name in parts:
+                ent = w.dirent(ino, name)
+                if ent is None:
+                    return None
+                ino = ent[0]
+            rec = w.inode(ino)
+            if rec is None or rec.type != FileType.REG or ino == exclude_ino:
+                return None
+            r = w.remote(ino)
+            if (key, etag) not in r.replaces:
+                r.replaces = list(r.replaces) + [(key, etag)]
+                w.put_remote(ino, r)
+        self.committer.sync()
+        return ino
+
     def check(self) -> list[str]:
         """Consistency check: LMDB vs extent files; returns problems (empty list = consistent).
         A full scan: for tests and the admin CLI, not the request path."""
         from .check import check
         return check(self)
+
+
+def _keep_replaces(stored: RemoteInfo, new: RemoteInfo, overwritten: str | None = None) -> RemoteInfo:
+    """`replaces` belongs to adopt_replaced / rekey_remote / forget_replaced: a record written
+    from a copy read earlier must not drop entries added meanwhile. An object just written
+    at `overwritten` replaced the entry there."""
+    new.replaces = [x for x in stored.replaces if overwritten is None or x[0] != overwritten]
+    return new
 
 
 def _import_parts(path: str) -> list[bytes]:

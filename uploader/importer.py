@@ -22,6 +22,7 @@ from cache.api import ROOT_INO, SYMLINK_MAX, FileType, RemoteInfo, StoreError
 
 from .gate import RequestGate
 from .keys import KeyMap, attrs_from_metadata, is_symlink_metadata
+from .manifest import is_manifest_key
 from .objectclient import ObjectClient
 
 log = structlog.get_logger(__name__)
@@ -59,6 +60,8 @@ async def import_prefix(store, client: ObjectClient, keys: KeyMap, gate: Request
         if path is None:
             report.skipped_invalid.append(obj.key)
             continue
+        if is_manifest_key(path):
+            continue                     # a checkpoint manifest (uploader.manifest), not a file
         head = await gate.call("HeadObject", lambda o=obj: client.head_object(o.key), what=obj.key)
         if head is None:                 # deleted since the listing
             continue

@@ -5,7 +5,8 @@ symbolic link is an object whose body is the link's target (mode S_IFLNK), as s3
 Metadata uses s3fs-fuse's names so a bucket written here mounts with s3fs and back:
 x-amz-meta-mode (st_mode in decimal, file type bits included), -uid, -gid, -mtime
 (seconds, with nanoseconds after a dot when not whole). Our own keys name the inode the
-object came from (ckptgw-ino, ckptgw-store) so a move can check it copies our object.
+object came from and which version of it (ckptgw-ino, -gen, -seq, -store: the object's identity)
+so a move or delete can check it acts on our object.
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ S3_MAX_OBJECT = 5 << 40
 
 INO_META = "ckptgw-ino"
 STORE_META = "ckptgw-store"
+GEN_META = "ckptgw-gen"      # the inode's generation: (store, ino, gen) never names two files
+SEQ_META = "ckptgw-seq"      # the data sequence of the bytes the object holds
 DIR_CONTENT_TYPE = "application/x-directory"
 
 
@@ -72,7 +75,8 @@ def parse_mtime(value: str | None, default_ns: int) -> int:
 def object_metadata(attr, *, is_dir: bool, is_link: bool = False, store_id: str = "") -> dict[str, str]:
     kind = stat.S_IFDIR if is_dir else stat.S_IFLNK if is_link else stat.S_IFREG
     meta = {"mode": str(kind | (attr.mode & 0o7777)), "uid": str(attr.uid), "gid": str(attr.gid),
-            "mtime": mtime_str(attr.mtime_ns), INO_META: str(attr.ino)}
+            "mtime": mtime_str(attr.mtime_ns), INO_META: str(attr.ino), GEN_META: str(attr.gen),
+            SEQ_META: str(attr.data_seq)}
     if store_id:
         meta[STORE_META] = store_id
     return meta

@@ -31,6 +31,7 @@ from .settings import S3Settings
 class PutResult:
     etag: str
     checksum: str | None = None      # "crc32:BASE64" / "sha256:BASE64" as S3 reported or we sent
+    version_id: str | None = None    # on a versioned bucket
 
 
 @dataclass(slots=True)
@@ -49,6 +50,7 @@ class ObjectInfo:
     last_modified: float = 0.0                   # unix seconds
     metadata: dict = field(default_factory=dict)  # x-amz-meta-* without the prefix
     checksum: str | None = None
+    version_id: str | None = None
 
 
 @dataclass(slots=True)
@@ -84,6 +86,11 @@ class PermanentError(ObjectClientError):
     """Will not succeed by retrying (403, NoSuchBucket, invalid request)."""
 
 
+class PreconditionFailedError(PermanentError):
+    """412: the object under the key is not the one the request named (If-Match and
+    friends): somebody replaced or removed it. Callers re-resolve; retrying is pointless."""
+
+
 _THROTTLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
                    "TooManyRequestsException", "RequestThrottled", "ProvisionedThroughputExceededException",
                    "RequestThrottledException", "BandwidthLimitExceeded"}
@@ -103,6 +110,8 @@ def classify(exc: BaseException) -> ObjectClientError:
         code = str(err.get("Code", "Unknown"))
         msg = str(err.get("Message", ""))
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        if code == "PreconditionFailed" or status == 412:
+            return PreconditionFailedError(code, msg, status)
         if code in _THROTTLE_CODES or status == 429:
             return ThrottledError(code, msg, status)
         if code in _NOT_FOUND_CODES or (status == 404 and code not in ("NoSuchBucket",)):
@@ -181,16 +190,17 @@ class ObjectClient(Protocol):
 
     def list_multipart_uploads(self, prefix: str) -> list[UploadInfo]: ...
 
-    def copy_object(self, src_key: str, dst_key: str) -> PutResult: ...
+    def copy_object(self, src_key: str, dst_key: str, *, if_match: str | None = None) -> PutResult: ...
 
     def upload_part_copy(self, src_key: str, dst_key: str, upload_id: str, part_number: int,
                          first: int, last: int) -> PartInfo: ...
 
-    def delete_object(self, key: str) -> None: ...
+    def delete_object(self, key: str, *, if_match: str | None = None) -> None: ...
 
     def head_object(self, key: str) -> ObjectInfo | None: ...
 
-    def get_range(self, key: str, offset: int, length: int) -> bytes: ...
+    def get_range(self, key: str, offset: int, length: int, *, if_match: str | None = None,
+                  version_id: str | None = None) -> bytes: ...
 
     def list_objects(self, prefix: str) -> Iterator[ObjectInfo]: ...
 
@@ -275,7 +285,7 @@ class Boto3ObjectClient:
         resp = self._call("put_object", Key=key, Body=_body(body), Metadata=metadata,
                           **self._checksum_args(checksum), **extra)
         self._verify(key, resp.get(f"Checksum{self.checksum_algorithm}"), checksum)
-        return PutResult(resp["ETag"], f"{self.checksum_algorithm.lower()}:{checksum}")
+        return PutResult(resp["ETag"], f"{self.checksum_algorithm.lower()}:{checksum}", resp.get("VersionId"))
 
     def create_multipart_upload(self, key, *, metadata) -> str:
         resp = self._call("create_multipart_upload", Key=key, Metadata=metadata,
@@ -298,7 +308,7 @@ class Boto3ObjectClient:
         reported = _checksum_from(resp, algo)
         if reported is None and all(p.checksum for p in parts):
             reported = f"{algo.lower()}:{composite_checksum(algo, [p.checksum for p in parts])}"
-        return PutResult(resp["ETag"], reported)
+        return PutResult(resp["ETag"], reported, resp.get("VersionId"))
 
     def abort_multipart_upload(self, key, upload_id) -> None:
         self._call("abort_multipart_upload", Key=key, UploadId=upload_id)
@@ -329,13 +339,17 @@ class Boto3ObjectClient:
             kwargs.update(KeyMarker=resp.get("NextKeyMarker", ""),
                           UploadIdMarker=resp.get("NextUploadIdMarker", ""))
 
-    def copy_object(self, src_key, dst_key) -> PutResult:
+    def copy_object(self, src_key, dst_key, *, if_match=None) -> PutResult:
         # ChecksumAlgorithm on copies: S3 computes a fresh full-object checksum (and moto
         # otherwise carries a multipart source's checksum over, breaking GET validation).
+        # if_match: copy only that version of the source (x-amz-copy-source-if-match; moto
+        # 5.2.5 ignores it, so the worker HEADs and compares first as well).
+        extra = {"CopySourceIfMatch": if_match} if if_match else {}
         resp = self._call("copy_object", Key=dst_key, CopySource={"Bucket": self.bucket, "Key": src_key},
-                          MetadataDirective="COPY", ChecksumAlgorithm=self.checksum_algorithm)
+                          MetadataDirective="COPY", ChecksumAlgorithm=self.checksum_algorithm, **extra)
         result = resp.get("CopyObjectResult", {})
-        return PutResult(result.get("ETag", ""), _checksum_from(result, self.checksum_algorithm))
+        return PutResult(result.get("ETag", ""), _checksum_from(result, self.checksum_algorithm),
+                         resp.get("VersionId"))
 
     def upload_part_copy(self, src_key, dst_key, upload_id, part_number, first, last) -> PartInfo:
         resp = self._call("upload_part_copy", Key=dst_key, UploadId=upload_id, PartNumber=part_number,
@@ -345,8 +359,9 @@ class Boto3ObjectClient:
         return PartInfo(part_number, result.get("ETag", ""), last - first + 1,
                         result.get(f"Checksum{self.checksum_algorithm}"))
 
-    def delete_object(self, key) -> None:
-        self._call("delete_object", Key=key)
+    def delete_object(self, key, *, if_match=None) -> None:
+        # if_match: delete only that object (S3's conditional delete; 412 if it was replaced)
+        self._call("delete_object", Key=key, **({"IfMatch": if_match} if if_match else {}))
 
     def head_object(self, key) -> ObjectInfo | None:
         try:
@@ -356,12 +371,19 @@ class Boto3ObjectClient:
         lm = resp.get("LastModified")
         return ObjectInfo(key, resp.get("ContentLength", 0), resp.get("ETag", ""),
                           lm.timestamp() if lm else 0.0, dict(resp.get("Metadata", {})),
-                          _checksum_from(resp, self.checksum_algorithm))
+                          _checksum_from(resp, self.checksum_algorithm), resp.get("VersionId"))
 
-    def get_range(self, key, offset, length) -> bytes:
+    def get_range(self, key, offset, length, *, if_match=None, version_id=None) -> bytes:
+        """if_match / version_id pin the read to the object we mean (412 / 404 otherwise):
+        bytes of another object are never returned in its place."""
         if length <= 0:
             return b""
-        resp = self._call("get_object", Key=key, Range=f"bytes={offset}-{offset + length - 1}")
+        extra = {}
+        if if_match:
+            extra["IfMatch"] = if_match
+        if version_id:
+            extra["VersionId"] = version_id
+        resp = self._call("get_object", Key=key, Range=f"bytes={offset}-{offset + length - 1}", **extra)
         try:
             return resp["Body"].read()
         except Exception as exc:         # noqa: BLE001 - a body cut mid-stream

@@ -22,7 +22,7 @@ from cache.api import ROOT_INO, DataState, FileType, StoreError
 
 from .gate import RequestGate
 from .keys import KeyMap
-from .objectclient import NotFoundError, ObjectClient
+from .objectclient import NotFoundError, ObjectClient, PreconditionFailedError
 from .settings import UploadSettings
 from .stats import Counters
 
@@ -112,25 +112,32 @@ class ReadThrough:
         return len(data)
 
     async def _get(self, ino: int, offset: int, length: int) -> bytes:
-        """GET the range from where the object is: RemoteInfo.key, else the current path (a
-        move may be on its way)."""
+        """GET the range of exactly the object recorded for the file: pinned to its ETag
+        (and version id), tried at RemoteInfo.key, else at the current path (a move may be
+        on its way). A key that holds another object now answers 412 and counts as not
+        found, so bytes of another file or version are never spliced into this one; when
+        no key holds ours after a re-resolve, EIO."""
         tried = []
         for _ in range(2):
-            candidates = [self.store.remote_info(ino).key, self.store.path_of(ino)]
-            for path in candidates:
+            remote = self.store.remote_info(ino)
+            for path in (remote.key, self.store.path_of(ino)):
                 if path is None or path in tried:
                     continue
                 tried.append(path)
                 key = self.keys.file_key(path)
+                version = remote.version_id if path == remote.key else None
                 try:
-                    return await self.gate.call("GetObject", lambda: self.client.get_range(key, offset, length),
-                                                nbytes=0, what=key)
-                except NotFoundError:
+                    return await self.gate.call(
+                        "GetObject", lambda: self.client.get_range(key, offset, length, if_match=remote.etag,
+                                                                   version_id=version),
+                        nbytes=0, what=key)
+                except (NotFoundError, PreconditionFailedError) as e:
+                    log.info("readthrough_object_mismatch", ino=ino, key=key, etag=remote.etag, code=e.code)
                     continue
             await asyncio.sleep(0.5)
             tried.clear()
-        log.error("readthrough_missing_object", ino=ino, tried=tried)
-        raise StoreError(errno.EIO, f"object of ino {ino} not found in S3")
+        log.error("readthrough_missing_object", ino=ino, etag=remote.etag)
+        raise StoreError(errno.EIO, f"object of ino {ino} (ETag {remote.etag}) not found in S3")
 
     # ---- warmup --------------------------------------------------------------------------
     def resolve(self, path: str):

@@ -101,6 +101,11 @@ def is_tmp_name(name: str) -> bool:
     return name.endswith(".tmp") or name.startswith(".tmp")
 
 
+def has_tmp_component(path: str) -> bool:
+    """Whether any component of an export-relative path is a temporary name."""
+    return any(is_tmp_name(p) for p in path.split("/") if p)
+
+
 # ---- discovery ---------------------------------------------------------------------------
 @dataclass
 class TmpEntry:

@@ -27,6 +27,7 @@ from cache.api import DataState, FileType, StoreError
 from .gate import RequestGate
 from .importer import import_prefix
 from .jobs import NS, UPLOAD, KeyRef, KeysAhead, ns_keys
+from .manifest import Manifests
 from .keys import KeyMap
 from .objectclient import ObjectClient, ObjectClientError, PermanentError
 from .readthrough import ReadThrough
@@ -38,6 +39,7 @@ log = structlog.get_logger(__name__)
 
 QUEUE_WINDOW = 1000          # jobs considered per scheduling pass (the oldest ones)
 PERMANENT_RETRY_SECONDS = 60.0
+MANIFEST_IDLE_SECONDS = 30.0     # a manifest pass at least this often while jobs finish
 
 
 def _under(path: str, prefix: str | None) -> bool:
@@ -48,9 +50,10 @@ def _under(path: str, prefix: str | None) -> bool:
 
 class Uploader:
     def __init__(self, store, object_client: ObjectClient, settings: UploadSettings | None = None, *,
-                 prefix: str | None = None, s3=None):
+                 prefix: str | None = None, s3=None, series=()):
         """Keys start with `prefix`, else `s3.prefix` (an S3Settings), else the client's
-        `.prefix` (Boto3ObjectClient carries its S3Settings.prefix)."""
+        `.prefix` (Boto3ObjectClient carries its S3Settings.prefix). `series`: the
+        [[retention.series]] rules whose complete checkpoints get a manifest (uploader.manifest)."""
         self.store = store
         self.client = object_client
         self.settings = settings or UploadSettings()
@@ -62,6 +65,9 @@ class Uploader:
         self.worker = Worker(store, object_client, self.gate, self.keys, self.settings, self.counters)
         self.readthrough = ReadThrough(store, object_client, self.keys, self.settings, self.counters)
         self.worker.fetch_missing = self.readthrough.fetch_missing
+        self.manifests = Manifests(self, series)
+        self.worker.manifests_on = bool(self.manifests.rules)
+        self._manifest_due = asyncio.Event()
         self.permanent_retry_seconds = PERMANENT_RETRY_SECONDS
         self._running: dict[int, asyncio.Task] = {}
         self._running_jobs: dict[int, dict] = {}
@@ -69,6 +75,7 @@ class Uploader:
         self._upload_inos: set[int] = set()
         self._not_before: dict[int, float] = {}
         self._notified: set[int] = set()
+        self._first_seen: dict[int, float] = {}    # mkdir job id -> monotonic time first seen
         self._flush_prefixes: list[str | None] = []
         self._last_jobs: list[tuple[int, dict]] = []
         self._kick = asyncio.Event()
@@ -89,6 +96,9 @@ class Uploader:
         self._started = True
         self._tasks = [asyncio.create_task(self._scheduler(), name="uploader-scheduler"),
                        asyncio.create_task(self._evictor(), name="uploader-evictor")]
+        if self.manifests.rules:
+            self._manifest_due.set()             # a first pass: manifests missed while down
+            self._tasks.append(asyncio.create_task(self._manifester(), name="uploader-manifests"))
         if self.settings.abort_orphan_uploads:
             # in the background: start() must not wait for S3 (it may be down or misconfigured);
             # new multipart uploads wait for it (worker.orphans_swept), single PUTs do not
@@ -233,7 +243,8 @@ class Uploader:
             if kind == NS:
                 keys = ns_keys(job)
                 if job_id not in self._running:
-                    blocked = ahead.blocks(keys) or uploading.blocks(keys)
+                    blocked = (ahead.blocks(keys) or uploading.blocks(keys)
+                               or self._marker_settling(job_id, job, now))
                     if uploading.blocks(keys):
                         self._notify_running_upload(job_id, job)
                     if (not blocked and len(self._running) < max_jobs
@@ -261,6 +272,23 @@ class Uploader:
             else:
                 log.warning("unknown_queue_job", job_id=job_id, job=job)
                 self.store.queue_done(job_id)
+
+    def _marker_settling(self, job_id: int, job: dict, now: float) -> bool:
+        """A directory marker waits out the settle window like a file (from when this run
+        first saw its job), so a directory renamed soon after its mkdir is marked once, under
+        its final name; a flush covering it lets it go at once."""
+        if job.get("op") != "mkdir":
+            return False
+        first = self._first_seen.setdefault(job_id, now)
+        if not self._flush_prefixes:
+            return now - first < self.settings.settle_seconds
+        # a flush of the directory (under the name it was made with, or its name now), above
+        # it or inside it: the held job blocks uploads there
+        paths = [(job.get("new_path") or job.get("old_path") or "").rstrip("/"), self._upload_path(job["ino"])]
+        if any(p is None or _under(d, p) or _under(p, d)
+               for p in self._flush_prefixes for d in paths if d is not None):
+            return False
+        return now - first < self.settings.settle_seconds
 
     def _notify_running_upload(self, job_id: int, job: dict) -> None:
         if job_id in self._notified or job.get("op") not in ("rename", "unlink"):
@@ -309,6 +337,8 @@ class Uploader:
             self.store.queue_done(job_id)
             self._not_before.pop(job_id, None)
             self._notified.discard(job_id)
+            self._first_seen.pop(job_id, None)
+            self._manifest_due.set()
             if kind == UPLOAD:
                 self._upload_inos.discard(ino)
             if self.permanent_error and outcome not in ("gone", "unlinked"):
@@ -326,6 +356,18 @@ class Uploader:
             self.store.set_data_state(ino, DataState.DIRTY)
         except StoreError:
             pass
+
+    async def _manifester(self) -> None:
+        """Manifest passes after jobs finish (debounced), bounded to one at a time."""
+        while self._started:
+            try:
+                async with asyncio.timeout(MANIFEST_IDLE_SECONDS):
+                    await self._manifest_due.wait()
+            except TimeoutError:
+                continue
+            self._manifest_due.clear()
+            await asyncio.sleep(min(1.0, self.settings.settle_seconds))
+            await self.manifests.run_quietly()
 
     async def _evictor(self) -> None:
         while self._started:
@@ -375,6 +417,7 @@ class Uploader:
             deadline = None if timeout is None else time.monotonic() + timeout
             while self._started:
                 if await asyncio.to_thread(self._flushed, prefix):
+                    await self.manifests.run_quietly()     # written last, once all is in
                     return True
                 if deadline is not None and time.monotonic() >= deadline:
                     return False

@@ -19,9 +19,11 @@ import structlog
 from cache.api import DataState, FileType, RemoteInfo, StoreError
 
 from .gate import RequestGate
-from .keys import DIR_CONTENT_TYPE, INO_META, KeyMap, object_metadata, part_ranges, part_size_for
-from .objectclient import (NotFoundError, ObjectClient, PartInfo, PermanentError, PutResult, TransientError,
-                           checksum_b64)
+from .keys import DIR_CONTENT_TYPE, INO_META, STORE_META, KeyMap, object_metadata, part_ranges, part_size_for
+from .objectclient import (NotFoundError, ObjectClient, PartInfo, PermanentError, PreconditionFailedError,
+                           PutResult, TransientError, checksum_b64)
+from .manifest import manifest_path
+from .series import has_tmp_component
 from .settings import S3_MAX_COPY, UploadSettings
 from .stats import Counters
 
@@ -29,6 +31,11 @@ log = structlog.get_logger(__name__)
 
 COPY_PART = 1 << 30          # UploadPartCopy piece size for objects above 5 GiB
 PART_ATTEMPTS_BEFORE_PROBE = 8
+
+
+class DataChanged(Exception):
+    """The file's bytes changed (data sequence moved) while its upload ran: the upload is
+    dropped (a multipart one aborted), never completed over the object S3 holds."""
 
 
 class Restart(Exception):
@@ -103,6 +110,7 @@ class Worker:
         self.store_id = getattr(store, "instance_id", b"").hex()
         self.algorithm = client.checksum_algorithm
         self.fetch_missing = None    # async (ino, ranges): read-through, set by the service
+        self.manifests_on = False    # series configured: a removed directory's manifest goes too
         self.orphans_swept = asyncio.Event()          # set by the service once the start sweep is over
 
     async def _store(self, fn, *args):
@@ -180,6 +188,11 @@ class Worker:
                 result = await self._multipart(job_id, job, attr, key, path, remote, meta, prog)
             else:
                 result = await self._put(attr, key, meta, prog)
+        except DataChanged:
+            self.counters.uploads_aborted += 1
+            log.info("upload_dropped_data_changed", ino=ino, path=path, data_seq=attr.data_seq)
+            self.store.set_data_state(ino, DataState.DIRTY)
+            return "changed"
         except BaseException:
             # leave it eligible again (the job stays queued and will retry or restart)
             try:
@@ -190,8 +203,16 @@ class Worker:
         now = self.store.getattr(ino)
         if now.change != change and _same_data(now, attr.data_seq) and now.data_state == DataState.UPLOADING:
             change = now.change              # renamed or chmod-ed meanwhile, same bytes
+        # objects this file was renamed over: the one at `path` is replaced now, the one at
+        # its current name will be by its pending move's copy; one at another name (the file
+        # moved on before its upload) is handed on or deleted
+        now_path = self.store.path_of(ino)
+        for k, e in (self._remote(ino) or RemoteInfo()).replaces:
+            if k not in (path, now_path):
+                await self._drop_replaced(k, e, ino)
         info = RemoteInfo(key=path, etag=result.etag, checksum=result.checksum, uploaded_change=change,
-                          size=attr.size, upload_id=None, parts=[])
+                          size=attr.size, upload_id=None, parts=[], version_id=result.version_id,
+                          data_seq=attr.data_seq)
         clean = await self._store(self.store.mark_uploaded, ino, info)
         self.counters.uploads_done += 1
         log.info("uploaded", ino=ino, path=path, size=attr.size, etag=result.etag,
@@ -207,6 +228,8 @@ class Worker:
                 data = _pread_exact(fd, 0, size)
             finally:
                 os.close(fd)
+            if not _same_data(self.store.getattr(ino), attr.data_seq):
+                raise DataChanged()
             return self.client.put_object(key, data, metadata=meta,
                                           checksum=checksum_b64(self.algorithm, data))
 
@@ -319,6 +342,11 @@ class Worker:
             self.counters.uploads_aborted += 1
             raise Restart("aborted for a namespace change")
         parts = [done[n] for n, _, _ in ranges]
+        if not _same_data(self.store.getattr(ino), attr.data_seq):
+            # written while the parts went out: they may mix two versions
+            await self._abort_recorded_upload(job, remote)
+            await self._store(self.store.queue_update, job_id, job)
+            raise DataChanged()
         try:
             return await self.gate.call(
                 "CompleteMultipartUpload",
@@ -399,39 +427,77 @@ class Worker:
         if op == "mkdir":
             return await self._put_dir_marker(job)
         if op == "rmdir":
-            key = self.keys.dir_key(job.get("old_path") or job["new_path"])
+            path = job.get("old_path") or job["new_path"]
+            if self.manifests_on:
+                mkey = self.keys.file_key(manifest_path(path))
+                await self.gate.call("DeleteObject", lambda: self.client.delete_object(mkey), what=mkey)
+            key = self.keys.dir_key(path)
             await self.gate.call("DeleteObject", lambda: self.client.delete_object(key), what=key)
             self.counters.deletes_done += 1
             return "marker-deleted"
         log.warning("unknown_job", job=job)
         return "ignored"
 
-    async def _is_ours(self, path: str, ino: int, remote: RemoteInfo | None):
-        """The object at `path` if it holds this inode's data, else None."""
+    async def _is_ours(self, path: str, ino: int, etag: str | None = None):
+        """The object at `path` if it is the one we mean, else None: with a recorded ETag,
+        exactly that object; without one (a symlink, a stale name), one written for this
+        inode by this store (ckptgw-ino / ckptgw-store metadata)."""
         key = self.keys.file_key(path)
         info = await self.gate.call("HeadObject", lambda: self.client.head_object(key), what=key)
         if info is None:
             return None
-        owner = info.metadata.get(INO_META)
-        if owner == str(ino):
-            return info
-        # an imported object (written by someone else) carries no inode: match by ETag
-        if owner is None and remote is not None and remote.etag and info.etag == remote.etag:
+        if etag is not None:
+            return info if info.etag == etag else None
+        store = info.metadata.get(STORE_META)
+        if info.metadata.get(INO_META) == str(ino) and (not store or not self.store_id or store == self.store_id):
             return info
         return None
 
-    async def _copy(self, src: str, dst: str, size: int) -> PutResult:
-        if size <= S3_MAX_COPY:
-            res = await self.gate.call("CopyObject", lambda: self.client.copy_object(src, dst), what=dst)
+    async def _delete_if(self, path: str, etag: str) -> bool:
+        """Delete the object at `path` only if it is still `etag` (S3's conditional delete):
+        a replayed or late delete never removes an object that replaced ours."""
+        key = self.keys.file_key(path)
+        try:
+            await self.gate.call("DeleteObject", lambda: self.client.delete_object(key, if_match=etag), what=key)
+        except PreconditionFailedError:
+            log.info("delete_skipped_replaced", key=key, etag=etag)
+            return False
+        except NotFoundError:
+            return False
+        self.counters.deletes_done += 1
+        return True
+
+    async def _drop_replaced(self, path: str, etag: str, ino: int) -> str:
+        """An object (`path`, `etag`) that file `ino` was going to replace, and no longer will:
+        hand it to the file now at `path` if there is one (its upload replaces it), else
+        delete it."""
+        if await self._store(self.store.adopt_replaced, path, path, etag, ino) is not None:
+            outcome = "kept-until-replaced"
         else:
-            res = await self._copy_multipart(src, dst, size)
+            outcome = "deleted" if await self._delete_if(path, etag) else "already-gone"
+        await self._store(self.store.forget_replaced, ino, path, etag)
+        return outcome
+
+    async def _copy(self, src: str, dst: str, size: int, etag: str) -> PutResult:
+        """Server-side copy of exactly the object `etag` at `src` (NotFoundError if none,
+        PreconditionFailedError if another object is there now). The HEAD covers endpoints
+        that ignore x-amz-copy-source-if-match (moto 5.2.5 does)."""
+        info = await self.gate.call("HeadObject", lambda: self.client.head_object(src), what=src)
+        if info is None:
+            raise NotFoundError("NoSuchKey", src)
+        if info.etag != etag:
+            raise PreconditionFailedError("PreconditionFailed", f"{src} is {info.etag}, not {etag}")
+        if size <= S3_MAX_COPY:
+            res = await self.gate.call("CopyObject", lambda: self.client.copy_object(src, dst, if_match=etag),
+                                       what=dst)
+        else:
+            res = await self._copy_multipart(src, dst, size, info)
         self.counters.bytes_copied += size
         return res
 
-    async def _copy_multipart(self, src: str, dst: str, size: int) -> PutResult:
+    async def _copy_multipart(self, src: str, dst: str, size: int, info) -> PutResult:
         """UploadPartCopy for objects above CopyObject's 5 GiB limit (metadata carried over
-        from a HEAD of the source, since multipart copies do not copy it)."""
-        info = await self.gate.call("HeadObject", lambda: self.client.head_object(src), what=src)
+        from the HEAD of the source, since multipart copies do not copy it)."""
         meta = info.metadata if info else {}
         await self.orphans_swept.wait()
         upload_id = await self.gate.call(
@@ -451,97 +517,114 @@ class Worker:
             raise
 
     async def _move_file(self, job: dict) -> str:
+        """Copy, re-key the record (durable), then delete the source only if it is still the
+        object we copied. A crash anywhere replays to the same end: before the re-key the
+        source is still there and is copied again; after it, the record names the new key
+        and the replay only removes the old object."""
         ino, old, new = job["ino"], job["old_path"], job["new_path"]
         remote = self._job_remote(job)
         if remote is not None and not remote.etag:
             return "nothing-to-move"      # never uploaded
         if remote is not None and remote.key == new:
-            # already uploaded under the new name; an older object of ours may still sit at
-            # the old name (uploaded before, never moved): remove it
-            if await self._is_ours(old, ino, None) is not None:
-                key = self.keys.file_key(old)
-                await self.gate.call("DeleteObject", lambda: self.client.delete_object(key), what=key)
-                self.counters.deletes_done += 1
+            # already moved (a replay) or uploaded under the new name; an older object of
+            # ours may still sit at the old name: remove exactly that one
+            info = await self._is_ours(old, ino)
+            if info is not None and await self._delete_if(old, info.etag):
                 return "stale-deleted"
             return "nothing-to-move"
-        size = remote.size if remote else 0
-        if remote is None or remote.key != old:
-            info = await self._is_ours(old, ino, remote)
+        if remote is not None and remote.key == old:
+            etag, size = remote.etag, remote.size
+        else:
+            info = await self._is_ours(old, ino)
             if info is None:
                 return "not-ours"
-            size = info.size
+            etag, size = info.etag, info.size
         src, dst = self.keys.file_key(old), self.keys.file_key(new)
         try:
-            res = await self._copy(src, dst, size)
+            res = await self._copy(src, dst, size, etag)
         except NotFoundError:
             return "source-missing"
-        await self.gate.call("DeleteObject", lambda: self.client.delete_object(src), what=src)
+        except PreconditionFailedError:
+            return "source-replaced"
         self.counters.moves_done += 1
         if remote is not None:
-            remote.key, remote.etag, remote.checksum = new, res.etag, res.checksum or remote.checksum
-            try:
-                await self._store(self.store.set_remote_info, ino, remote)
-            except StoreError as e:
-                if e.errno not in (errno.ESTALE, errno.ENOENT):
-                    raise
+            await self._store(self.store.rekey_remote, ino, old, etag, new, res.etag, res.version_id)
+        await self._delete_if(old, etag)
         log.info("moved", ino=ino, src=src, dst=dst, size=size)
         return "moved"
 
     async def _move_dir(self, job: dict) -> str:
+        """Move every object under the old prefix, each one copy -> re-key -> delete. The
+        records to re-key are found by their S3 key (store.remote_records_under), not by
+        walking today's tree: after `mv d e; mkdir d; mv e/f d/f` the file is back under d
+        while its object and record are still at d/f and must go to e/f first."""
         old, new = job["old_path"].rstrip("/"), job["new_path"].rstrip("/")
-        old_prefix, new_prefix = self.keys.dir_prefix(old), self.keys.dir_prefix(new)
+        old_rel, new_rel = old + "/", new + "/"
+        old_prefix = self.keys.dir_prefix(old)
         objects = await self.gate.call("ListObjectsV2", lambda: list(self.client.list_objects(old_prefix)),
                                        what=old_prefix)
-        moved: dict[str, tuple[str, PutResult]] = {}
+        owners: dict[tuple[str, str], int] = {}
+        for ino, r in await self._store(self.store.remote_records_under, old_rel):
+            if r.key and r.etag:
+                owners[(r.key, r.etag)] = ino
+            for k, e in r.replaces:
+                owners[(k, e)] = ino
+        moved = 0
 
         async def move_one(obj) -> None:
-            dst = new_prefix + obj.key[len(old_prefix):]
-            try:
-                res = await self._copy(obj.key, dst, obj.size)
-            except NotFoundError:
-                return
-            await self.gate.call("DeleteObject", lambda: self.client.delete_object(obj.key), what=obj.key)
+            nonlocal moved
+            rel = obj.key[len(self.keys.prefix):]
+            dst_rel = new_rel + rel[len(old_rel):]
+            dst = self.keys.file_key(dst_rel)
+            there = await self.gate.call("HeadObject", lambda: self.client.head_object(dst), what=dst)
+            if there is not None and there.etag == obj.etag:
+                res = PutResult(there.etag, there.checksum, there.version_id)   # copied before a crash
+            else:
+                try:
+                    res = await self._copy(obj.key, dst, obj.size, obj.etag)
+                except (NotFoundError, PreconditionFailedError):
+                    return                 # gone or replaced since the listing: not ours to move
+            ino = owners.get((rel, obj.etag))
+            if ino is not None:
+                await self._store(self.store.rekey_remote, ino, rel, obj.etag, dst_rel, res.etag, res.version_id)
+            await self._delete_if(rel, obj.etag)
             self.counters.moves_done += 1
-            moved[obj.key[len(self.keys.prefix):]] = (dst[len(self.keys.prefix):], res)
+            moved += 1
 
         await asyncio.gather(*(move_one(o) for o in objects))
-        await self._store(self._rekey_subtree, job.get("ino"), moved)
-        log.info("moved_dir", src=old_prefix, dst=new_prefix, objects=len(moved))
+        if not any(o.key == old_prefix for o in objects) and not has_tmp_component(new):
+            # no marker to move (its mkdir ran under a temporary name): put it now
+            if job.get("ino") is not None and await self._put_dir_marker(job) == "marker-put":
+                moved += 1
+        log.info("moved_dir", src=old_prefix, dst=self.keys.dir_prefix(new), objects=moved)
         return "moved-dir"
 
-    def _rekey_subtree(self, dir_ino: int | None, moved: dict) -> None:
-        """Point the RemoteInfo of files still under the moved directory at their new keys."""
-        if not moved or dir_ino is None:
-            return
-        stack = [dir_ino]
-        while stack:
-            d = stack.pop()
-            try:
-                entries = list(self.store.readdir(d))
-            except StoreError:
-                continue
-            for ent in entries:
-                if ent.attr.type == FileType.DIR:
-                    stack.append(ent.attr.ino)
-                    continue
-                remote = self._remote(ent.attr.ino)
-                if remote is not None and remote.key in moved:
-                    remote.key, res = moved[remote.key]
-                    remote.etag, remote.checksum = res.etag, res.checksum or remote.checksum
-                    self.store.set_remote_info(ent.attr.ino, remote)
-
     async def _delete_file(self, job: dict) -> str:
+        """Remove a file's object, unless a file now at its name will replace it (a rename
+        over it, `rm a; mv b a`): then S3 keeps it until that upload or move lands, so it
+        never lacks both versions. Acts on the object the journal names (ETag recorded at
+        unlink time: the inode's own record may be reclaimed by now)."""
         ino, old = job["ino"], job["old_path"]
+        last_link = job.get("last_link", True)
         remote = self._job_remote(job)
-        if remote is not None and not remote.etag:
+        if last_link:
+            for k, e in job.get("replaces", []):
+                await self._drop_replaced(k, e, ino)
+        if remote is not None and remote.etag and remote.key:
+            cur = (remote.key, remote.etag)
+        else:
+            cur = tuple(job["object"]) if job.get("object") else None
+        if cur is not None and cur[0] == old:
+            etag = cur[1]
+        elif cur is None and job.get("type") != "lnk" and remote is not None:
             return "never-uploaded"
-        if remote is None or remote.key != old:
-            if await self._is_ours(old, ino, remote) is None:
+        else:
+            info = await self._is_ours(old, ino)
+            if info is None:
                 return "not-ours"
-        key = self.keys.file_key(old)
-        await self.gate.call("DeleteObject", lambda: self.client.delete_object(key), what=key)
-        self.counters.deletes_done += 1
-        if remote is not None and remote.key == old and not job.get("last_link", True):
+            etag = info.etag
+        outcome = await self._drop_replaced(old, etag, ino)
+        if remote is not None and remote.key == old and not last_link:
             # another name still links the file: upload it again under that name
             remote.key, remote.etag = None, None
             try:
@@ -549,8 +632,8 @@ class Worker:
                 self.store.set_data_state(ino, DataState.DIRTY)
             except StoreError:
                 pass
-        log.info("deleted", ino=ino, key=key)
-        return "deleted"
+        log.info("unlinked_object", ino=ino, path=old, etag=etag, outcome=outcome)
+        return outcome
 
     async def _put_symlink(self, job: dict) -> str:
         """A symbolic link as s3fs stores one: the target is the body, mode says S_IFLNK. Sent
@@ -572,13 +655,20 @@ class Worker:
         return "symlink-put"
 
     async def _put_dir_marker(self, job: dict) -> str:
-        path = job.get("new_path") or job.get("old_path")
+        """The marker "path/" of a directory, under its CURRENT path (like an upload), and
+        never under a temporary name (uploader.series.is_tmp_name, the rule retention uses):
+        `mkdir step.tmp; ...; mv step.tmp step` puts only "step/", by the rename's job."""
         try:
             attr = self.store.getattr(job["ino"])
+            path = self.store.path_of(job["ino"])
         except StoreError as e:
             if e.errno in (errno.ESTALE, errno.ENOENT):
                 return "gone"
             raise
+        if path is None:
+            return "gone"
+        if has_tmp_component(path):
+            return "temporary-name"
         key = self.keys.dir_key(path)
         meta = object_metadata(attr, is_dir=True, store_id=self.store_id)
         await self.gate.call("PutObject", lambda: self.client.put_object(
