@@ -41,7 +41,7 @@ class LiveDaemon:
                  "--cache-dir", str(self.cache_dir), "--admin-socket", str(self.socket),
                  "--log-format", "json", "--upload-settle", "0.2", *self.extra]
         if not self.config and "--export" not in self.extra:
-            args += ["--export", "/checkpoints:127.0.0.0/8:rw:none"]
+            args += ["--export", "/checkpoints:127.0.0.0/8:rw:none:insecure"]   # nfs-rs: noresvport
         env = dict(os.environ, NOTIFY_SOCKET=str(self.notify_path))
         self.log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=self.log, cwd=self.workdir, env=env)
