@@ -222,3 +222,65 @@ class LiveTarget:
             return replies
         except asyncio.TimeoutError:
             raise FuzzFailure(f"no answer and no close within {self.bound} s: hung", data) from None
+
+
+class EngineSession:
+    """A 4.1 client and session on an Engine, so generated ops run after a SEQUENCE that
+    succeeds (otherwise nearly every generated COMPOUND stops at OP_NOT_IN_SESSION).
+    A session a generated op destroyed, or a SEQUENCE that failed, opens a new one."""
+
+    def __init__(self, engine: Engine, cred):
+        self.engine, self.cred = engine, cred
+        self.clients = 0
+        self.sessionid = b""
+        self.seq = 0
+        self._xid = 0x10000
+        self.open()
+
+    def _compound(self, ops):
+        from nfsd.rpc import encode_call
+        from nfsd.xdr import encode
+        self._xid += 1
+        data = encode_call(self._xid, 100003, 4, PROC_COMPOUND, self.cred,
+                           encode(n.COMPOUND4args, n.COMPOUND4args(tag=b"", minorversion=1, argarray=ops)))
+        (reply,) = self.engine.send(data)
+        return decode(n.COMPOUND4res, parse_reply(bytes(reply)[4:]).body)
+
+    def open(self) -> None:
+        self.clients += 1
+        owner = n.client_owner4(co_verifier=b"fuzzverf", co_ownerid=b"fuzz-%d" % self.clients)
+        res = self._compound([n.nfs_argop4(n.OP_EXCHANGE_ID, n.EXCHANGE_ID4args(
+            eia_clientowner=owner, eia_flags=0, eia_state_protect=n.state_protect4_a(n.SP4_NONE),
+            eia_client_impl_id=[]))])
+        eid = res.resarray[0].value.value
+        fore = n.channel_attrs4(0, 1 << 20, 1 << 20, 8192, 16, 4, [])
+        back = n.channel_attrs4(0, 4096, 4096, 0, 2, 1, [])
+        res = self._compound([n.nfs_argop4(n.OP_CREATE_SESSION, n.CREATE_SESSION4args(
+            csa_clientid=eid.eir_clientid, csa_sequence=eid.eir_sequenceid, csa_flags=0,
+            csa_fore_chan_attrs=fore, csa_back_chan_attrs=back, csa_cb_program=0x40000000,
+            csa_sec_parms=[n.callback_sec_parms4(n.AUTH_NONE)]))])
+        self.sessionid = bytes(res.resarray[0].value.value.csr_sessionid)
+        self.seq = 0
+        self._compound(self.prefix()[:1] + [n.nfs_argop4(n.OP_RECLAIM_COMPLETE, n.RECLAIM_COMPLETE4args(False))])
+        self.seq += 1
+
+    def prefix(self) -> list:
+        """SEQUENCE on slot 0 and PUTROOTFH, to put in front of generated ops."""
+        return [n.nfs_argop4(n.OP_SEQUENCE, n.SEQUENCE4args(
+                    sa_sessionid=self.sessionid, sa_sequenceid=self.seq + 1, sa_slotid=0,
+                    sa_highest_slotid=0, sa_cachethis=False)),
+                n.nfs_argop4(n.OP_PUTROOTFH)]
+
+    def after(self, replies: list) -> None:
+        """Advance the slot's sequence id if SEQUENCE worked, else start over."""
+        for reply in replies:
+            try:
+                r = parse_reply(bytes(reply)[4:])
+                res = decode(n.COMPOUND4res, r.body)
+            except Exception:
+                continue
+            if res.resarray and res.resarray[0].tag == n.OP_SEQUENCE:
+                if op_status(res.resarray[0]) == n.NFS4_OK:
+                    self.seq += 1
+                    return
+        self.open()
