@@ -54,6 +54,7 @@ class NfsConnection(asyncio.BufferedProtocol):
         self._queued: deque[CallReceived] = deque()   # parsed, waiting for an in-flight place
         self._reading_paused = False
         self._writing_paused = False
+        self._write_paused_at = 0.0
 
     # ---- asyncio callbacks ----------------------------------------------------------
     def connection_made(self, transport) -> None:
@@ -109,7 +110,15 @@ class NfsConnection(asyncio.BufferedProtocol):
 
     def check_timeouts(self, now: float, limits: Limits) -> None:
         """Called by the server's sweeper: end an idle or too slow connection."""
-        if self.closed or self._reading_paused:
+        if self.closed:
+            return
+        if self._writing_paused:
+            # It does not read its replies: after the idle timeout, stop holding them.
+            if now - self._write_paused_at > limits.idle_timeout:
+                self.abort("connection_not_reading",
+                           f"replies unread for {limits.idle_timeout:g} s (idle_timeout)")
+            return
+        if self._reading_paused:
             return
         if self.record_started is not None and now - self.record_started > limits.record_timeout:
             self.abort("connection_slow_record",
@@ -131,6 +140,7 @@ class NfsConnection(asyncio.BufferedProtocol):
 
     def pause_writing(self) -> None:
         self._writing_paused = True
+        self._write_paused_at = time.monotonic()
         self._pause_reading()
 
     def resume_writing(self) -> None:

@@ -108,6 +108,34 @@ def test_idle_connection_is_closed(fake_server_factory):
     asyncio.run(body())
 
 
+def test_client_not_reading_its_replies_is_dropped(fake_server_factory):
+    """Pipelined calls whose replies are never read: once the server's write buffer is
+    full it stops reading, and after idle_timeout (0.5 s here) it drops the connection
+    instead of holding the replies forever."""
+    st = fake_server_factory(limits=Limits(idle_timeout=0.5))
+
+    async def body():
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", st.port))
+        sock.setblocking(False)
+        _r, w = await asyncio.open_connection(sock=sock)
+        await asyncio.sleep(0.2)
+
+        def small_send_buffer():                             # so replies back up quickly
+            for conn in st.server.connections:
+                conn.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        st.call(small_send_buffer)
+        w.write(NULL_CALL * 20_000)                           # 800 KB of calls, no reads
+        for _ in range(300):
+            await asyncio.sleep(0.1)
+            if not st.server.connections:
+                break
+        assert not st.server.connections
+        w.transport.abort()
+    asyncio.run(body())
+
+
 def test_slow_record_is_dropped_and_others_are_served(fake_server_factory):
     """slowloris: a record mark, then one byte every 0.1 s, with record_timeout 0.5 s."""
     st = fake_server_factory(limits=Limits(record_timeout=0.5))
