@@ -32,8 +32,6 @@ from nfsd.rpc import CallReceived, ConnectionError as RpcConnectionError, RpcCon
 
 log = structlog.get_logger(__name__)
 
-DEFAULT_MAX_INFLIGHT = Limits.max_inflight
-
 
 class NfsConnection(asyncio.BufferedProtocol):
     def __init__(self, server, limits: Limits | None = None):
