@@ -15,6 +15,14 @@ declared maxima of the .x, the RPC layer's in nfsd/rpc.py). Defaults, and why:
     max_fragments     64      fragments of one record (nfsd/rpc.py)
     log_interval      60 s    rejected input is logged once per client and kind per
                               interval, with the count of what was suppressed
+
+Log events (structlog, warning unless said, `client=` and `suppressed=` on each):
+connection_refused (network no export admits, max_connections, max_per_address; closed
+at accept), connection_slow_record (record_timeout), connection_not_reading (replies
+unread for idle_timeout), connection_idle_closed (info, not rate-limited: one per
+connection), rpc_stream_error (max_record, max_fragments), rpc_rejected (RPC-level
+errors), rpc_garbage_args (undecodable COMPOUND, e.g. a bitmap4 above 8 words),
+insecure_port_refused (`secure` export, source port >= 1024).
 """
 from __future__ import annotations
 
