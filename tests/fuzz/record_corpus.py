@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,13 +21,9 @@ import threading
 import time
 from pathlib import Path
 
+from tests.support.loopback import free_port, wait_listening
+
 CORPUS = Path(__file__).parent / "corpus"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RecordingProxy:
@@ -96,20 +91,12 @@ def workload(port: int) -> None:
 
 def main(outdir: Path = CORPUS) -> None:
     outdir.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         proc = subprocess.Popen([sys.executable, "-m", "nfsd", "--listen", f"127.0.0.1:{port}",
                                  "--cache-dir", os.path.join(tmp, "cache"), "--log-level", "warning"])
         try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.1)
+            wait_listening(port, proc)
             proxy = RecordingProxy(port).start()
             workload(proxy.port)
             time.sleep(0.5)

@@ -9,15 +9,13 @@ resident memory stays bounded (measured from /proc, a generous bound, not a timi
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
 import struct
 import subprocess
 import sys
-import time
 
 from nfsd.rpc import LAST_FRAGMENT
 from tests.nfsclient import NfsClient
+from tests.support.loopback import closed_by_server, free_port, wait_listening
 
 CONNECTIONS = 10_000
 BATCH = 100                     # connections open at once while churning (< max_per_address)
@@ -30,23 +28,6 @@ def rss_bytes(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise AssertionError("no VmRSS")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-async def closed_by_server(reader, timeout: float) -> bool:
-    try:
-        while await asyncio.wait_for(reader.read(65536), timeout):
-            pass
-        return True
-    except (ConnectionError, OSError):
-        return True
-    except asyncio.TimeoutError:
-        return False
 
 
 async def slowloris(port: int) -> bool:
@@ -136,14 +117,7 @@ def test_gateway_keeps_serving_under_hostile_clients_with_bounded_memory(tmp_pat
              str(tmp_path / "cache"), "--limit", "record_timeout=2", "--limit", "idle_timeout=5"],
             stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
-                time.sleep(0.1)
+        wait_listening(port, proc, why=log_path.read_text)
 
         async def main():
             stop = asyncio.Event()

@@ -14,6 +14,7 @@ from nfsd.exports import Export, Exports
 from nfsd.limits import Limits, RateLimitedLog
 from nfsd.rpc import LAST_FRAGMENT, encode_call, parse_reply
 from nfsd.xdr.rpc import AUTH_ERROR, AUTH_TOOWEAK
+from tests.support.loopback import closed_by_server
 
 NULL_CALL = encode_call(1, 100003, 4, 0, None)
 
@@ -40,18 +41,6 @@ async def null_ok(reader, writer) -> bool:
     await writer.drain()
     r = await read_reply(reader)
     return r.accepted and r.stat == 0
-
-
-async def closed_by_server(reader, timeout: float) -> bool:
-    """True when the server ends the connection (EOF or reset) within timeout."""
-    try:
-        while await asyncio.wait_for(reader.read(65536), timeout):
-            pass
-        return True
-    except (ConnectionError, OSError):
-        return True
-    except asyncio.TimeoutError:
-        return False
 
 
 def test_default_limit_values():
