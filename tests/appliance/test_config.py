@@ -328,3 +328,13 @@ def test_admin_socket_default_follows_the_service(monkeypatch):
     monkeypatch.setenv("NOTIFY_SOCKET", "/run/systemd/notify")
     monkeypatch.setenv("INVOCATION_ID", "abc")
     assert cfg.admin_socket_path() == "/run/ckptgw/admin.sock"
+
+
+def test_exports_are_secure_unless_they_say_insecure(tmp_path):
+    assert c.ExportSettings().secure is True                       # knfsd's default
+    assert c.parse_export_flag("/ck:127.0.0.0/8:rw:none:insecure")["secure"] is False
+    assert c.parse_export_flag("/ck:127.0.0.0/8:rw:none:secure")["secure"] is True
+    assert "secure" not in c.parse_export_flag("/ck:127.0.0.0/8:rw:none")
+    f = tmp_path / "c.toml"
+    f.write_text('[[exports]]\npath = "/ck"\nsecure = false\n')
+    assert c.load(str(f)).exports[0].secure is False
