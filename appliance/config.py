@@ -403,6 +403,9 @@ class ExportSettings:
                        'everyone does; "none": trust client uids.')
     anon_uid: int = _opt(65534, _int(0, 2**32 - 1), "uid squashed requests run as.")
     anon_gid: int = _opt(65534, _int(0, 2**32 - 1), "gid squashed requests run as.")
+    secure: bool = _opt(True, _bool, "Require AUTH_SYS clients to use a source port < 1024, as knfsd's "
+                        "`secure` (others get AUTH_TOOWEAK). false = `insecure`: needed by nfs-rs "
+                        "(noresvport) and other user-space clients.")
     owner: tuple | None = _opt(None, _owner, 'Owner of the export\'s root directory, "UID:GID", set at start and '
                                'on reload ("": leave it). A squashed root cannot chown it over NFS: set it here.',
                                example='""')
@@ -869,9 +872,13 @@ def flag_options() -> list[tuple[str, tuple, str]]:
 
 
 def parse_export_flag(text: str) -> dict:
-    """--export PATH[:NETWORKS[:rw|ro[:SQUASH]]], NETWORKS comma-separated:
-    "/checkpoints:10.0.0.0/8,127.0.0.1:rw:root"."""
+    """--export PATH[:NETWORKS[:rw|ro[:SQUASH[:secure|insecure]]]], NETWORKS comma-separated:
+    "/checkpoints:10.0.0.0/8,127.0.0.1:rw:root:insecure"."""
     parts = text.split(":")
+    if len(parts) == 5 and parts[4] in ("secure", "insecure"):
+        secure = parts.pop() == "secure"
+    else:
+        secure = None
     if len(parts) > 4:
         # IPv6 networks contain ':' too: then NETWORKS must be last-but-two... keep it simple:
         raise ConfigError(None, f"--export {text!r}", "expected PATH[:NETWORKS[:rw|ro[:none|root|all]]] "
@@ -883,6 +890,8 @@ def parse_export_flag(text: str) -> dict:
         item["access"] = parts[2]
     if len(parts) > 3 and parts[3]:
         item["squash"] = parts[3]
+    if secure is not None:
+        item["secure"] = secure
     return item
 
 

@@ -17,7 +17,7 @@ INTRO = """\
 # names another). Check a file with `ckptgw check-config PATH` (exit 0: good). Every option is
 # also a flag of `ckptgw serve`: [server] keys as --KEY (--listen, --cache-dir), the others as
 # --TABLE-KEY (--s3-endpoint, --metrics-listen, --upload-settle); exports as repeatable
-# --export PATH[:NETWORKS[:rw|ro[:SQUASH]]].
+# --export PATH[:NETWORKS[:rw|ro[:SQUASH[:secure|insecure]]]].
 #
 # Sizes: bytes, or "512KiB" "8MiB" "500GiB" (binary) / "10GB" (decimal).
 # Durations: seconds, or "500ms" "90s" "5m" "2h" "30d" "1w".

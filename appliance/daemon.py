@@ -88,7 +88,7 @@ def build_exports(cfg: configmod.Config, store):
         _prepare_root(store, e, root)
         out.append(Export(eid, e.path, networks=tuple(e.networks), rw=e.access == "rw",
                           root_squash=e.squash in ("root", "all"), all_squash=e.squash == "all",
-                          anonuid=e.anon_uid, anongid=e.anon_gid, root_ino=root))
+                          anonuid=e.anon_uid, anongid=e.anon_gid, secure=e.secure, root_ino=root))
     domain = cfg.server.owner_domain
     return Exports(out, idmap=IdMapper(domain, reply_names=True) if domain else None)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import signal
 import sys
@@ -15,6 +16,7 @@ import structlog
 
 from cache.store import Store
 from nfsd.exports import Exports
+from nfsd.limits import Limits
 from nfsd.server import NfsServer
 from nfsd.state import DEFAULT_LEASE_TIME
 
@@ -26,6 +28,21 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
+def parse_limit(value: str) -> tuple[str, float]:
+    """NAME=VALUE for a field of nfsd.limits.Limits (e.g. record_timeout=5)."""
+    name, sep, raw = value.partition("=")
+    kinds = {f.name: f.type for f in dataclasses.fields(Limits)}
+    if not sep or name not in kinds:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE with NAME one of {', '.join(kinds)}")
+    try:
+        number = float(raw) if kinds[name] in (float, "float") else int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{name}: expected a number, got {raw!r}") from None
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"{name}: expected a positive number, got {raw!r}")
+    return name, number
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m nfsd", description=__doc__.splitlines()[0])
     p.add_argument("--listen", type=parse_listen, default=("127.0.0.1", 2049),
@@ -35,6 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
     # The dev default is no squashing: the kernel-client harness and tests act as root.
     p.add_argument("--root-squash", action="store_true",
                    help="map uid/gid 0 to nobody (default: off for this dev entry point)")
+    # Likewise `insecure`: the harness, nfs-rs (noresvport) and tests use unprivileged ports.
+    # The appliance's exports default to `secure`, as knfsd's do.
+    p.add_argument("--secure", action="store_true",
+                   help="require a source port < 1024 (default: off for this dev entry point)")
+    p.add_argument("--limit", type=parse_limit, action="append", default=[], metavar="NAME=VALUE",
+                   help="override a connection limit of nfsd/limits.py (repeatable)")
     p.add_argument("--lease-time", type=float, default=DEFAULT_LEASE_TIME,
                    help="NFSv4 lease time in seconds (default 90)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -47,8 +70,9 @@ async def run(args) -> None:
     except OSError as exc:                  # StoreError included: it names the problem
         raise SystemExit(f"python -m nfsd: cannot open the store in {args.cache_dir}: {exc}") from None
     try:
-        server = NfsServer(store, Exports.single(args.export, root_squash=args.root_squash),
-                           args.lease_time)
+        server = NfsServer(store, Exports.single(args.export, root_squash=args.root_squash,
+                                                  secure=args.secure),
+                           args.lease_time, limits=Limits(**dict(args.limit)))
         try:
             await server.start(*args.listen)
         except OSError as exc:

@@ -23,7 +23,7 @@ from nfsd.xdr.nfs4 import (
     FATTR4_SUPPATTR_EXCLCREAT, FATTR4_SUPPORTED_ATTRS, FATTR4_SYMLINK_SUPPORT,
     FATTR4_TIME_ACCESS, FATTR4_TIME_ACCESS_SET, FATTR4_TIME_DELTA, FATTR4_TIME_METADATA,
     FATTR4_TIME_MODIFY, FATTR4_TIME_MODIFY_SET, FATTR4_TYPE, FATTR4_UNIQUE_HANDLES,
-    FH4_PERSISTENT, NFS4ERR_ATTRNOTSUPP, NFS4ERR_BADXDR, NFS4ERR_INVAL, NFS4_OK,
+    FH4_PERSISTENT, MAX_BITMAP_WORDS, NFS4ERR_ATTRNOTSUPP, NFS4ERR_BADXDR, NFS4ERR_INVAL, NFS4_OK,
     fattr4, fsid4, nfstime4, specdata4,
     fattr4_cansettime, fattr4_case_insensitive, fattr4_case_preserving, fattr4_change,
     fattr4_chown_restricted, fattr4_fh_expire_type, fattr4_filehandle, fattr4_fileid,
@@ -45,10 +45,15 @@ MAX_NAME = 255
 
 
 # ---- bitmaps ---------------------------------------------------------------------------------
+# A client controls a bitmap's length: decoding refuses more than MAX_BITMAP_WORDS words
+# (nfsd/xdr/nfs4.py), and nothing here expands more than that, so a bitmap costs at most
+# 32 * MAX_BITMAP_WORDS attribute numbers. Unsupported bits are found by masking words
+# (`unsupported`), never by expanding them.
 def bits_of(bitmap: list[int]) -> list[int]:
-    """Attribute numbers set in a bitmap4, ascending."""
+    """Attribute numbers set in a bitmap4, ascending (words past MAX_BITMAP_WORDS,
+    which decoding never lets through, are ignored)."""
     out = []
-    for word_index, word in enumerate(bitmap):
+    for word_index, word in enumerate(bitmap[:MAX_BITMAP_WORDS]):
         base = word_index * 32
         while word:
             low = word & -word
@@ -180,6 +185,24 @@ ATTRS: dict[int, AttrDef] = {
 
 SUPPORTED = frozenset(ATTRS)
 SUPPORTED_BITMAP = bitmap_of(sorted(SUPPORTED))
+
+
+def unsupported(bitmap: list[int]) -> bool:
+    """Whether the bitmap sets any attribute we do not support (word masks, no expansion)."""
+    known = len(SUPPORTED_BITMAP)
+    for i, word in enumerate(bitmap):
+        if word & ~(SUPPORTED_BITMAP[i] if i < known else 0):
+            return True
+    return False
+
+
+def supported_part(bitmap: list[int]) -> tuple[int, ...]:
+    """The bitmap with only supported attributes left (trailing zero words dropped)."""
+    words = [w & s for w, s in zip(bitmap, SUPPORTED_BITMAP)]
+    while words and not words[-1]:
+        words.pop()
+    return tuple(words)
+
 WRITABLE = frozenset(b for b, d in ATTRS.items() if d.writable)
 WRITE_ONLY = frozenset(b for b, d in ATTRS.items() if d.get is None)
 # EXCLUSIVE4_1 creates keep the verifier in the times (RFC 8881 18.16.3), so those
@@ -196,11 +219,11 @@ _MAX_PLANS = 256
 def _plan(requested: list[int]) -> tuple:
     """(returned bitmap, [(pack, getter)]) for a request bitmap, computed once: READDIR
     encodes the same request for thousands of entries."""
-    key = tuple(requested)
+    key = supported_part(requested)        # unknown bits are left out anyway: one plan
     plan = _plans.get(key)
     if plan is None:
         steps, returned = [], []
-        for bit in bits_of(requested):
+        for bit in bits_of(list(key)):
             d = ATTRS.get(bit)
             if d is None or d.get is None:
                 continue
@@ -233,10 +256,9 @@ def decode(fattr, *, allowed: frozenset = WRITABLE) -> dict[int, object]:
     """{attribute number: value} from a client's fattr4. Unsupported attributes:
     NFS4ERR_ATTRNOTSUPP; supported but not in `allowed`: NFS4ERR_INVAL (read-only);
     malformed values: NFS4ERR_BADXDR."""
+    if unsupported(fattr.attrmask):
+        raise NfsError(NFS4ERR_ATTRNOTSUPP, "an attribute in the mask is not supported")
     bits = bits_of(fattr.attrmask)
-    for bit in bits:
-        if bit not in SUPPORTED:
-            raise NfsError(NFS4ERR_ATTRNOTSUPP, f"attribute {bit} not supported")
     for bit in bits:
         if bit not in allowed:
             raise NfsError(NFS4ERR_INVAL, f"attribute {bit} cannot be set")

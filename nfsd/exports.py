@@ -45,6 +45,10 @@ class Export:
     all_squash: bool = False
     anonuid: int = 65534
     anongid: int = 65534
+    # knfsd's `secure`: AUTH_SYS/AUTH_NONE calls must come from a source port < 1024
+    # (only root binds those, so a client's uid claims rest on its root). `insecure`
+    # (False) admits unprivileged ports: nfs-rs (noresvport), user-space tools, tests.
+    secure: bool = True
     root_ino: int = ROOT_INO                    # store subtree (single export: the store root)
     _nets: list = field(default_factory=list, init=False, repr=False)
     # client address -> allowed: every op asks, parsing the address each time cost ~5% CPU
@@ -67,6 +71,9 @@ class Export:
                 self._verdicts.clear()
             verdict = self._verdicts[ip] = self._allows(ip)
         return verdict
+
+    def port_ok(self, port: int) -> bool:
+        return not self.secure or port < 1024
 
     def _allows(self, ip: str) -> bool:
         try:
@@ -227,6 +234,11 @@ class Exports:
     def client_allowed(self, ip: str) -> bool:
         """Whether any export admits this client (RPC layer: others get AUTH_ERROR)."""
         return any(e.allows(ip) for e in self.exports.values())
+
+    def port_allowed(self, ip: str, port: int) -> bool:
+        """Whether a client at ip:port may call at all: a privileged port, or an
+        `insecure` export admits it (others: AUTH_TOOWEAK, as knfsd answers)."""
+        return port < 1024 or any(e.allows(ip) and not e.secure for e in self.exports.values())
 
     def node(self, index: int) -> PseudoNode | None:
         if 0 <= index < len(self.nodes):

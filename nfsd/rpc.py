@@ -17,6 +17,14 @@ WRITE payload straight into the buffer the call is decoded from. Each record get
 buffer the connection never touches again, so it stays valid while the call runs.
 Small records are copied out of a reusable scratch buffer (cheap, and it lets one
 recv syscall carry many pipelined small calls).
+
+Hostile input: a record mark is only a claim. A record's buffer starts at
+RECORD_INITIAL_ALLOC bytes and doubles as bytes actually arrive (never past what the
+marks announced), so a client announcing 2 MiB and sending 10 bytes costs 64 KiB, not
+2 MiB. A record above `max_record` bytes or made of more than `max_fragments`
+fragments ends the connection (ConnectionError). Growth happens only in
+`get_buffer`/`_parse_scratch`, never while a view handed out by `get_buffer` may
+still be alive (a bytearray with exports cannot be resized).
 """
 from __future__ import annotations
 
@@ -41,6 +49,11 @@ DEFAULT_MAX_RECORD = 2 * 1024 * 1024 + 64 * 1024
 # Records below this size are assembled in the scratch buffer and copied out.
 DIRECT_RECEIVE_THRESHOLD = 16 * 1024
 SCRATCH_SIZE = 64 * 1024         # per connection, allocated once
+# A record's buffer starts this small and doubles as its bytes arrive (see above).
+RECORD_INITIAL_ALLOC = 64 * 1024
+# Fragments one record may have. Clients send one (Linux, nfs-rs); RFC 5531 sets no
+# bound, and endless empty non-last fragments would otherwise never end a record.
+DEFAULT_MAX_FRAGMENTS = 64
 
 _U32 = struct.Struct(">I")
 _CALL_HEAD = struct.Struct(">IIIIII")     # xid, mtype, rpcvers, prog, vers, proc
@@ -169,14 +182,19 @@ class RpcConnection:
     """The RPC state of one server-side connection (no I/O).
 
     `programs` maps program number -> Program. `max_record` bounds one record
-    (all its fragments); a larger one yields ConnectionError and nothing more is parsed.
+    (all its fragments) and `max_fragments` its fragment count; a record beyond either
+    yields ConnectionError and nothing more is parsed.
     """
 
     def __init__(self, programs: dict[int, Program], max_record: int = DEFAULT_MAX_RECORD,
                  direct_threshold: int = DIRECT_RECEIVE_THRESHOLD,
-                 scratch_size: int = SCRATCH_SIZE):
+                 scratch_size: int = SCRATCH_SIZE,
+                 max_fragments: int = DEFAULT_MAX_FRAGMENTS):
         self.programs = programs
         self.max_record = max_record
+        self.max_fragments = max_fragments
+        self._fragments = 0        # fragments of the record being assembled
+        self.records = 0           # complete records parsed (callers watch progress)
         self.direct_threshold = direct_threshold
         self._scratch = bytearray(scratch_size)
         self._scratch_view = memoryview(self._scratch)
@@ -197,6 +215,8 @@ class RpcConnection:
     def get_buffer(self, sizehint: int = -1) -> memoryview:
         if self._direct:
             assert self._record is not None
+            if len(self._record) == self._record_len:      # full: grow as bytes arrive
+                self._reserve(min(self._frag_remaining, max(len(self._record), RECORD_INITIAL_ALLOC)))
             return memoryview(self._record)[self._record_len:self._record_len + self._frag_remaining]
         if self._end == len(self._scratch):
             self._compact()
@@ -221,9 +241,9 @@ class RpcConnection:
         events: list = []
         view = memoryview(data)
         while len(view) and not self._broken:
-            buf = self.get_buffer(len(view))
-            n = min(len(buf), len(view))
-            buf[:n] = view[:n]
+            with self.get_buffer(len(view)) as buf:    # released: the record may grow next
+                n = min(len(buf), len(view))
+                buf[:n] = view[:n]
             view = view[n:]
             events.extend(self.buffer_updated(n))
         return events
@@ -231,6 +251,16 @@ class RpcConnection:
     @property
     def broken(self) -> bool:
         return self._broken
+
+    @property
+    def partial(self) -> bool:
+        """Whether part of a record has arrived (the transport times how long it takes)."""
+        return self._in_fragment or self._record is not None or self._end > self._start
+
+    @property
+    def buffered(self) -> int:
+        """Bytes this connection holds for records not yet complete (memory accounting)."""
+        return (len(self._record) if self._record is not None else 0) + len(self._scratch)
 
     # -- record marking (RFC 5531 section 11) --
     def _compact(self) -> None:
@@ -252,6 +282,10 @@ class RpcConnection:
                     self._fail(events, f"record of {self._record_len + length}+ bytes "
                                        f"above the limit {self.max_record}")
                     break
+                self._fragments += 1
+                if self._fragments > self.max_fragments:
+                    self._fail(events, f"record of more than {self.max_fragments} fragments")
+                    break
                 self._frag_last = bool(mark & LAST_FRAGMENT)
                 self._frag_remaining = length
                 self._in_fragment = True
@@ -260,6 +294,7 @@ class RpcConnection:
             take = min(avail, self._frag_remaining)
             if take:
                 assert self._record is not None
+                self._reserve(take)
                 self._record[self._record_len:self._record_len + take] = \
                     self._scratch_view[self._start:self._start + take]
                 self._record_len += take
@@ -279,11 +314,20 @@ class RpcConnection:
         return events
 
     def _grow_record(self, fragment_len: int) -> None:
+        """A fragment starts: make sure a record exists; bytes are reserved as they come."""
         if self._record is None:
-            self._record = bytearray(fragment_len)
+            self._record = bytearray(min(fragment_len, RECORD_INITIAL_ALLOC))
             self._record_len = 0
-        else:                                  # a further fragment: extend (rare)
-            self._record.extend(bytes(fragment_len))
+
+    def _reserve(self, n: int) -> None:
+        """Room for n more bytes of the current fragment: at least double the buffer
+        (amortised copies), never beyond the bytes the fragment still announces."""
+        record = self._record
+        need = self._record_len + n
+        if len(record) >= need:
+            return
+        target = min(self._record_len + self._frag_remaining, max(need, 2 * len(record)))
+        record.extend(bytes(target - len(record)))
 
     def _end_fragment(self, events: list) -> None:
         self._in_fragment = False
@@ -291,8 +335,11 @@ class RpcConnection:
             return
         record = self._record
         assert record is not None
+        del record[self._record_len:]          # announced bytes all arrived: a no-op
         self._record = None
         self._record_len = 0
+        self._fragments = 0
+        self.records += 1
         events.append(self._parse_call(record))
 
     def _fail(self, events: list, reason: str) -> None:

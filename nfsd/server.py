@@ -10,6 +10,7 @@ The store is the caller's: `stop()` does not close it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import hashlib
 import time
@@ -18,12 +19,13 @@ from concurrent.futures import ThreadPoolExecutor
 import structlog
 
 from nfsd.compound import GarbageArgs, run_compound
+from nfsd.limits import Limits, RateLimitedLog
 from nfsd.rpc import (
-    DEFAULT_MAX_RECORD, Program, auth_error_reply, finish_reply, garbage_args_reply,
+    Program, auth_error_reply, finish_reply, garbage_args_reply,
     start_success_reply, system_err_reply,
 )
 from nfsd.state import DEFAULT_LEASE_TIME, SessionManager
-from nfsd.transport import DEFAULT_MAX_INFLIGHT, NfsConnection
+from nfsd.transport import NfsConnection
 from nfsd.xdr.rpc import AUTH_TOOWEAK
 
 log = structlog.get_logger(__name__)
@@ -40,8 +42,9 @@ class NfsServer:
     observer = None
 
     def __init__(self, store, exports, lease_time: float = DEFAULT_LEASE_TIME, *,
-                 handlers: dict | None = None, opens=None, max_record: int = DEFAULT_MAX_RECORD,
-                 max_inflight: int = DEFAULT_MAX_INFLIGHT, blocking_threads: int = 4):
+                 handlers: dict | None = None, opens=None, limits: Limits | None = None,
+                 max_record: int | None = None, max_inflight: int | None = None,
+                 blocking_threads: int = 4):
         self.store = store
         self.exports = exports
         self.lease_time = lease_time
@@ -63,8 +66,18 @@ class NfsServer:
         attach = getattr(opens, "attach", None)
         if attach is not None:
             attach(self.sessions)
-        self.max_record = max_record
-        self.max_inflight = max_inflight          # calls running at once per connection
+        limits = limits or Limits()
+        if max_record is not None:
+            limits = dataclasses.replace(limits, max_record=max_record)
+        if max_inflight is not None:
+            limits = dataclasses.replace(limits, max_inflight=max_inflight)
+        self.limits = limits
+        self.max_record = limits.max_record
+        self.max_inflight = limits.max_inflight    # calls running at once per connection
+        # Rejected input and refused connections: one line per client and kind per interval.
+        self.ratelog = RateLimitedLog(log, limits.log_interval)
+        self._per_address: dict[str, int] = {}
+        self._sweeper: asyncio.Task | None = None
         self.programs = {NFS_PROGRAM: Program(NFS_PROGRAM, NFS_V4, NFS_V4,
                                               frozenset({PROC_NULL, PROC_COMPOUND}))}
         self.log = log
@@ -77,9 +90,10 @@ class NfsServer:
     async def start(self, host: str = "127.0.0.1", port: int = 2049) -> None:
         loop = asyncio.get_running_loop()
         self._listener = await loop.create_server(
-            lambda: NfsConnection(self, self.max_inflight), host, port, reuse_address=True, backlog=256)
+            lambda: NfsConnection(self, self.limits), host, port, reuse_address=True, backlog=256)
         self.address = self._listener.sockets[0].getsockname()[:2]
         self.sessions.start_reaper()
+        self._sweeper = loop.create_task(self._sweep())
         log.info("nfsd_listening", host=self.address[0], port=self.address[1],
                  lease_time=self.lease_time)
 
@@ -91,6 +105,9 @@ class NfsServer:
         """Stop accepting, let in-flight calls finish (bounded), close connections."""
         if self._listener is not None:
             self._listener.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         conns = list(self.connections)
         for conn in conns:
             conn.stop_reading()
@@ -121,10 +138,13 @@ class NfsServer:
     # ---- connections -----------------------------------------------------------
     def client_allowed(self, ip: str) -> bool:
         check = getattr(self.exports, "client_allowed", None)
-        allowed = True if check is None else bool(check(ip))
-        if not allowed:
-            log.warning("client_refused", peer=ip, reason="no export admits this address")
-        return allowed
+        return True if check is None else bool(check(ip))
+
+    def port_allowed(self, ip: str, port: int) -> bool:
+        """`secure` exports: a source port >= 1024 is accepted only when an export that
+        admits this client is `insecure` (knfsd's rule)."""
+        check = getattr(self.exports, "port_allowed", None)
+        return True if check is None else bool(check(ip, port))
 
     def set_exports(self, exports) -> None:
         """Swap the exports (config reload); the network check is redone for every open
@@ -132,13 +152,46 @@ class NfsServer:
         self.exports = exports
         for conn in list(self.connections):
             conn.allowed = self.client_allowed(conn.peer[0])
+            conn.port_ok = self.port_allowed(*conn.peer[:2])
 
-    def connection_made(self, conn: NfsConnection) -> None:
-        self.connections.add(conn)
+    def connection_made(self, conn: NfsConnection) -> str | None:
+        """Admit a new connection, or say why it is closed at once (logged rate-limited)."""
+        ip = conn.peer[0]
+        limits = self.limits
+        if not self.client_allowed(ip):
+            reason = "no export admits this address"
+        elif len(self.connections) >= limits.max_connections:
+            reason = f"{limits.max_connections} connections open (max_connections)"
+        elif self._per_address.get(ip, 0) >= limits.max_per_address:
+            reason = f"{limits.max_per_address} connections from this address (max_per_address)"
+        else:
+            conn.port_ok = self.port_allowed(ip, conn.peer[1])
+            self.connections.add(conn)
+            self._per_address[ip] = self._per_address.get(ip, 0) + 1
+            return None
+        self.ratelog.warning("connection_refused", ip, reason=reason)
+        return reason
 
     def connection_lost(self, conn: NfsConnection) -> None:
+        if conn not in self.connections:
+            return                                     # refused at accept
         self.connections.discard(conn)
+        ip = conn.peer[0]
+        left = self._per_address.get(ip, 1) - 1
+        if left > 0:
+            self._per_address[ip] = left
+        else:
+            self._per_address.pop(ip, None)
         self.sessions.connection_lost(conn)
+
+    async def _sweep(self) -> None:
+        """End idle connections and records that take too long (nfsd/limits.py)."""
+        limits = self.limits
+        while True:
+            await asyncio.sleep(limits.sweep_interval)
+            now = time.monotonic()
+            for conn in list(self.connections):
+                conn.check_timeouts(now, limits)
 
     # ---- RPC dispatch ------------------------------------------------------------
     async def handle_call(self, call, conn) -> bytes | bytearray | None:
@@ -149,11 +202,16 @@ class NfsServer:
             return auth_error_reply(xid, AUTH_TOOWEAK)
         if call.proc == PROC_NULL:
             return finish_reply(start_success_reply(xid))
+        if not conn.port_ok:
+            self.ratelog.warning("insecure_port_refused", conn.peer[0], port=conn.peer[1],
+                                 reason="every export admitting this client is `secure` "
+                                        "(source port must be < 1024)")
+            return auth_error_reply(xid, AUTH_TOOWEAK)
         out = start_success_reply(xid)
         try:
             await run_compound(self, call.cred, conn.peer, conn, call.args, out)
         except GarbageArgs as exc:
-            log.info("rpc_garbage_args", peer=conn.peer[0], xid=xid, error=str(exc))
+            self.ratelog.warning("rpc_garbage_args", conn.peer[0], xid=xid, error=str(exc))
             return garbage_args_reply(xid)
         except Exception:
             log.exception("compound_failed", peer=conn.peer[0], xid=xid)

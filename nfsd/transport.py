@@ -10,36 +10,49 @@ connection run concurrently; each reply is written as soon as it is ready
 Backpressure: at most `max_inflight` calls per connection run at once, and a
 client that does not read its replies (the transport's write buffer is full)
 stops being read; both resume on their own.
+
+Limits (nfsd/limits.py): the server may refuse a connection at accept (network no
+export admits, too many connections); the connection records when it last received a
+byte (`last_activity`) and since when a record has been incomplete (`record_started`,
+reset whenever a record completes), which the server's sweeper compares with the idle
+and record timeouts. While reading is paused by backpressure, the clock of an
+incomplete record does not run against the client.
 """
 from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections import deque
 
 import structlog
 
+from nfsd.limits import Limits
 from nfsd.rpc import CallReceived, ConnectionError as RpcConnectionError, RpcConnection, SendReply
 
 log = structlog.get_logger(__name__)
 
-DEFAULT_MAX_INFLIGHT = 128
-
 
 class NfsConnection(asyncio.BufferedProtocol):
-    def __init__(self, server, max_inflight: int = DEFAULT_MAX_INFLIGHT):
+    def __init__(self, server, limits: Limits | None = None):
+        limits = limits or Limits()
         self.server = server
-        self.rpc = RpcConnection(server.programs, server.max_record)
-        self.max_inflight = max_inflight
+        self.rpc = RpcConnection(server.programs, limits.max_record, max_fragments=limits.max_fragments)
+        self.max_inflight = limits.max_inflight
         self.transport: asyncio.Transport | None = None
         self.peer: tuple = ()
         self.sessions: set = set()          # NFSv4.1 sessions this connection is bound to
         self.allowed = True                 # export network check, once per connection
+        self.port_ok = True                 # `secure` exports: source port check
         self.closed = False
+        self.last_activity = time.monotonic()
+        self.record_started: float | None = None   # an incomplete record pending since
+        self._records_seen = 0
         self._inflight: set[asyncio.Task] = set()
         self._queued: deque[CallReceived] = deque()   # parsed, waiting for an in-flight place
         self._reading_paused = False
         self._writing_paused = False
+        self._write_paused_at = 0.0
 
     # ---- asyncio callbacks ----------------------------------------------------------
     def connection_made(self, transport) -> None:
@@ -49,15 +62,21 @@ class NfsConnection(asyncio.BufferedProtocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.allowed = self.server.client_allowed(self.peer[0])
-        self.server.connection_made(self)
+        refusal = self.server.connection_made(self)
+        if refusal is not None:             # closed at accept; the server logged why
+            self.closed = True
+            transport.abort()
+            return
         log.debug("connection_open", peer=self.peer[0], port=self.peer[1])
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.rpc.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
-        for event in self.rpc.buffer_updated(nbytes):
+        if self.closed:
+            return
+        rpc = self.rpc
+        for event in rpc.buffer_updated(nbytes):
             if isinstance(event, CallReceived):
                 if len(self._inflight) < self.max_inflight:
                     self._start(event)
@@ -66,13 +85,47 @@ class NfsConnection(asyncio.BufferedProtocol):
             elif isinstance(event, SendReply):
                 if event.data:
                     self.transport.write(event.data)
-                log.info("rpc_rejected", peer=self.peer[0], xid=event.xid, reason=event.reason)
+                self.server.ratelog.warning("rpc_rejected", self.peer[0], xid=event.xid,
+                                            reason=event.reason)
             elif isinstance(event, RpcConnectionError):
-                log.warning("rpc_stream_error", peer=self.peer[0], reason=event.reason)
-                self.transport.abort()
+                self.abort("rpc_stream_error", event.reason)
                 return
+        now = self.last_activity = time.monotonic()
+        if not rpc.partial:
+            self.record_started = None
+        elif self.record_started is None or rpc.records != self._records_seen:
+            self.record_started = now
+        self._records_seen = rpc.records
         if self._queued or len(self._inflight) >= self.max_inflight:
             self._pause_reading()
+
+    def abort(self, event: str, reason: str) -> None:
+        """Drop this connection for a limit or broken stream; logged rate-limited."""
+        self.server.ratelog.warning(event, self.peer[0], reason=reason)
+        if self.transport is not None and not self.closed:
+            self.transport.abort()
+        self.closed = True
+
+    def check_timeouts(self, now: float, limits: Limits) -> None:
+        """Called by the server's sweeper: end an idle or too slow connection."""
+        if self.closed:
+            return
+        if self._writing_paused:
+            # It does not read its replies: after the idle timeout, stop holding them.
+            if now - self._write_paused_at > limits.idle_timeout:
+                self.abort("connection_not_reading",
+                           f"replies unread for {limits.idle_timeout:g} s (idle_timeout)")
+            return
+        if self._reading_paused:
+            return
+        if self.record_started is not None and now - self.record_started > limits.record_timeout:
+            self.abort("connection_slow_record",
+                       f"record incomplete after {limits.record_timeout:g} s (record_timeout)")
+        elif (self.record_started is None and not self._inflight and not self._queued
+              and now - self.last_activity > limits.idle_timeout):
+            log.info("connection_idle_closed", client=self.peer[0], idle_timeout=limits.idle_timeout)
+            self.transport.close()
+            self.closed = True
 
     def eof_received(self) -> bool:
         return False                      # close our side; in-flight replies are dropped
@@ -85,6 +138,7 @@ class NfsConnection(asyncio.BufferedProtocol):
 
     def pause_writing(self) -> None:
         self._writing_paused = True
+        self._write_paused_at = time.monotonic()
         self._pause_reading()
 
     def resume_writing(self) -> None:
@@ -119,6 +173,8 @@ class NfsConnection(asyncio.BufferedProtocol):
         if (self._reading_paused and not self._writing_paused and not self.closed
                 and not self._queued and len(self._inflight) < self.max_inflight):
             self._reading_paused = False
+            if self.record_started is not None:   # the pause was ours, not the client's
+                self.record_started = time.monotonic()
             self.transport.resume_reading()
 
     # ---- server side --------------------------------------------------------------

@@ -11,7 +11,8 @@ from .xparser import load_spec
 
 
 def load_package_spec(filename: str, imports: dict[str, Any] | None = None,
-                      zero_copy: Iterable[tuple[str, str]] = ()) -> dict[str, Any]:
+                      zero_copy: Iterable[tuple[str, str]] = (),
+                      limits: dict[str, int] | None = None) -> dict[str, Any]:
     pkg = resources.files(__package__)
     text = pkg.joinpath(filename).read_text(encoding="utf-8")
     cache = None
@@ -19,4 +20,4 @@ def load_package_spec(filename: str, imports: dict[str, Any] | None = None,
         tag = sys.implementation.cache_tag or "py"
         cache = os.path.join(os.fspath(pkg), "__pycache__", f"{filename}.{tag}.xdrcode")
     with core.code_cache(cache):
-        return load_spec(text, imports=imports, zero_copy=zero_copy)
+        return load_spec(text, imports=imports, zero_copy=zero_copy, limits=limits)

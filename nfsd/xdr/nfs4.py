@@ -22,9 +22,17 @@ from ._loader import load_package_spec
 # Fields that decode to memoryview slices of the input instead of bytes (see above).
 ZERO_COPY_FIELDS = frozenset({("WRITE4args", "data")})
 
+# Counts the protocol leaves open but a client must not make us allocate in proportion
+# to (see nfsd/xdr/xparser.py "Decode limits"). bitmap4: RFC 8881/7862/8276 define
+# attributes up to number 82 (3 words); 8 words leave room and refuse a million-word
+# bitmap at decode (NFS4ERR_BADXDR) instead of expanding it.
+MAX_BITMAP_WORDS = 8
+DECODE_LIMITS = {"bitmap4": MAX_BITMAP_WORDS}
+
 _imports = {name: getattr(_rpc, name) for name in ("authsys_parms", "AUTH_NONE", "AUTH_SYS",
                                                     "RPCSEC_GSS")}
-_ns = load_package_spec("nfs4_prot.x", imports=_imports, zero_copy=ZERO_COPY_FIELDS)
+_ns = load_package_spec("nfs4_prot.x", imports=_imports, zero_copy=ZERO_COPY_FIELDS,
+                         limits=DECODE_LIMITS)
 _ns.update(_imports)
 globals().update(_ns)
 __all__ = sorted(_ns)

@@ -22,6 +22,12 @@ size or ``*`` creates a new type object named after the typedef.
 Per-field overrides: ``load_spec(text, zero_copy={("WRITE4args", "data")})`` makes
 those variable opaque fields decode to a memoryview slice of the input buffer instead
 of bytes.  A name in zero_copy that is not a variable opaque field is an error.
+
+Decode limits: ``load_spec(text, limits={"bitmap4": 8})`` gives an unbounded (``<>``)
+variable array, opaque or string typedef a maximum length, enforced on decode (before
+anything is allocated) and on encode, as if the .x had declared ``bitmap4<8>``.  It is
+for the server's own protection where the protocol leaves a client-controlled count
+open; a name that is not such a typedef is an error.
 """
 from __future__ import annotations
 
@@ -358,8 +364,10 @@ def parse(text: str, consts: dict[str, int] | None = None) -> tuple[list[tuple],
 # --- building ------------------------------------------------------------------------------
 
 class _Builder:
-    def __init__(self, ns: dict[str, Any], zero_copy: set[tuple[str, str]]):
+    def __init__(self, ns: dict[str, Any], zero_copy: set[tuple[str, str]],
+                 limits: dict[str, int] | None = None):
         self.ns = ns
+        self.limits = dict(limits or {})
         self.zero_copy = set(zero_copy)
         self.used_zero_copy: set[tuple[str, str]] = set()
         self.pending_struct: list[tuple[type, list]] = []
@@ -418,10 +426,22 @@ class _Builder:
         if name in self.resolving:
             raise XdrSyntaxError(f"typedef {name} refers to itself")
         self.resolving.add(name)
-        t = self.type_of(self.typedefs[name], name, alias_ok=True)
+        spec = self.typedefs[name]
+        if name in self.limits:
+            spec = self._limited(name, spec, self.limits.pop(name))
+        t = self.type_of(spec, name, alias_ok=True)
         self.resolving.discard(name)
         self.ns[name] = t
         return t
+
+    @staticmethod
+    def _limited(name: str, spec: tuple, limit: int) -> tuple:
+        """spec with its open maximum length replaced by limit (see Decode limits)."""
+        if spec[0] not in ("varray", "vopaque", "string") or spec[-1] is not None:
+            raise XdrSyntaxError(f"limits: {name} is not an unbounded variable-length typedef")
+        if not 0 < limit <= 0xFFFFFFFF:
+            raise XdrSyntaxError(f"limits: {name}: bad limit {limit}")
+        return spec[:-1] + (limit,)
 
     def lookup(self, name: str) -> Any:
         t = self.ns.get(name)
@@ -489,6 +509,8 @@ class _Builder:
         missing = self.zero_copy - self.used_zero_copy
         if missing:
             raise XdrSyntaxError(f"zero_copy names no variable opaque field: {sorted(missing)}")
+        if self.limits:
+            raise XdrSyntaxError(f"limits name no typedef: {sorted(self.limits)}")
         for t in self.created:
             core.compile_type(t)
 
@@ -517,7 +539,8 @@ class _Builder:
 
 
 def load_spec(text: str, imports: dict[str, Any] | None = None,
-              zero_copy: Iterable[tuple[str, str]] = ()) -> dict[str, Any]:
+              zero_copy: Iterable[tuple[str, str]] = (),
+              limits: dict[str, int] | None = None) -> dict[str, Any]:
     """Parse and build a .x spec.  Returns {name: type object or int} of the names the spec
     defines (plus the builtin int typedefs); imports supplies names from other specs
     (e.g. authsys_parms and AUTH_SYS for nfs4_prot.x) without re-exporting them."""
@@ -527,7 +550,7 @@ def load_spec(text: str, imports: dict[str, Any] | None = None,
     consts = {k: v for k, v in base.items() if isinstance(v, int)}
     defs, _ = parse(text, consts)
     ns = dict(base)
-    b = _Builder(ns, set(zero_copy))
+    b = _Builder(ns, set(zero_copy), limits)
     b.declare(defs)
     b.finish()
     out = {k: v for k, v in builtin_namespace().items() if not isinstance(v, int)}

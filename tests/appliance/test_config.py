@@ -349,3 +349,13 @@ def test_every_problem_of_a_file_is_reported_at_once(tmp_path):
 def test_low_watermark_zero_is_refused_before_the_store_refuses_it(tmp_path):
     e = error_of(tmp_path, "[server]\nlow_watermark = 0\n")
     assert e.key == "server.low_watermark" and "above 0" in e.expected
+
+
+def test_exports_are_secure_unless_they_say_insecure(tmp_path):
+    assert c.ExportSettings().secure is True                       # knfsd's default
+    assert c.parse_export_flag("/ck:127.0.0.0/8:rw:none:insecure")["secure"] is False
+    assert c.parse_export_flag("/ck:127.0.0.0/8:rw:none:secure")["secure"] is True
+    assert "secure" not in c.parse_export_flag("/ck:127.0.0.0/8:rw:none")
+    f = tmp_path / "c.toml"
+    f.write_text('[[exports]]\npath = "/ck"\nsecure = false\n')
+    assert c.load(str(f)).exports[0].secure is False

@@ -111,6 +111,7 @@ format = "json"
 path = "/checkpoints"
 networks = [{networks}]
 squash = "none"
+secure = false
 anon_uid = {anon}
 {extra}
 """

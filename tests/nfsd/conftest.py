@@ -124,8 +124,10 @@ def nfs_server(tmp_path):
     from nfsd.server import NfsServer
 
     store = Store.open(str(tmp_path / "cache"))
-    # No root squash: the test client's default credential is uid 0.
-    st = ServerThread(lambda: NfsServer(store, Exports.single(EXPORT, root_squash=False))).start()
+    # No root squash: the test client's default credential is uid 0. `insecure`: the test
+    # client connects from an unprivileged port.
+    st = ServerThread(lambda: NfsServer(store, Exports.single(EXPORT, root_squash=False,
+                                                              secure=False))).start()
     st.store = store
     yield st
     st.stop()

@@ -8,12 +8,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
 from nfsd.xdr.nfs4 import FILE_SYNC4, NF4DIR, NF4REG, UNSTABLE4
 from tests.nfsclient import NfsClient
+from tests.support.loopback import free_port, wait_listening
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -117,27 +117,14 @@ def test_stop_waits_for_in_flight_calls(nfs_server):
     nfs_server.server = None               # already stopped
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_dev_entry_point_stops_cleanly_on_sigterm(tmp_path):
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "nfsd", "--listen", f"127.0.0.1:{port}", "--cache-dir",
          str(tmp_path / "cache"), "--export", "/checkpoints"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
-                time.sleep(0.1)
+        wait_listening(port, proc, why=proc.stdout.read)
 
         async def main():
             c = await NfsClient.connect("127.0.0.1", port)

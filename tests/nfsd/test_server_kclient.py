@@ -124,7 +124,7 @@ def test_connection_drop_mid_write_is_survived(tmp_path, kclient_ready):
     from tests.nfsd.conftest import ServerThread
 
     store = Store.open(str(tmp_path / "cache"))
-    st = ServerThread(lambda: NfsServer(store, Exports.single(EXPORT, root_squash=False))).start()
+    st = ServerThread(lambda: NfsServer(store, Exports.single(EXPORT, root_squash=False, secure=False))).start()
     dropped, created = [], []
     mgr = st.server.sessions
     real_new_session = mgr.new_session

@@ -8,87 +8,11 @@ from hypothesis import strategies as st
 
 from nfsd.xdr import decode, encode
 from nfsd.xdr import nfs4, rpc
+from tests.fuzz.xdr_strategies import XdrStrategies
 
-# Keep generated values small: the point is coverage of every type's shape.
-MAX_BYTES = 12
-MAX_ITEMS = 2
-
-_cache: dict[int, st.SearchStrategy] = {}
-
-
-def strategy_for(t) -> st.SearchStrategy:
-    """A hypothesis strategy for values of XDR type t, read off its description."""
-    key = id(t)
-    if key not in _cache:
-        # deferred() breaks cycles (entry4 -> entry4 *) and shares work between types.
-        _cache[key] = st.deferred(lambda: _build(t))
-    return _cache[key]
-
-
-def _build(t) -> st.SearchStrategy:
-    kind = t.xdr_kind
-    if kind == "int":
-        return st.integers(t.lo, t.hi)
-    if kind == "bool":
-        return st.booleans()
-    if kind == "enum":
-        return st.sampled_from(sorted(t.values))
-    if kind == "fopaque":
-        return st.binary(min_size=t.size, max_size=t.size)
-    if kind in ("vopaque", "string"):
-        return st.binary(max_size=min(t.maxlen, MAX_BYTES))
-    if kind == "farray":
-        return st.lists(strategy_for(t.elem), min_size=t.size, max_size=t.size)
-    if kind == "varray":
-        return st.lists(strategy_for(t.elem), max_size=min(t.maxlen, MAX_ITEMS))
-    if kind == "optional":
-        return st.none() | strategy_for(t.elem)
-    if kind == "struct":
-        return _struct_strategy(t)
-    if kind == "union":
-        return _union_strategy(t)
-    raise AssertionError(f"no strategy for {t!r}")
-
-
-def _struct_strategy(cls) -> st.SearchStrategy:
-    fields = cls.xdr_fields
-    if cls.xdr_linked:
-        # A short chain of nodes: all fields but the link, then linked up in order.
-        plain = [strategy_for(ft) for _n, ft in fields[:-1]]
-        node = st.tuples(*plain)
-
-        def chain(rows):
-            head = None
-            for row in reversed(rows):
-                head = cls(*row, head)
-            return head
-        return st.lists(node, min_size=1, max_size=3).map(chain)
-    return st.builds(cls, *[strategy_for(ft) for _n, ft in fields])
-
-
-def _union_strategy(cls) -> st.SearchStrategy:
-    disc = cls.xdr_disc
-    options = []
-    for tag, (_arm, at) in sorted(cls.xdr_arms.items()):
-        if disc.xdr_kind == "bool":
-            tag = bool(tag)
-        if at is None:
-            options.append(st.just(cls(tag)))
-        else:
-            options.append(strategy_for(at).map(lambda v, tag=tag: cls(tag, v)))
-    default = cls.xdr_default
-    if isinstance(default, tuple):
-        if disc.xdr_kind == "enum":
-            others = sorted(disc.values - set(cls.xdr_arms))
-            tags = st.sampled_from(others) if others else None
-        else:
-            tags = st.integers(disc.lo, disc.hi).filter(lambda v: v not in cls.xdr_arms)
-        if tags is not None:
-            if default[1] is None:
-                options.append(tags.map(cls))
-            else:
-                options.append(st.tuples(tags, strategy_for(default[1])).map(lambda p: cls(*p)))
-    return st.one_of(options)
+# Keep generated values small: the point is coverage of every type's shape. The
+# derivation from the type descriptions is shared with the fuzzer.
+strategy_for = XdrStrategies(max_bytes=12, max_items=2, max_depth=8, edges=False).for_type
 
 
 def _types(module):

@@ -22,7 +22,7 @@ expire_after = "2s"
 def test_pin_plan_apply_log_and_lifecycle_through_the_cli(tmp_path):
     config = tmp_path / "config.toml"
     config.write_text(textwrap.dedent(CONFIG))
-    d = LiveDaemon(tmp_path, "--export", "/checkpoints:127.0.0.0/8:rw:none", config=config).start()
+    d = LiveDaemon(tmp_path, "--export", "/checkpoints:127.0.0.0/8:rw:none:insecure", config=config).start()
     try:
         c = nfs_client(d)
         c.mkdir("runs")

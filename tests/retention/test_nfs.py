@@ -18,7 +18,7 @@ def test_checkpoints_written_over_nfs(moto, bucket, store):
     async def main():
         up = make_uploader(store, moto.endpoint, bucket)
         await up.start()
-        server = NfsServer(store, Exports.single("/checkpoints", root_squash=False))
+        server = NfsServer(store, Exports.single("/checkpoints", root_squash=False, secure=False))
         await server.start("127.0.0.1", 0)
         c = await NfsClient.connect("127.0.0.1", server.address[1])
         try:
