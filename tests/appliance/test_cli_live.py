@@ -177,7 +177,7 @@ def test_clients_and_exports(daemon):
     assert "4.1" in r.stdout
     assert daemon.cli_json("exports")["exports"] == [
         {"path": "/checkpoints", "networks": ["127.0.0.0/8"], "access": "rw", "squash": "none",
-         "anon_uid": 65534, "anon_gid": 65534, "owner": None, "mode": None}]
+         "anon_uid": 65534, "anon_gid": 65534, "owner": None, "mode": None, "secure": False}]
     r = daemon.cli("exports")
     assert rows(r.stdout)["/checkpoints"] == ["/checkpoints", "127.0.0.0/8", "rw", "none", "65534:65534"]
 
