@@ -23,8 +23,10 @@ import structlog
 
 from cache.api import StoreError
 from nfsd.errors import NfsError
+from nfsd.owners import OwnerTable
 from nfsd.xdr.nfs4 import (
     NFS4ERR_BAD_STATEID, NFS4ERR_LOCKS_HELD, NFS4ERR_OLD_STATEID, NFS4ERR_SHARE_DENIED,
+    NFS4ERR_STALE_STATEID,
     NFS4_OK, stateid4,
 )
 
@@ -73,6 +75,7 @@ class OpenState:
     access: int
     deny: int
     write_open: bool            # the flag of the store open this state holds
+    confirmed: bool = True      # 4.0: False until OPEN_CONFIRM (RFC 7530 16.18.5)
 
     def stateid(self):
         return stateid4(seqid=self.seqid, other=self.other)
@@ -151,6 +154,7 @@ class OpenStateTable:
         self._lock_by_owner_file: dict[tuple, LockState] = {}
         self._locks_of_open: dict[bytes, set[LockState]] = defaultdict(set)
         self._locks_by_ino: dict[int, set[LockState]] = defaultdict(set)
+        self.owners = OwnerTable()          # NFSv4.0 owner seqids (nfsd/owners.py)
 
     def attach(self, sessions) -> None:
         """Drop a client's opens when the session layer expires or destroys it."""
@@ -239,6 +243,7 @@ class OpenStateTable:
         states = list(self._by_client.get(clientid, ()))
         for st in states:
             self.close(st)
+        self.owners.drop_client(clientid)
         if states:
             log.info("client_opens_dropped", clientid=clientid, opens=len(states))
 
@@ -291,15 +296,20 @@ class OpenStateTable:
                     del index[k]
 
     # ---- stateid lookup --------------------------------------------------------------------------
-    def find(self, clientid: int, sid):
+    def find(self, clientid: int | None, sid, *, v40: bool = False):
         """The open or lock state a (non-special) stateid names, checking its seqid (RFC 8881 8.2.2):
         0 means the latest; older -> NFS4ERR_OLD_STATEID; newer or unknown ->
-        NFS4ERR_BAD_STATEID. Another client's stateid is unknown to this one."""
+        NFS4ERR_BAD_STATEID. Another client's stateid is unknown to this one.
+        NFSv4.0 (`v40`, clientid None: the stateid names its client): seqid 0 is not
+        special, and a stateid of an earlier server instance is NFS4ERR_STALE_STATEID
+        (RFC 7530 9.1.4)."""
         other = bytes(sid.other)
         st = self._by_other.get(other) or self._locks.get(other)
-        if st is None or st.clientid != clientid:
+        if st is None and v40 and other[:4] != self._epoch:
+            raise NfsError(NFS4ERR_STALE_STATEID, "stateid of an earlier server instance")
+        if st is None or (clientid is not None and st.clientid != clientid):
             raise NfsError(NFS4ERR_BAD_STATEID, "unknown stateid")
-        if sid.seqid != 0 and sid.seqid != st.seqid:
+        if (sid.seqid != 0 or v40) and sid.seqid != st.seqid:
             if _seqid_older(sid.seqid, st.seqid):
                 raise NfsError(NFS4ERR_OLD_STATEID)
             raise NfsError(NFS4ERR_BAD_STATEID, "stateid seqid from the future")
@@ -327,6 +337,35 @@ class OpenStateTable:
             self._forget_lock(lk)
             return NFS4_OK
         return NFS4ERR_LOCKS_HELD
+
+    def peek(self, other: bytes):
+        """The open or lock state with this `other`, whatever its seqid (or None)."""
+        return self._by_other.get(other) or self._locks.get(other)
+
+    def close_unconfirmed(self, clientid: int, owner: bytes) -> None:
+        """An unconfirmed 4.0 open-owner starts over: its unconfirmed opens go."""
+        for st in list(self._by_client.get(clientid, ())):
+            if st.owner == owner and not st.confirmed:
+                self.close(st)
+
+    def lock_owner_states(self, clientid: int, owner: bytes) -> list:
+        """The LockStates of one lock-owner (one per file it locked)."""
+        return [lk for lk in self._locks.values()
+                if lk.clientid == clientid and lk.owner == owner]
+
+    def release_lock_owner(self, clientid: int, owner: bytes) -> None:
+        """RELEASE_LOCKOWNER (RFC 7530 16.37): forget an owner that holds no locks."""
+        states = self.lock_owner_states(clientid, owner)
+        if any(lk.ranges for lk in states):
+            raise NfsError(NFS4ERR_LOCKS_HELD, "the lock-owner still holds locks")
+        for lk in states:
+            self._forget_lock(lk)
+
+    def owner_in_use(self, o) -> bool:
+        """Whether a 4.0 owner record still names live state (then it is kept)."""
+        if o.kind == "open":
+            return any(st.owner == o.owner for st in self._by_client.get(o.clientid, ()))
+        return bool(self.lock_owner_states(o.clientid, o.owner))
 
     def opens_of(self, ino: int) -> set:
         return set(self._by_ino.get(ino, ()))

@@ -91,6 +91,11 @@ class Client:
     expired: bool = False
     sessions: dict = field(default_factory=dict)    # sessionid -> Session
     peer: tuple = ()
+    # NFSv4.0 (RFC 7530 16.33): SETCLIENTID's confirm verifier, and a callback update
+    # waiting for SETCLIENTID_CONFIRM on a confirmed record (its verifier and callback).
+    confirm_verifier: bytes = b""
+    callback: object = None
+    pending_update: tuple | None = None
 
     def renew(self) -> None:
         self.last_renew = time.monotonic()
@@ -130,6 +135,10 @@ class SessionManager:
         client = Client(clientid, owner, verifier, principal, minorversion, peer=peer)
         self.clients[clientid] = client
         return client
+
+    def records_of(self, owner: bytes) -> list[Client]:
+        """Every live record (confirmed or not) of one client owner string."""
+        return [c for c in self.clients.values() if c.owner == owner and not c.expired]
 
     def is_stale_clientid(self, clientid: int) -> bool:
         return (clientid >> 32) != self.boot_epoch

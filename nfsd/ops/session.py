@@ -108,10 +108,7 @@ async def op_exchange_id(ctx, args) -> EXCHANGE_ID4res:
         unconf = mgr.find_by_owner(owner, confirmed=False)
         if unconf is not None:                                                      # case 4
             mgr.remove_client(unconf, "replaced by a new EXCHANGE_ID")
-        if len(mgr.clients) >= mgr.max_clients:
-            mgr.expire_idle()
-            if len(mgr.clients) >= mgr.max_clients:
-                raise NfsError(NFS4ERR_RESOURCE, "too many clients")
+        ensure_room_for_client(mgr)
         client = mgr.new_client(owner, verifier, principal, ctx.minorversion, ctx.peer)
         log.info("client_new", client=client.name, peer=ctx.peer[0] if ctx.peer else None,
                  owner=owner[:64].decode("utf-8", "replace"))
@@ -129,6 +126,14 @@ async def op_exchange_id(ctx, args) -> EXCHANGE_ID4res:
         eir_server_scope=server.server_scope,
         eir_server_impl_id=[SERVER_IMPL],
     ))
+
+
+def ensure_room_for_client(mgr) -> None:
+    """Client records are bounded: expire idle ones, else NFS4ERR_RESOURCE."""
+    if len(mgr.clients) >= mgr.max_clients:
+        mgr.expire_idle()
+        if len(mgr.clients) >= mgr.max_clients:
+            raise NfsError(NFS4ERR_RESOURCE, "too many clients")
 
 
 def server4_owner(server) -> server_owner4:
