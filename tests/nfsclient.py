@@ -251,13 +251,16 @@ class NfsClient:
                               ca_maxoperations=16, ca_maxrequests=maxrequests, ca_rdma_ird=[])
 
     async def create_session(self, clientid: int, sequence: int, *, slots: int = 16,
-                             flags: int = CREATE_SESSION4_FLAG_CONN_BACK_CHAN):
+                             flags: int = CREATE_SESSION4_FLAG_CONN_BACK_CHAN,
+                             fore: channel_attrs4 | None = None,
+                             back: channel_attrs4 | None = None,
+                             cred: Cred | None | str = "default"):
         args = CREATE_SESSION4args(
             csa_clientid=clientid, csa_sequence=sequence, csa_flags=flags,
-            csa_fore_chan_attrs=self.channel_attrs(slots),
-            csa_back_chan_attrs=channel_attrs4(0, 4096, 4096, 0, 2, 1, []),
+            csa_fore_chan_attrs=fore or self.channel_attrs(slots),
+            csa_back_chan_attrs=back or channel_attrs4(0, 4096, 4096, 0, 2, 1, []),
             csa_cb_program=0x40000000, csa_sec_parms=[callback_sec_parms4(AUTH_NONE)])
-        res = await self.compound_raw([op(OP_CREATE_SESSION, args)])
+        res = await self.compound_raw([op(OP_CREATE_SESSION, args)], cred=cred)
         return res.resarray[0].value
 
     def use_session(self, sessionid: bytes, nslots: int) -> None:
