@@ -27,7 +27,7 @@ from nfsd.ops.attrs import apply_setattr, setattr_request
 from nfsd.ops.filehandle import lookup_child
 from nfsd.ops.namespace import new_owner
 from nfsd.xdr.nfs4 import (
-    CLAIM_DELEG_CUR_FH, CLAIM_DELEG_PREV_FH, CLAIM_DELEGATE_CUR, CLAIM_DELEGATE_PREV,
+    NFS4ERR_GRACE, CLAIM_DELEG_CUR_FH, CLAIM_DELEG_PREV_FH, CLAIM_DELEGATE_CUR, CLAIM_DELEGATE_PREV,
     CLAIM_FH, CLAIM_NULL, CLAIM_PREVIOUS, EXCLUSIVE4, EXCLUSIVE4_1, FATTR4_MODE,
     FATTR4_SIZE, FATTR4_TIME_ACCESS_SET, FATTR4_TIME_MODIFY_SET, GUARDED4,
     NFS4ERR_BAD_STATEID, NFS4ERR_EXIST, NFS4ERR_INVAL, NFS4ERR_ISDIR, NFS4ERR_NO_GRACE,
@@ -209,6 +209,9 @@ async def _open(ctx, args, owner) -> OPEN4res:
     creating = args.openhow.tag == OPEN4_CREATE
     if claim == CLAIM_PREVIOUS:
         raise NfsError(NFS4ERR_NO_GRACE, "no state to reclaim")
+    if ctx.minorversion >= 1 and not getattr(ctx.client, "reclaim_complete", True):
+        # RFC 8881 18.51.3: non-reclaim OPENs wait for the client's RECLAIM_COMPLETE.
+        raise NfsError(NFS4ERR_GRACE, "OPEN before RECLAIM_COMPLETE")
     if claim in (CLAIM_DELEGATE_CUR, CLAIM_DELEG_CUR_FH):
         raise NfsError(NFS4ERR_BAD_STATEID, "no delegations are granted")
     if claim in (CLAIM_DELEGATE_PREV, CLAIM_DELEG_PREV_FH):

@@ -80,7 +80,12 @@ def principal_of(cred) -> tuple:
 async def op_exchange_id(ctx, args) -> EXCHANGE_ID4res:
     mgr = ctx.server.sessions
     flags = args.eia_flags
-    if flags & ~EXCHGID4_FLAG_MASK_A:
+    mask = EXCHGID4_FLAG_MASK_A
+    if ctx.minorversion < 2:
+        # SUPP_FENCE_OPS came with RFC 8881 for migration; to a 4.1 server (RFC 5661, Linux
+        # knfsd, pynfs EID4) bit 0x4 is undefined.
+        mask &= ~EXCHGID4_FLAG_SUPP_FENCE_OPS
+    if flags & ~mask:
         raise NfsError(NFS4ERR_INVAL, f"eia_flags {flags:#x}")
     if args.eia_state_protect.tag != SP4_NONE:
         # SP4_MACH_CRED / SP4_SSV need RPCSEC_GSS, which we do not offer.

@@ -184,3 +184,26 @@ def test_read_is_clipped_to_the_session_response_size(nfs_client):
         assert 0 < len(data) < 1024 and not eof
         assert data == (bytes(range(256)) * 16)[:len(data)]
     nfs_client(body, setup=False)
+
+
+def test_fence_ops_flag_is_undefined_in_41_only(nfs_server):
+    from tests.nfsd.conftest import run_client
+
+    async def body(c):
+        return (await c.exchange_id(flags=EXCHGID4_FLAG_SUPP_FENCE_OPS)).tag
+    assert run_client(nfs_server.port, body, minorversion=1, setup=False) == NFS4ERR_INVAL
+    assert run_client(nfs_server.port, body, minorversion=2, setup=False) == NFS4_OK
+
+
+def test_open_before_reclaim_complete_is_grace(nfs_server):
+    from tests.nfsd.conftest import run_client
+
+    async def body(c):
+        await c.setup_session(reclaim_complete=False)
+        root = await c.lookup_path("/checkpoints")
+        with pytest.raises(NfsStatusError) as err:
+            await c.open_create(root, "early")
+        assert err.value.status == NFS4ERR_GRACE
+        check(await c.compound([op(OP_RECLAIM_COMPLETE, RECLAIM_COMPLETE4args(False))]))
+        await c.open_create(root, "after")
+    run_client(nfs_server.port, body, setup=False)
