@@ -22,7 +22,7 @@ from nfsd.xdr.nfs4 import (
     CREATE_SESSION4_FLAG_PERSIST, NFS4ERR_NOSPC, CREATE_SESSION4res, CREATE_SESSION4resok,
     DESTROY_CLIENTID4res, DESTROY_SESSION4res, EXCHANGE_ID4res, EXCHANGE_ID4resok,
     EXCHGID4_FLAG_BIND_PRINC_STATEID, EXCHGID4_FLAG_CONFIRMED_R, EXCHGID4_FLAG_SUPP_MOVED_MIGR,
-    EXCHGID4_FLAG_SUPP_FENCE_OPS, EXCHGID4_FLAG_SUPP_MOVED_REFER,
+    EXCHGID4_FLAG_SUPP_MOVED_REFER,
     EXCHGID4_FLAG_UPD_CONFIRMED_REC_A,
     EXCHGID4_FLAG_USE_NON_PNFS, EXCHGID4_FLAG_USE_PNFS_DS, EXCHGID4_FLAG_USE_PNFS_MDS,
     NFS4_OK, NFS4ERR_BADSESSION, NFS4ERR_BADSLOT, NFS4ERR_CLID_INUSE,
@@ -39,9 +39,11 @@ from nfsd.xdr.nfs4 import (
 
 log = structlog.get_logger(__name__)
 
-# Flags a client may send in eia_flags (RFC 8881 18.35.3); anything else is NFS4ERR_INVAL.
+# Flags a client may send in eia_flags (RFC 5661 18.35.3); anything else is NFS4ERR_INVAL.
+# SUPP_FENCE_OPS (0x4, added by RFC 8881 for migration, which we do not offer) is left
+# out as Linux knfsd does, so it is refused in every minor version (pynfs EID4 sends it
+# as "an undefined bit"; no Linux client sets it).
 EXCHGID4_FLAG_MASK_A = (EXCHGID4_FLAG_SUPP_MOVED_REFER | EXCHGID4_FLAG_SUPP_MOVED_MIGR
-                        | EXCHGID4_FLAG_SUPP_FENCE_OPS
                         | EXCHGID4_FLAG_BIND_PRINC_STATEID | EXCHGID4_FLAG_USE_NON_PNFS
                         | EXCHGID4_FLAG_USE_PNFS_MDS | EXCHGID4_FLAG_USE_PNFS_DS
                         | EXCHGID4_FLAG_UPD_CONFIRMED_REC_A)
@@ -80,12 +82,7 @@ def principal_of(cred) -> tuple:
 async def op_exchange_id(ctx, args) -> EXCHANGE_ID4res:
     mgr = ctx.server.sessions
     flags = args.eia_flags
-    mask = EXCHGID4_FLAG_MASK_A
-    if ctx.minorversion < 2:
-        # SUPP_FENCE_OPS came with RFC 8881 for migration; to a 4.1 server (RFC 5661, Linux
-        # knfsd, pynfs EID4) bit 0x4 is undefined.
-        mask &= ~EXCHGID4_FLAG_SUPP_FENCE_OPS
-    if flags & ~mask:
+    if flags & ~EXCHGID4_FLAG_MASK_A:
         raise NfsError(NFS4ERR_INVAL, f"eia_flags {flags:#x}")
     if args.eia_state_protect.tag != SP4_NONE:
         # SP4_MACH_CRED / SP4_SSV need RPCSEC_GSS, which we do not offer.

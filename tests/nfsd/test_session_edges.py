@@ -186,13 +186,13 @@ def test_read_is_clipped_to_the_session_response_size(nfs_client):
     nfs_client(body, setup=False)
 
 
-def test_fence_ops_flag_is_undefined_in_41_only(nfs_server):
+def test_fence_ops_flag_is_refused(nfs_server):
     from tests.nfsd.conftest import run_client
 
     async def body(c):
         return (await c.exchange_id(flags=EXCHGID4_FLAG_SUPP_FENCE_OPS)).tag
     assert run_client(nfs_server.port, body, minorversion=1, setup=False) == NFS4ERR_INVAL
-    assert run_client(nfs_server.port, body, minorversion=2, setup=False) == NFS4_OK
+    assert run_client(nfs_server.port, body, minorversion=2, setup=False) == NFS4ERR_INVAL
 
 
 def test_open_before_reclaim_complete_is_grace(nfs_server):
