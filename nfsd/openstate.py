@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import os
 import struct
-from collections import defaultdict
-from dataclasses import dataclass
+from collections import OrderedDict, defaultdict
+from dataclasses import dataclass, field
 
 import structlog
 
@@ -26,7 +26,7 @@ from nfsd.errors import NfsError
 from nfsd.owners import OwnerTable
 from nfsd.xdr.nfs4 import (
     NFS4ERR_BAD_STATEID, NFS4ERR_LOCKS_HELD, NFS4ERR_OLD_STATEID, NFS4ERR_SHARE_DENIED,
-    NFS4ERR_STALE_STATEID,
+    NFS4ERR_EXPIRED, NFS4ERR_INVAL, NFS4ERR_STALE_STATEID,
     NFS4_OK, stateid4,
 )
 
@@ -36,6 +36,7 @@ SHARE_ACCESS_READ = 1
 SHARE_ACCESS_WRITE = 2
 SHARE_ACCESS_BOTH = 3
 SEQID_MAX = 0xFFFFFFFF
+MAX_EXPIRED_REMEMBERED = 65536
 
 ZERO_OTHER = bytes(12)
 ONES_OTHER = b"\xff" * 12
@@ -76,6 +77,10 @@ class OpenState:
     deny: int
     write_open: bool            # the flag of the store open this state holds
     confirmed: bool = True      # 4.0: False until OPEN_CONFIRM (RFC 7530 16.18.5)
+    # Every share_access / share_deny value an OPEN of this state asked for: a downgrade
+    # may only go back to one of them (RFC 7530 16.19.4, RFC 8881 18.18.3).
+    opened: set = field(default_factory=set)
+    denied: set = field(default_factory=set)
 
     def stateid(self):
         return stateid4(seqid=self.seqid, other=self.other)
@@ -155,6 +160,9 @@ class OpenStateTable:
         self._locks_of_open: dict[bytes, set[LockState]] = defaultdict(set)
         self._locks_by_ino: dict[int, set[LockState]] = defaultdict(set)
         self.owners = OwnerTable()          # NFSv4.0 owner seqids (nfsd/owners.py)
+        # `other`s of states dropped with their client: a 4.0 client using one later is
+        # told NFS4ERR_EXPIRED rather than BAD_STATEID (bounded, oldest forgotten first).
+        self._expired: OrderedDict = OrderedDict()
 
     def attach(self, sessions) -> None:
         """Drop a client's opens when the session layer expires or destroys it."""
@@ -174,21 +182,22 @@ class OpenStateTable:
         with another owner's share reservation (RFC 8881 9.7)."""
         key = (clientid, bytes(owner), ino)
         existing = self._by_owner_file.get(key)
+        # The owner's own earlier deny counts too (RFC 7530 9.9, 16.16.5).
         for other in self._by_ino.get(ino, ()):
-            if other is existing:
-                continue
             if access & other.deny or deny & other.access:
                 raise NfsError(NFS4ERR_SHARE_DENIED)
         if existing is not None:
             self._reopen_store(existing, existing.access | access)
             existing.access |= access
             existing.deny |= deny
+            existing.opened.add(access)
+            existing.denied.add(deny)
             existing.bump()
             return existing
         write = bool(access & SHARE_ACCESS_WRITE)
         self.store.open_file(ino, write)
         st = OpenState(self._new_other(), 1, clientid, bytes(owner), ino, export_id,
-                       access, deny, write)
+                       access, deny, write, opened={access}, denied={deny})
         self._by_other[st.other] = st
         self._by_owner_file[key] = st
         self._by_ino[ino].add(st)
@@ -196,7 +205,11 @@ class OpenStateTable:
         return st
 
     def downgrade(self, st: OpenState, access: int, deny: int) -> None:
+        if access not in st.opened or deny not in st.denied:
+            raise NfsError(NFS4ERR_INVAL, "downgrade to a mode never opened")
         self._reopen_store(st, access)
+        st.opened = {a for a in st.opened if not a & ~access} | {access}
+        st.denied = {d for d in st.denied if not d & ~deny} | {deny}
         st.access = access
         st.deny = deny
         st.bump()
@@ -231,6 +244,11 @@ class OpenStateTable:
                 if not group:
                     del index[k]
 
+    def _remember_expired(self, other: bytes) -> None:
+        self._expired[other] = None
+        if len(self._expired) > MAX_EXPIRED_REMEMBERED:
+            self._expired.popitem(last=False)
+
     def has_state(self, client) -> bool:
         """Whether the client holds opens (DESTROY_CLIENTID then answers
         NFS4ERR_CLIENTID_BUSY, RFC 8881 18.50.3)."""
@@ -242,6 +260,9 @@ class OpenStateTable:
         clientid = client if isinstance(client, int) else client.clientid
         states = list(self._by_client.get(clientid, ()))
         for st in states:
+            for lk in self._locks_of_open.get(st.other, ()):
+                self._remember_expired(lk.other)
+            self._remember_expired(st.other)
             self.close(st)
         self.owners.drop_client(clientid)
         if states:
@@ -305,8 +326,13 @@ class OpenStateTable:
         (RFC 7530 9.1.4)."""
         other = bytes(sid.other)
         st = self._by_other.get(other) or self._locks.get(other)
-        if st is None and v40 and other[:4] != self._epoch:
-            raise NfsError(NFS4ERR_STALE_STATEID, "stateid of an earlier server instance")
+        if st is None and v40:
+            if special_kind(sid) is not None:
+                raise NfsError(NFS4ERR_BAD_STATEID, "a special stateid names no state")
+            if other in self._expired:
+                raise NfsError(NFS4ERR_EXPIRED, "the stateid's client is gone")
+            if other[:4] != self._epoch:
+                raise NfsError(NFS4ERR_STALE_STATEID, "stateid of an earlier server instance")
         if st is None or (clientid is not None and st.clientid != clientid):
             raise NfsError(NFS4ERR_BAD_STATEID, "unknown stateid")
         if (sid.seqid != 0 or v40) and sid.seqid != st.seqid:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections import OrderedDict
 import os
 import struct
 import time
@@ -133,6 +134,9 @@ class SessionManager:
         self.clients: dict[int, Client] = {}
         self.sessions: dict[bytes, Session] = {}
         self.on_client_expired: list[Callable[[Client], None]] = []
+        # Clientids whose lease ran out, so a 4.0 client is told NFS4ERR_EXPIRED rather
+        # than STALE_CLIENTID (bounded: oldest forgotten first).
+        self.expired_ids: OrderedDict = OrderedDict()
         self._reaper: asyncio.Task | None = None
 
     # ---- clients ----------------------------------------------------------------
@@ -225,8 +229,19 @@ class SessionManager:
         expired = [c for c in self.clients.values()
                    if now - c.last_renew > limit and not c.busy()]
         for client in expired:
-            self.remove_client(client, "lease expired")
+            self.expire(client, "lease expired")
         return expired
+
+    def lapsed(self, client: Client, now: float | None = None) -> bool:
+        """Past its lease (the reaper waits a little longer; a conflict need not)."""
+        now = time.monotonic() if now is None else now
+        return now - client.last_renew > self.lease_time and not client.busy()
+
+    def expire(self, client: Client, reason: str) -> None:
+        self.expired_ids[client.clientid] = None
+        if len(self.expired_ids) > self.max_clients:
+            self.expired_ids.popitem(last=False)
+        self.remove_client(client, reason)
 
     def start_reaper(self) -> None:
         if self._reaper is None:

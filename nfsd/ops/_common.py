@@ -262,12 +262,29 @@ def clientid_of(ctx) -> int:
 def v40_client(ctx, clientid: int):
     """The confirmed NFSv4.0 client an op names by clientid; the op renews its lease
     (RFC 7530 9.5). Unknown, unconfirmed, expired or earlier-instance ids are stale."""
-    client = ctx.server.sessions.clients.get(clientid)
+    mgr = ctx.server.sessions
+    client = mgr.clients.get(clientid)
     if client is None or client.expired or not client.confirmed or client.minorversion != 0:
+        if clientid in mgr.expired_ids:
+            raise NfsError(NFS4ERR_EXPIRED, f"clientid {clientid:#x}: lease expired")
         raise NfsError(NFS4ERR_STALE_CLIENTID, f"clientid {clientid:#x}")
     client.renew()
     ctx.client = client
     return client
+
+
+def expire_lapsed_holders(ctx, ino: int) -> None:
+    """Other clients holding opens or locks on `ino` whose lease has run out lose them
+    now, rather than at the reaper's next round, so the state they block is granted
+    (RFC 7530 9.6, RFC 8881 8.3: past its lease a client's state may be released)."""
+    mgr = getattr(ctx.server, "sessions", None)
+    if mgr is None:
+        return
+    now = time.monotonic()
+    for clientid in {st.clientid for st in ctx.server.opens.opens_of(ino)}:
+        client = mgr.clients.get(clientid)
+        if client is not None and client is not ctx.client and mgr.lapsed(client, now):
+            mgr.expire(client, "lease expired; its state is wanted by another client")
 
 
 async def seqid_op(ctx, kind: str, sid, seqid: int, run):

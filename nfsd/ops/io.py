@@ -77,6 +77,8 @@ async def op_read(ctx, args) -> READ4res:
             if attempt == _FETCH_ATTEMPTS or not await _fetch(ctx, obj.ino, e.missing):
                 raise NfsError(NFS4ERR_DELAY, "data not local yet") from e
     data = memoryview(buf)[:n] if n < count else buf
+    if count == 0:
+        eof = args.offset >= obj.attr.size       # nothing asked: eof says where we are
     return READ4res(NFS4_OK, READ4resok(eof=bool(eof), data=data))
 
 

@@ -10,7 +10,8 @@ from cache.api import FileType
 from nfsd.errors import NfsError
 from nfsd.openstate import (LOCK_READ, LOCK_WRITE, RANGE_END, SHARE_ACCESS_READ,
                             SHARE_ACCESS_WRITE, LockConflict, LockState, OpenState)
-from nfsd.ops._common import clientid_of, current, find_state, seqid_op, v40_client
+from nfsd.ops._common import (clientid_of, current, expire_lapsed_holders, find_state,
+                              seqid_op, v40_client)
 from nfsd.owners import LOCK_OWNER, OPEN_OWNER
 from nfsd.xdr.nfs4 import (
     NFS4ERR_BAD_STATEID, NFS4ERR_DENIED, NFS4ERR_INVAL, NFS4ERR_ISDIR, NFS4ERR_NO_GRACE,
@@ -110,6 +111,7 @@ async def _lock(ctx, args) -> LOCK4res:
     need = SHARE_ACCESS_WRITE if kind == LOCK_WRITE else SHARE_ACCESS_READ
     if not lk.access & need:
         raise NfsError(NFS4ERR_OPENMODE, "open does not allow this lock type")
+    expire_lapsed_holders(ctx, obj.ino)
     try:
         opens.lock(lk, start, end, kind)
     except LockConflict as c:

@@ -19,7 +19,7 @@ from nfsd.errors import NfsError
 from nfsd.exports import MAY_EXEC, MAY_READ, MAY_WRITE
 from nfsd.openstate import SHARE_ACCESS_READ, SHARE_ACCESS_WRITE, OpenState, invalid_stateid
 from nfsd.ops._common import (Obj, change_info, check_name, clientid_of, current, export_obj,
-                              find_state, nfs_error, require_dir, require_dir_modify,
+                              expire_lapsed_holders, find_state, nfs_error, require_dir, require_dir_modify,
                               require_perm, resolve_stateid_arg, seqid_op, set_current,
                               store_errors, sync_namespace, v40_client, who)
 from nfsd.owners import OPEN_OWNER, sequenced
@@ -239,6 +239,7 @@ async def _open(ctx, args, owner) -> OPEN4res:
     _require_openable(obj)
     if not created:
         _check_open_access(ctx, obj, access)
+    expire_lapsed_holders(ctx, obj.ino)
     with store_errors():
         st = ctx.server.opens.open(clientid, args.owner.owner, obj.ino,
                                    obj.export.export_id, access, deny)
@@ -278,8 +279,6 @@ async def op_open_downgrade(ctx, args) -> OPEN_DOWNGRADE4res:
 async def _open_downgrade(ctx, args) -> OPEN_DOWNGRADE4res:
     st = _state_for(ctx, args.open_stateid)
     access, deny = _share_args(args.share_access, args.share_deny)
-    if access & ~st.access or deny & ~st.deny:
-        raise NfsError(NFS4ERR_INVAL, "downgrade is not a subset of the open")
     with store_errors():
         ctx.server.opens.downgrade(st, access, deny)
     ctx.current_stateid = st.stateid()

@@ -45,8 +45,13 @@ async def op_setclientid(ctx, args) -> SETCLIENTID4res:
     principal = principal_of(ctx.cred)
     conf, unconf = _v40_records(mgr, owner)
     if conf is not None and conf.principal != principal:
-        log.info("setclientid_in_use", client=conf.name, principal=principal)
-        return SETCLIENTID4res(NFS4ERR_CLID_INUSE, netaddr4(na_r_netid=b"tcp", na_r_addr=b""))
+        if ctx.server.opens.has_state(conf):
+            log.info("setclientid_in_use", client=conf.name, principal=principal)
+            return SETCLIENTID4res(NFS4ERR_CLID_INUSE,
+                                   netaddr4(na_r_netid=b"tcp", na_r_addr=b""))
+        # Without state nothing is at stake: as a reboot, confirming drops the old record.
+        conf.pending_update = None
+        conf = None if conf.verifier == verifier else conf
     if unconf is not None:                                                    # case 4
         mgr.remove_client(unconf, "replaced by a new SETCLIENTID")
     confirm = os.urandom(8)

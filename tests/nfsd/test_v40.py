@@ -82,7 +82,7 @@ def test_reboot_with_new_verifier_replaces_client_on_confirm(nfs_client):
         assert await c.setclientid_confirm(new, sc.value.setclientid_confirm) == NFS4_OK
         assert await renew(c, old) == NFS4ERR_STALE_CLIENTID
         res = await c.compound([put(fh), op(OP_WRITE, WRITE4args(sid, 0, UNSTABLE4, b"x"))])
-        assert res.status == NFS4ERR_BAD_STATEID        # its opens went with it
+        assert res.status == NFS4ERR_EXPIRED            # its opens went with it
     nfs_client(body, **V40)
 
 
@@ -96,9 +96,20 @@ def test_second_unconfirmed_setclientid_replaces_first(nfs_client):
     nfs_client(body, setup=False, **V40)
 
 
-def test_owner_of_another_principal_is_in_use(nfs_client):
+def test_owner_of_another_principal_is_in_use_while_it_holds_state(nfs_client):
     async def body(c):
         other = dataclasses.replace(DEFAULT_CRED, uid=4242)
+        # No state yet: another principal may take the id over (pynfs CID2) ...
+        idle = (await c.setclientid(owner=b"idle-" + c.owner)).value
+        assert await c.setclientid_confirm(idle.clientid, idle.setclientid_confirm) == NFS4_OK
+        taken = await c.setclientid(owner=b"idle-" + c.owner, cred=other)
+        assert taken.tag == NFS4_OK
+        assert await c.setclientid_confirm(taken.value.clientid, taken.value.setclientid_confirm,
+                                           cred=other) == NFS4_OK
+        assert await renew(c, idle.clientid) == NFS4ERR_STALE_CLIENTID    # replaced
+        # ... but not while the record holds opens (CID3 / 16.33.5).
+        root = await c.lookup_path("/checkpoints")
+        await c.open_create(root, "held")
         sc = await c.setclientid(verifier=b"otherone", cred=other)
         assert sc.tag == NFS4ERR_CLID_INUSE
         # ... and confirming someone else's record is refused too.
@@ -115,11 +126,11 @@ def test_lease_expiry_makes_clientid_stale_and_stateids_unusable(nfs_client, nfs
         mgr = nfs_server.server.sessions
         expired = nfs_server.call(lambda: mgr.expire_idle(now=10**9))
         assert [x.clientid for x in expired] == [c.clientid]
-        assert await renew(c) == NFS4ERR_STALE_CLIENTID
+        assert await renew(c) == NFS4ERR_EXPIRED
         res = await c.compound([put(fh), op(OP_READ, READ4args(sid, 0, 10))])
-        assert res.status == NFS4ERR_BAD_STATEID
+        assert res.status == NFS4ERR_EXPIRED
         res = await c.compound([put(root), op(OP_OPEN, open_args(c, b"again", 1))])
-        assert res.status == NFS4ERR_STALE_CLIENTID
+        assert res.status == NFS4ERR_EXPIRED
     nfs_client(body, **V40)
 
 
@@ -236,6 +247,64 @@ def test_unconfirmed_owner_opening_again_starts_over(nfs_client):
 
 
 # ---- READ/WRITE stateid rules of 4.0 ---------------------------------------------------
+
+def test_v40_pynfs_cheap_rules(nfs_client):
+    """Own deny reservations, downgrade only to opened modes, zero-count READ eof,
+    RESTOREFH without a saved handle, a too small READDIR maxcount, the anonymous
+    stateid where an open one is needed."""
+    async def body(c):
+        root = await c.lookup_path("/checkpoints")
+        fh, sid = await c.open_create(root, "rules")
+        await c.write(fh, sid, 0, b"0123456789")
+        owner = c._owner().owner
+        seq = c.take_seqid(owner)
+        r = await c.compound([put(fh), op(OP_OPEN_DOWNGRADE, OPEN_DOWNGRADE4args(
+            sid, seq, OPEN4_SHARE_ACCESS_READ, OPEN4_SHARE_DENY_NONE))])
+        assert r.status == NFS4ERR_INVAL                   # only BOTH was ever opened
+        r = await c.compound([put(fh), op(OP_CLOSE, CLOSE4args(c.take_seqid(owner),
+                                                               stateid4(0, bytes(12))))])
+        assert r.status == NFS4ERR_BAD_STATEID
+        r = await c.compound([put(fh), op(OP_READ, READ4args(sid, 5, 0))])
+        assert r.resarray[1].value.value.eof is False
+        r = await c.compound([op(OP_PUTROOTFH), op(OP_RESTOREFH)])
+        assert r.status == NFS4ERR_RESTOREFH
+        r = await c.compound([put(root), op(OP_READDIR, READDIR4args(0, bytes(8), 15, 15, []))])
+        assert r.status == NFS4ERR_TOOSMALL
+        oa = open_args(c, b"denied", 1, owner=b"deny-owner")
+        oa.share_deny = OPEN4_SHARE_DENY_READ
+        res = check(await c.compound([put(root), op(OP_OPEN, oa), op(OP_GETFH)]))
+        dfh = res.resarray[2].value.value.object
+        dsid = res.resarray[1].value.value.stateid
+        check(await c.compound([put(dfh), op(OP_OPEN_CONFIRM, OPEN_CONFIRM4args(dsid, 2))]))
+        again = open_args(c, b"denied", 3, owner=b"deny-owner", create=False,
+                          access=OPEN4_SHARE_ACCESS_READ)
+        r = await c.compound([put(root), op(OP_OPEN, again)])
+        assert r.status == NFS4ERR_SHARE_DENIED            # its own deny counts too
+    nfs_client(body, **V40)
+
+
+def test_lapsed_lock_holder_loses_its_lock_to_a_conflict(nfs_server):
+    from tests.nfsd.conftest import run_client
+
+    async def holder(c):
+        root = await c.lookup_path("/checkpoints")
+        fh, sid = await c.open_create(root, "lapsed")
+        oseq = c.take_seqid(c._owner().owner)
+        check(await c.compound([put(fh), _lock_new(c, sid, oseq, b"L1", 0)]))
+        mgr = nfs_server.server.sessions
+        client = mgr.clients[c.clientid]
+        nfs_server.call(lambda: setattr(client, "last_renew", client.last_renew - 1000))
+        return fh
+    fh = run_client(nfs_server.port, holder, minorversion=0)
+
+    async def taker(c):
+        root = await c.lookup_path("/checkpoints")
+        fh2, sid = await c.open_existing(root, "lapsed", access=OPEN4_SHARE_ACCESS_BOTH)
+        oseq = c.take_seqid(c._owner().owner)
+        r = await c.compound([put(fh2), _lock_new(c, sid, oseq, b"L2", 0)])
+        assert r.status == NFS4_OK
+    run_client(nfs_server.port, taker, minorversion=0)
+
 
 def test_v40_stateid_rules_for_io(nfs_client):
     async def body(c):
