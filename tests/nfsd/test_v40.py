@@ -270,6 +270,9 @@ def test_v40_pynfs_cheap_rules(nfs_client):
         assert r.status == NFS4ERR_RESTOREFH
         r = await c.compound([put(root), op(OP_READDIR, READDIR4args(0, bytes(8), 15, 15, []))])
         assert r.status == NFS4ERR_TOOSMALL
+        r = check(await c.compound([put(root), op(OP_CREATE, CREATE4args(
+            createtype4(NF4DIR), b"empty", fattr4([], b""))), op(OP_READDIR,
+            READDIR4args(0, bytes(8), 16, 16, []))]))          # 16 bytes hold an empty reply
         oa = open_args(c, b"denied", 1, owner=b"deny-owner")
         oa.share_deny = OPEN4_SHARE_DENY_READ
         res = check(await c.compound([put(root), op(OP_OPEN, oa), op(OP_GETFH)]))
