@@ -22,6 +22,7 @@ from nfsd.xdr.core import XdrError
 from nfsd.xdr.nfs4 import (
     ILLEGAL4res, NFS4_OK, NFS4ERR_MINOR_VERS_MISMATCH, NFS4ERR_NOENT, NFS4ERR_NOTSUPP,
     NFS4ERR_NOT_ONLY_OP, NFS4ERR_OP_ILLEGAL, NFS4ERR_OP_NOT_IN_SESSION, NFS4ERR_REP_TOO_BIG,
+    NFS4ERR_REP_TOO_BIG_TO_CACHE,
     NFS4ERR_RESOURCE, NFS4ERR_RETRY_UNCACHED_REP, NFS4ERR_SEQUENCE_POS, NFS4ERR_SERVERFAULT,
     NFS4ERR_TOO_MANY_OPS, OP_BIND_CONN_TO_SESSION, OP_CREATE_SESSION, OP_DESTROY_CLIENTID,
     OP_DESTROY_SESSION, OP_EXCHANGE_ID, OP_ILLEGAL, OP_READ, OP_SEQUENCE, OP_WRITE, nfs_argop4,
@@ -168,6 +169,7 @@ class _Results:
         self.out = out
         self.start = len(out)
         self.limit = limit
+        self.too_big = NFS4ERR_REP_TOO_BIG       # or REP_TOO_BIG_TO_CACHE under sa_cachethis
         out += b"\0\0\0\0"                      # status, patched
         utf8str_cs.pack(tag, out)
         self.count_at = len(out)
@@ -179,7 +181,8 @@ class _Results:
     def add(self, resop) -> int:
         """Encode one op result; returns its status. A result that cannot be encoded
         (a handler bug) becomes NFS4ERR_SERVERFAULT; one that makes the reply larger
-        than the session allows becomes NFS4ERR_REP_TOO_BIG (RFC 8881 18.46.3)."""
+        than the session allows becomes NFS4ERR_REP_TOO_BIG, or REP_TOO_BIG_TO_CACHE when
+        the client asked for it to be cached (RFC 8881 18.46.3, 2.10.6.4)."""
         mark = len(self.out)
         try:
             nfs_resop4.pack(resop, self.out)
@@ -190,12 +193,16 @@ class _Results:
             nfs_resop4.pack(resop, self.out)
         if len(self.out) - self.start > self.limit:
             del self.out[mark:]
-            resop = error_result(resop.tag, NFS4ERR_REP_TOO_BIG)
+            resop = error_result(resop.tag, self.too_big)
             nfs_resop4.pack(resop, self.out)
         self.count += 1
         self.opnums.append(resop.tag)
         self.status = result_status(resop.value)
         return self.status
+
+    def room(self) -> int:
+        """Bytes the reply may still grow by."""
+        return self.limit - (len(self.out) - self.start)
 
     def finish(self) -> None:
         _U32.pack_into(self.out, self.start, self.status)
@@ -235,7 +242,6 @@ async def run_compound(server, cred, peer, conn, args_buf: memoryview,
                     return outcome
                 if slot is not None:
                     cachethis = bool(ops[0].value.sa_cachethis)
-                    results.limit = ctx.session.fore.maxresponsesize
             if first is not None:
                 await _run_ops(ctx, args, ops, first, results)
         results.finish()
@@ -279,7 +285,14 @@ def _start_session_part(ctx, args, results: _Results, request_size: int):
         return None, None, None
     if seq.replay is not None:
         return None, None, seq.replay
-    results.add(nfs_resop4(OP_SEQUENCE, seq.result))
+    fore = ctx.session.fore
+    results.limit = fore.maxresponsesize
+    if op0.value.sa_cachethis and not seq.uncached_retry:
+        results.limit = min(fore.maxresponsesize, fore.maxresponsesize_cached)
+        results.too_big = NFS4ERR_REP_TOO_BIG_TO_CACHE
+    if results.add(nfs_resop4(OP_SEQUENCE, seq.result)) != NFS4_OK:
+        return None, seq.slot, None        # not even SEQUENCE's reply fits
+
     if seq.uncached_retry:
         # RFC 8881 2.10.6.1.3: SEQUENCE succeeds, the next op says the reply is gone.
         if len(ops) > 1:
@@ -300,6 +313,7 @@ async def _run_ops(ctx, args: CompoundArgs, ops: list, first: int, results: _Res
         op = ops[i]
         opnum = op.tag
         ctx.extra["last_op"] = i == last and args.illegal_opnum is None
+        ctx.extra["reply_room"] = results.room()      # READ clips its data to this
         if not _op_in_version(opnum, ctx.minorversion):
             results.add(error_result(OP_ILLEGAL, NFS4ERR_OP_ILLEGAL))
             return

@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import os
 import struct
-from collections import defaultdict
-from dataclasses import dataclass
+from collections import OrderedDict, defaultdict
+from dataclasses import dataclass, field
 
 import structlog
 
 from cache.api import StoreError
 from nfsd.errors import NfsError
+from nfsd.owners import OwnerTable
 from nfsd.xdr.nfs4 import (
     NFS4ERR_BAD_STATEID, NFS4ERR_LOCKS_HELD, NFS4ERR_OLD_STATEID, NFS4ERR_SHARE_DENIED,
+    NFS4ERR_EXPIRED, NFS4ERR_INVAL, NFS4ERR_STALE_STATEID,
     NFS4_OK, stateid4,
 )
 
@@ -34,6 +36,7 @@ SHARE_ACCESS_READ = 1
 SHARE_ACCESS_WRITE = 2
 SHARE_ACCESS_BOTH = 3
 SEQID_MAX = 0xFFFFFFFF
+MAX_EXPIRED_REMEMBERED = 65536
 
 ZERO_OTHER = bytes(12)
 ONES_OTHER = b"\xff" * 12
@@ -73,6 +76,11 @@ class OpenState:
     access: int
     deny: int
     write_open: bool            # the flag of the store open this state holds
+    confirmed: bool = True      # 4.0: False until OPEN_CONFIRM (RFC 7530 16.18.5)
+    # Every share_access / share_deny value an OPEN of this state asked for: a downgrade
+    # may only go back to one of them (RFC 7530 16.19.4, RFC 8881 18.18.3).
+    opened: set = field(default_factory=set)
+    denied: set = field(default_factory=set)
 
     def stateid(self):
         return stateid4(seqid=self.seqid, other=self.other)
@@ -151,6 +159,10 @@ class OpenStateTable:
         self._lock_by_owner_file: dict[tuple, LockState] = {}
         self._locks_of_open: dict[bytes, set[LockState]] = defaultdict(set)
         self._locks_by_ino: dict[int, set[LockState]] = defaultdict(set)
+        self.owners = OwnerTable()          # NFSv4.0 owner seqids (nfsd/owners.py)
+        # `other`s of states dropped with their client: a 4.0 client using one later is
+        # told NFS4ERR_EXPIRED rather than BAD_STATEID (bounded, oldest forgotten first).
+        self._expired: OrderedDict = OrderedDict()
 
     def attach(self, sessions) -> None:
         """Drop a client's opens when the session layer expires or destroys it."""
@@ -170,21 +182,22 @@ class OpenStateTable:
         with another owner's share reservation (RFC 8881 9.7)."""
         key = (clientid, bytes(owner), ino)
         existing = self._by_owner_file.get(key)
+        # The owner's own earlier deny counts too (RFC 7530 9.9, 16.16.5).
         for other in self._by_ino.get(ino, ()):
-            if other is existing:
-                continue
             if access & other.deny or deny & other.access:
                 raise NfsError(NFS4ERR_SHARE_DENIED)
         if existing is not None:
             self._reopen_store(existing, existing.access | access)
             existing.access |= access
             existing.deny |= deny
+            existing.opened.add(access)
+            existing.denied.add(deny)
             existing.bump()
             return existing
         write = bool(access & SHARE_ACCESS_WRITE)
         self.store.open_file(ino, write)
         st = OpenState(self._new_other(), 1, clientid, bytes(owner), ino, export_id,
-                       access, deny, write)
+                       access, deny, write, opened={access}, denied={deny})
         self._by_other[st.other] = st
         self._by_owner_file[key] = st
         self._by_ino[ino].add(st)
@@ -192,7 +205,11 @@ class OpenStateTable:
         return st
 
     def downgrade(self, st: OpenState, access: int, deny: int) -> None:
+        if access not in st.opened or deny not in st.denied:
+            raise NfsError(NFS4ERR_INVAL, "downgrade to a mode never opened")
         self._reopen_store(st, access)
+        st.opened = {a for a in st.opened if not a & ~access} | {access}
+        st.denied = {d for d in st.denied if not d & ~deny} | {deny}
         st.access = access
         st.deny = deny
         st.bump()
@@ -227,6 +244,11 @@ class OpenStateTable:
                 if not group:
                     del index[k]
 
+    def _remember_expired(self, other: bytes) -> None:
+        self._expired[other] = None
+        if len(self._expired) > MAX_EXPIRED_REMEMBERED:
+            self._expired.popitem(last=False)
+
     def has_state(self, client) -> bool:
         """Whether the client holds opens (DESTROY_CLIENTID then answers
         NFS4ERR_CLIENTID_BUSY, RFC 8881 18.50.3)."""
@@ -238,7 +260,11 @@ class OpenStateTable:
         clientid = client if isinstance(client, int) else client.clientid
         states = list(self._by_client.get(clientid, ()))
         for st in states:
+            for lk in self._locks_of_open.get(st.other, ()):
+                self._remember_expired(lk.other)
+            self._remember_expired(st.other)
             self.close(st)
+        self.owners.drop_client(clientid)
         if states:
             log.info("client_opens_dropped", clientid=clientid, opens=len(states))
 
@@ -291,15 +317,25 @@ class OpenStateTable:
                     del index[k]
 
     # ---- stateid lookup --------------------------------------------------------------------------
-    def find(self, clientid: int, sid):
+    def find(self, clientid: int | None, sid, *, v40: bool = False):
         """The open or lock state a (non-special) stateid names, checking its seqid (RFC 8881 8.2.2):
         0 means the latest; older -> NFS4ERR_OLD_STATEID; newer or unknown ->
-        NFS4ERR_BAD_STATEID. Another client's stateid is unknown to this one."""
+        NFS4ERR_BAD_STATEID. Another client's stateid is unknown to this one.
+        NFSv4.0 (`v40`, clientid None: the stateid names its client): seqid 0 is not
+        special, and a stateid of an earlier server instance is NFS4ERR_STALE_STATEID
+        (RFC 7530 9.1.4)."""
         other = bytes(sid.other)
         st = self._by_other.get(other) or self._locks.get(other)
-        if st is None or st.clientid != clientid:
+        if st is None and v40:
+            if special_kind(sid) is not None:
+                raise NfsError(NFS4ERR_BAD_STATEID, "a special stateid names no state")
+            if other in self._expired:
+                raise NfsError(NFS4ERR_EXPIRED, "the stateid's client is gone")
+            if other[:4] != self._epoch:
+                raise NfsError(NFS4ERR_STALE_STATEID, "stateid of an earlier server instance")
+        if st is None or (clientid is not None and st.clientid != clientid):
             raise NfsError(NFS4ERR_BAD_STATEID, "unknown stateid")
-        if sid.seqid != 0 and sid.seqid != st.seqid:
+        if (sid.seqid != 0 or v40) and sid.seqid != st.seqid:
             if _seqid_older(sid.seqid, st.seqid):
                 raise NfsError(NFS4ERR_OLD_STATEID)
             raise NfsError(NFS4ERR_BAD_STATEID, "stateid seqid from the future")
@@ -327,6 +363,35 @@ class OpenStateTable:
             self._forget_lock(lk)
             return NFS4_OK
         return NFS4ERR_LOCKS_HELD
+
+    def peek(self, other: bytes):
+        """The open or lock state with this `other`, whatever its seqid (or None)."""
+        return self._by_other.get(other) or self._locks.get(other)
+
+    def close_unconfirmed(self, clientid: int, owner: bytes) -> None:
+        """An unconfirmed 4.0 open-owner starts over: its unconfirmed opens go."""
+        for st in list(self._by_client.get(clientid, ())):
+            if st.owner == owner and not st.confirmed:
+                self.close(st)
+
+    def lock_owner_states(self, clientid: int, owner: bytes) -> list:
+        """The LockStates of one lock-owner (one per file it locked)."""
+        return [lk for lk in self._locks.values()
+                if lk.clientid == clientid and lk.owner == owner]
+
+    def release_lock_owner(self, clientid: int, owner: bytes) -> None:
+        """RELEASE_LOCKOWNER (RFC 7530 16.37): forget an owner that holds no locks."""
+        states = self.lock_owner_states(clientid, owner)
+        if any(lk.ranges for lk in states):
+            raise NfsError(NFS4ERR_LOCKS_HELD, "the lock-owner still holds locks")
+        for lk in states:
+            self._forget_lock(lk)
+
+    def owner_in_use(self, o) -> bool:
+        """Whether a 4.0 owner record still names live state (then it is kept)."""
+        if o.kind == "open":
+            return any(st.owner == o.owner for st in self._by_client.get(o.clientid, ()))
+        return bool(self.lock_owner_states(o.clientid, o.owner))
 
     def opens_of(self, ino: int) -> set:
         return set(self._by_ino.get(ino, ()))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections import OrderedDict
 import os
 import struct
 import time
@@ -21,6 +22,10 @@ log = structlog.get_logger(__name__)
 
 DEFAULT_LEASE_TIME = 90
 SEQID_MOD = 1 << 32
+# The reply caches of all sessions together (bytes): sessions get fewer slots when this
+# is nearly spent, none when it is (as Linux knfsd's DRC limit). 128 MiB = 8192 slots
+# of the 16 KiB a slot may keep (nfsd/ops/session.py REPLY_CACHE_LIMIT).
+DRC_BUDGET = 128 * 1024 * 1024
 
 
 def next_seqid(seqid: int) -> int:
@@ -54,7 +59,7 @@ class Slot:
 
 class Session:
     def __init__(self, sessionid: bytes, client: "Client", flags: int, fore: ChannelAttrs,
-                 back: ChannelAttrs, cb_program: int):
+                 back: ChannelAttrs, cb_program: int, drc_bytes: int = 0):
         self.sessionid = sessionid
         self.client = client
         self.flags = flags
@@ -64,6 +69,7 @@ class Session:
         self.slots = [Slot() for _ in range(fore.maxrequests)]
         self.connections: set = set()      # transport connections bound to this session
         self.destroyed = False
+        self.drc_bytes = drc_bytes         # reply-cache memory reserved for its slots
 
     @property
     def highest_slotid(self) -> int:
@@ -91,6 +97,11 @@ class Client:
     expired: bool = False
     sessions: dict = field(default_factory=dict)    # sessionid -> Session
     peer: tuple = ()
+    # NFSv4.0 (RFC 7530 16.33): SETCLIENTID's confirm verifier, and a callback update
+    # waiting for SETCLIENTID_CONFIRM on a confirmed record (its verifier and callback).
+    confirm_verifier: bytes = b""
+    callback: object = None
+    pending_update: tuple | None = None
 
     def renew(self) -> None:
         self.last_renew = time.monotonic()
@@ -107,12 +118,14 @@ class SessionManager:
     """All client records and sessions of one server instance."""
 
     def __init__(self, lease_time: float = DEFAULT_LEASE_TIME, *, boot_time: int | None = None,
-                 max_clients: int = 4096):
+                 max_clients: int = 4096, drc_budget: int = DRC_BUDGET):
         self.lease_time = lease_time
         # Clients idle longer than lease_time + grace are expired; the grace absorbs a
         # client's renewal arriving late on a loaded network.
         self.expiry_grace = min(lease_time / 2, 15.0)
         self.max_clients = max_clients
+        self.drc_budget = drc_budget
+        self.drc_reserved = 0
         # clientids (RFC 8881 2.4): boot epoch in the high half, so ids from an earlier
         # server instance are recognisably stale (NFS4ERR_STALE_CLIENTID).
         self.boot_epoch = (boot_time if boot_time is not None else int(time.time())) & 0xFFFFFFFF
@@ -121,6 +134,9 @@ class SessionManager:
         self.clients: dict[int, Client] = {}
         self.sessions: dict[bytes, Session] = {}
         self.on_client_expired: list[Callable[[Client], None]] = []
+        # Clientids whose lease ran out, so a 4.0 client is told NFS4ERR_EXPIRED rather
+        # than STALE_CLIENTID (bounded: oldest forgotten first).
+        self.expired_ids: OrderedDict = OrderedDict()
         self._reaper: asyncio.Task | None = None
 
     # ---- clients ----------------------------------------------------------------
@@ -130,6 +146,10 @@ class SessionManager:
         client = Client(clientid, owner, verifier, principal, minorversion, peer=peer)
         self.clients[clientid] = client
         return client
+
+    def records_of(self, owner: bytes) -> list[Client]:
+        """Every live record (confirmed or not) of one client owner string."""
+        return [c for c in self.clients.values() if c.owner == owner and not c.expired]
 
     def is_stale_clientid(self, clientid: int) -> bool:
         return (clientid >> 32) != self.boot_epoch
@@ -158,11 +178,16 @@ class SessionManager:
                  owner=client.owner[:64].hex())
 
     # ---- sessions ---------------------------------------------------------------
+    def slots_free(self, slot_bytes: int) -> int:
+        """How many more reply-cache slots of `slot_bytes` fit in the budget."""
+        return max(0, self.drc_budget - self.drc_reserved) // slot_bytes
+
     def new_session(self, client: Client, flags: int, fore: ChannelAttrs, back: ChannelAttrs,
-                    cb_program: int) -> Session:
+                    cb_program: int, drc_bytes: int = 0) -> Session:
         sessionid = struct.pack(">QI", client.clientid, next(self._counter) & 0xFFFFFFFF) \
             + self._session_salt
-        session = Session(sessionid, client, flags, fore, back, cb_program)
+        session = Session(sessionid, client, flags, fore, back, cb_program, drc_bytes)
+        self.drc_reserved += drc_bytes
         self.sessions[sessionid] = session
         client.sessions[sessionid] = session
         return session
@@ -172,6 +197,8 @@ class SessionManager:
         log.info("session_destroyed", client=session.client.name, session=session.sessionid.hex())
 
     def _drop_session(self, session: Session) -> None:
+        if not session.destroyed:
+            self.drc_reserved -= session.drc_bytes
         session.destroyed = True
         self.sessions.pop(session.sessionid, None)
         session.client.sessions.pop(session.sessionid, None)
@@ -202,8 +229,19 @@ class SessionManager:
         expired = [c for c in self.clients.values()
                    if now - c.last_renew > limit and not c.busy()]
         for client in expired:
-            self.remove_client(client, "lease expired")
+            self.expire(client, "lease expired")
         return expired
+
+    def lapsed(self, client: Client, now: float | None = None) -> bool:
+        """Past its lease (the reaper waits a little longer; a conflict need not)."""
+        now = time.monotonic() if now is None else now
+        return now - client.last_renew > self.lease_time and not client.busy()
+
+    def expire(self, client: Client, reason: str) -> None:
+        self.expired_ids[client.clientid] = None
+        if len(self.expired_ids) > self.max_clients:
+            self.expired_ids.popitem(last=False)
+        self.remove_client(client, reason)
 
     def start_reaper(self) -> None:
         if self._reaper is None:

@@ -1,10 +1,14 @@
-"""A small async NFSv4.1 client built on our own codec, for tests.
+"""A small async NFSv4.1 (and 4.0) client built on our own codec, for tests.
 
     c = await NfsClient.connect("127.0.0.1", port, minorversion=1)
     await c.setup_session()                       # EXCHANGE_ID, CREATE_SESSION, RECLAIM_COMPLETE
     res = await c.compound([nfs_argop4(OP_PUTROOTFH, None), nfs_argop4(OP_GETFH, None)])
     # res: COMPOUND4res; res.resarray[i] answers ops[i] (the SEQUENCE result that
     # compound() prepends is kept in c.last_sequence, not in resarray)
+
+With minorversion=0, setup_session() does SETCLIENTID + SETCLIENTID_CONFIRM instead,
+compound() sends the ops as they are, and the open/close helpers keep each open-owner's
+seqid and confirm a new owner's first OPEN (RFC 7530).
 
 Calls are pipelined: any number may be in flight on one connection; replies are
 matched by xid. Low-level pieces (`call`, `compound_raw`, `send_raw`) let tests
@@ -124,6 +128,8 @@ class NfsClient:
         self.verifier = os.urandom(8)
         self.session_attrs = None
         self.closed = asyncio.get_running_loop().create_future()
+        self.owner_seqids: dict[bytes, int] = {}   # 4.0: open-owner -> next seqid
+        self.confirmed_owners: set[bytes] = set()
 
     @classmethod
     async def connect(cls, host: str, port: int, minorversion: int = 1,
@@ -198,11 +204,11 @@ class NfsClient:
 
     # ---- COMPOUND ------------------------------------------------------------------
     async def compound_raw(self, ops: list, *, minorversion: int | None = None, tag: bytes = b"",
-                           xid: int | None = None):
+                           xid: int | None = None, cred: Cred | None | str = "default"):
         """COMPOUND exactly as given (no SEQUENCE added); returns COMPOUND4res."""
         mv = self.minorversion if minorversion is None else minorversion
         args = encode(COMPOUND4args, COMPOUND4args(tag=tag, minorversion=mv, argarray=ops))
-        reply = await self.call(1, args, xid=xid)
+        reply = await self.call(1, args, xid=xid, cred=cred)
         if not reply.accepted or reply.stat != SUCCESS:
             raise RpcReplyError(reply)
         return decode(COMPOUND4res, reply.body)
@@ -245,13 +251,16 @@ class NfsClient:
                               ca_maxoperations=16, ca_maxrequests=maxrequests, ca_rdma_ird=[])
 
     async def create_session(self, clientid: int, sequence: int, *, slots: int = 16,
-                             flags: int = CREATE_SESSION4_FLAG_CONN_BACK_CHAN):
+                             flags: int = CREATE_SESSION4_FLAG_CONN_BACK_CHAN,
+                             fore: channel_attrs4 | None = None,
+                             back: channel_attrs4 | None = None,
+                             cred: Cred | None | str = "default"):
         args = CREATE_SESSION4args(
             csa_clientid=clientid, csa_sequence=sequence, csa_flags=flags,
-            csa_fore_chan_attrs=self.channel_attrs(slots),
-            csa_back_chan_attrs=channel_attrs4(0, 4096, 4096, 0, 2, 1, []),
+            csa_fore_chan_attrs=fore or self.channel_attrs(slots),
+            csa_back_chan_attrs=back or channel_attrs4(0, 4096, 4096, 0, 2, 1, []),
             csa_cb_program=0x40000000, csa_sec_parms=[callback_sec_parms4(AUTH_NONE)])
-        res = await self.compound_raw([op(OP_CREATE_SESSION, args)])
+        res = await self.compound_raw([op(OP_CREATE_SESSION, args)], cred=cred)
         return res.resarray[0].value
 
     def use_session(self, sessionid: bytes, nslots: int) -> None:
@@ -261,7 +270,56 @@ class NfsClient:
         for i in range(nslots):
             self._free_slots.put_nowait(i)
 
+    # ---- NFSv4.0 client id (RFC 7530 16.33, 16.34) -----------------------------------
+    async def setclientid(self, *, owner: bytes | None = None, verifier: bytes | None = None,
+                          cred: Cred | None | str = "default"):
+        args = SETCLIENTID4args(
+            client=nfs_client_id4(verifier=verifier or self.verifier, id=owner or self.owner),
+            callback=cb_client4(cb_program=0x40000000,
+                                cb_location=netaddr4(na_r_netid=b"tcp", na_r_addr=b"127.0.0.1.0.0")),
+            callback_ident=1)
+        res = await self.compound_raw([op(OP_SETCLIENTID, args)], minorversion=0, cred=cred)
+        return res.resarray[0].value
+
+    async def setclientid_confirm(self, clientid: int, confirm: bytes,
+                                  cred: Cred | None | str = "default") -> int:
+        res = await self.compound_raw(
+            [op(OP_SETCLIENTID_CONFIRM, SETCLIENTID_CONFIRM4args(clientid, confirm))],
+            minorversion=0, cred=cred)
+        return res.status
+
+    async def setup_v40(self) -> None:
+        sc = await self.setclientid()
+        if sc.tag != NFS4_OK:
+            raise NfsStatusError(sc.tag, OP_SETCLIENTID)
+        status = await self.setclientid_confirm(sc.value.clientid, sc.value.setclientid_confirm)
+        if status != NFS4_OK:
+            raise NfsStatusError(status, OP_SETCLIENTID_CONFIRM)
+        self.clientid = sc.value.clientid
+
+    def take_seqid(self, owner: bytes) -> int:
+        """The open-owner's next seqid (4.0); 0 in 4.1, where seqids are ignored."""
+        if self.minorversion >= 1:
+            return 0
+        seqid = self.owner_seqids.get(owner, 1)
+        self.owner_seqids[owner] = seqid + 1
+        return seqid
+
+    async def _opened(self, res, owner: bytes):
+        """(fh, stateid) of an OPEN; a 4.0 owner's first OPEN is confirmed here."""
+        ok = res.resarray[1].value.value
+        fh, stateid = res.resarray[2].value.value.object, ok.stateid
+        if ok.rflags & OPEN4_RESULT_CONFIRM:
+            cres = check(await self.compound([
+                op(OP_PUTFH, PUTFH4args(fh)),
+                op(OP_OPEN_CONFIRM, OPEN_CONFIRM4args(stateid, self.take_seqid(owner)))]))
+            stateid = cres.resarray[1].value.value.open_stateid
+            self.confirmed_owners.add(owner)
+        return fh, stateid
+
     async def setup_session(self, *, slots: int = 16, reclaim_complete: bool = True) -> None:
+        if self.minorversion == 0:
+            return await self.setup_v40()
         eid = await self.exchange_id()
         if eid.tag != NFS4_OK:
             raise NfsStatusError(eid.tag, OP_EXCHANGE_ID)
@@ -294,23 +352,26 @@ class NfsClient:
                           *, access: int = OPEN4_SHARE_ACCESS_BOTH):
         """OPEN (create if missing, UNCHECKED4); returns (fh, stateid)."""
         name = name.encode() if isinstance(name, str) else name
+        owner = self._owner()
         args = OPEN4args(
-            seqid=0, share_access=access, share_deny=OPEN4_SHARE_DENY_NONE, owner=self._owner(),
+            seqid=self.take_seqid(owner.owner), share_access=access,
+            share_deny=OPEN4_SHARE_DENY_NONE, owner=owner,
             openhow=openflag4(OPEN4_CREATE, createhow4(UNCHECKED4, encode_attrs({FATTR4_MODE: mode}))),
             claim=open_claim4(CLAIM_NULL, name))
         res = check(await self.compound([op(OP_PUTFH, PUTFH4args(dir_fh)), op(OP_OPEN, args),
                                          op(OP_GETFH)]))
-        return res.resarray[2].value.value.object, res.resarray[1].value.value.stateid
+        return await self._opened(res, owner.owner)
 
     async def open_existing(self, dir_fh: bytes, name: str | bytes, *,
                             access: int = OPEN4_SHARE_ACCESS_READ):
         name = name.encode() if isinstance(name, str) else name
-        args = OPEN4args(seqid=0, share_access=access, share_deny=OPEN4_SHARE_DENY_NONE,
-                         owner=self._owner(), openhow=openflag4(OPEN4_NOCREATE),
-                         claim=open_claim4(CLAIM_NULL, name))
+        owner = self._owner()
+        args = OPEN4args(seqid=self.take_seqid(owner.owner), share_access=access,
+                         share_deny=OPEN4_SHARE_DENY_NONE, owner=owner,
+                         openhow=openflag4(OPEN4_NOCREATE), claim=open_claim4(CLAIM_NULL, name))
         res = check(await self.compound([op(OP_PUTFH, PUTFH4args(dir_fh)), op(OP_OPEN, args),
                                          op(OP_GETFH)]))
-        return res.resarray[2].value.value.object, res.resarray[1].value.value.stateid
+        return await self._opened(res, owner.owner)
 
     async def write(self, fh: bytes, stateid, offset: int, data: bytes, stable: int = UNSTABLE4):
         res = check(await self.compound([op(OP_PUTFH, PUTFH4args(fh)),
@@ -329,8 +390,9 @@ class NfsClient:
         return res.resarray[1].value.value.writeverf
 
     async def close_file(self, fh: bytes, stateid):
+        seqid = self.take_seqid(self._owner().owner)
         res = check(await self.compound([op(OP_PUTFH, PUTFH4args(fh)),
-                                         op(OP_CLOSE, CLOSE4args(0, stateid))]))
+                                         op(OP_CLOSE, CLOSE4args(seqid, stateid))]))
         return res.resarray[1].value.value
 
     close_stateid = close_file

@@ -22,6 +22,7 @@ OP_MODULES = (
     "nfsd.ops.secinfo",      # SECINFO SECINFO_NO_NAME
     "nfsd.ops.stateid",      # TEST_STATEID FREE_STATEID
     "nfsd.ops.lock",         # LOCK LOCKT LOCKU
+    "nfsd.ops.v40",          # SETCLIENTID SETCLIENTID_CONFIRM RENEW RELEASE_LOCKOWNER (4.0 only)
 )
 
 

@@ -15,11 +15,13 @@ from nfsd.errors import NfsError
 from nfsd.exports import (EffectiveCred, Export, PseudoNode, MAY_EXEC, MAY_WRITE,
                           permitted)
 from nfsd.fh import FileHandle, codec_for
+from nfsd.owners import sequenced
 from nfsd.openstate import (ANONYMOUS, BYPASS, CURRENT, INVALID, SHARE_ACCESS_READ,
                             SHARE_ACCESS_WRITE, special_kind)
 from nfsd.xdr.nfs4 import (
     NFS4ERR_ACCESS, NFS4ERR_BAD_STATEID, NFS4ERR_BADCHAR, NFS4ERR_BADNAME, NFS4ERR_DELAY,
-    NFS4ERR_DQUOT, NFS4ERR_EXIST, NFS4ERR_FBIG, NFS4ERR_INVAL, NFS4ERR_IO, NFS4ERR_ISDIR,
+    NFS4ERR_DQUOT, NFS4ERR_EXIST, NFS4ERR_EXPIRED, NFS4ERR_FBIG, NFS4ERR_INVAL, NFS4ERR_IO,
+    NFS4ERR_ISDIR, NFS4ERR_STALE_CLIENTID,
     NFS4ERR_LOCKED, NFS4ERR_MLINK, NFS4ERR_NAMETOOLONG, NFS4ERR_NOENT, NFS4ERR_NOFILEHANDLE,
     NFS4ERR_NOSPC, NFS4ERR_NOTDIR, NFS4ERR_NOTEMPTY, NFS4ERR_OPENMODE, NFS4ERR_PERM,
     NFS4ERR_ROFS, NFS4ERR_STALE, NFS4ERR_SYMLINK, NFS4ERR_XDEV, change_info4,
@@ -262,6 +264,71 @@ def clientid_of(ctx) -> int:
     return ctx.client.clientid
 
 
+def v40_client(ctx, clientid: int):
+    """The confirmed NFSv4.0 client an op names by clientid; the op renews its lease
+    (RFC 7530 9.5). Unknown, unconfirmed, expired or earlier-instance ids are stale."""
+    mgr = ctx.server.sessions
+    client = mgr.clients.get(clientid)
+    if client is None or client.expired or not client.confirmed or client.minorversion != 0:
+        if clientid in mgr.expired_ids:
+            raise NfsError(NFS4ERR_EXPIRED, f"clientid {clientid:#x}: lease expired")
+        raise NfsError(NFS4ERR_STALE_CLIENTID, f"clientid {clientid:#x}")
+    client.renew()
+    ctx.client = client
+    return client
+
+
+def expire_lapsed_holders(ctx, ino: int) -> None:
+    """Other clients holding opens or locks on `ino` whose lease has run out lose them
+    now, rather than at the reaper's next round, so the state they block is granted
+    (RFC 7530 9.6, RFC 8881 8.3: past its lease a client's state may be released)."""
+    mgr = getattr(ctx.server, "sessions", None)
+    if mgr is None:
+        return
+    now = time.monotonic()
+    for clientid in {st.clientid for st in ctx.server.opens.opens_of(ino)}:
+        client = mgr.clients.get(clientid)
+        if client is not None and client is not ctx.client and mgr.lapsed(client, now):
+            mgr.expire(client, "lease expired; its state is wanted by another client")
+
+
+async def seqid_op(ctx, kind: str, sid, seqid: int, run):
+    """Run a 4.0 op that names an owner by a stateid under that owner's seqid rules
+    (nfsd/owners.py); the owner is found from the stateid whatever its seqid, so a
+    retransmission is answered before the stateid's seqid is judged."""
+    opens = ctx.server.opens
+    other = bytes(sid.other)
+    st = opens.peek(other)
+    if st is not None:
+        o = opens.owners.get(kind, st.clientid, st.owner, create=True,
+                             in_use=opens.owner_in_use)
+    else:
+        o = opens.owners.closed_owner(other)
+    if o is None:
+        return await run()          # unknown stateid: run() says why
+    return await sequenced(ctx, o, seqid, run)
+
+
+def find_state(ctx, sid, *, confirmed: bool = True):
+    """The open or lock state a stateid argument names. In NFSv4.0 the stateid itself
+    names the client, whose lease this use renews (RFC 7530 9.5); an open not yet
+    confirmed by OPEN_CONFIRM is not usable (`confirmed=False` for OPEN_CONFIRM)."""
+    sid = resolve_stateid_arg(ctx, sid)
+    opens = ctx.server.opens
+    if ctx.minorversion >= 1:
+        return opens.find(clientid_of(ctx), sid)
+    st = opens.find(None, sid, v40=True)
+    client = ctx.server.sessions.clients.get(st.clientid)
+    if client is None or client.expired:
+        raise NfsError(NFS4ERR_EXPIRED, "the stateid's client lease expired")
+    client.renew()
+    ctx.client = client
+    open_st = getattr(st, "open", st)
+    if confirmed and not open_st.confirmed:
+        raise NfsError(NFS4ERR_BAD_STATEID, "open not confirmed")
+    return st
+
+
 def io_state(ctx, sid, obj: Obj, *, write: bool):
     """The open or lock state a READ/WRITE/SETATTR(size) stateid names, or None for the
     anonymous / READ-bypass stateids (the caller then checks mode bits). Enforces the
@@ -279,7 +346,7 @@ def io_state(ctx, sid, obj: Obj, *, write: bool):
             if any(st.deny & deny_bit for st in opens.opens_of(obj.ino)):
                 raise NfsError(NFS4ERR_LOCKED, "denied by a share reservation")
         return None
-    st = opens.find(clientid_of(ctx), sid)
+    st = find_state(ctx, sid)
     if st.ino != obj.ino or st.export_id != (obj.export.export_id if obj.export else 0):
         raise NfsError(NFS4ERR_BAD_STATEID, "stateid is for another file")
     if write and not st.access & SHARE_ACCESS_WRITE:

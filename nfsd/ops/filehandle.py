@@ -10,7 +10,7 @@ from nfsd.ops._common import (check_export_access, check_name, codec, current, e
                               nfs_error, pseudo_obj, require_dir, require_perm, resolve,
                               root_obj, set_current, store_errors, who)
 from nfsd.xdr.nfs4 import (
-    NFS4ERR_BADHANDLE, NFS4ERR_NOENT, NFS4ERR_NOFILEHANDLE, NFS4_OK, OP_GETFH, OP_LOOKUP,
+    NFS4ERR_BADHANDLE, NFS4ERR_NOENT, NFS4ERR_NOFILEHANDLE, NFS4ERR_RESTOREFH, NFS4_OK, OP_GETFH, OP_LOOKUP,
     OP_LOOKUPP, OP_PUTFH, OP_PUTPUBFH, OP_PUTROOTFH, OP_RESTOREFH, OP_SAVEFH,
     GETFH4res, GETFH4resok, LOOKUP4res, LOOKUPP4res, PUTFH4res, PUTPUBFH4res,
     PUTROOTFH4res, RESTOREFH4res, SAVEFH4res,
@@ -52,7 +52,8 @@ async def op_savefh(ctx, args) -> SAVEFH4res:
 
 async def op_restorefh(ctx, args) -> RESTOREFH4res:
     if ctx.saved_fh is None:
-        raise NfsError(NFS4ERR_NOFILEHANDLE)
+        # RFC 7530 16.28.4 has its own error for this; RFC 8881 18.27.4 uses NOFILEHANDLE.
+        raise NfsError(NFS4ERR_RESTOREFH if ctx.minorversion == 0 else NFS4ERR_NOFILEHANDLE)
     ctx.current_fh = ctx.saved_fh
     ctx.current_stateid = ctx.saved_stateid
     return RESTOREFH4res(NFS4_OK)

@@ -63,7 +63,8 @@ async def op_read(ctx, args) -> READ4res:
         _check_anonymous_io(ctx, obj, MAY_READ)
     # Size the buffer by what the file holds (it may grow meanwhile: then the read is
     # short and not eof, and the client asks again).
-    count = max(0, min(args.count, fattr.MAX_IO, obj.attr.size - args.offset))
+    count = max(0, min(args.count, fattr.MAX_IO, obj.attr.size - args.offset,
+                       _data_room(ctx)))
     store = ctx.server.store
     buf = bytearray(count)
     for attempt in range(_FETCH_ATTEMPTS + 1):
@@ -76,7 +77,22 @@ async def op_read(ctx, args) -> READ4res:
             if attempt == _FETCH_ATTEMPTS or not await _fetch(ctx, obj.ino, e.missing):
                 raise NfsError(NFS4ERR_DELAY, "data not local yet") from e
     data = memoryview(buf)[:n] if n < count else buf
+    if count == 0:
+        eof = args.offset >= obj.attr.size       # nothing asked: eof says where we are
     return READ4res(NFS4_OK, READ4resok(eof=bool(eof), data=data))
+
+
+# READ4resok without its data: op number, status, eof, data length, padding.
+_READ_RES_OVERHEAD = 20
+
+
+def _data_room(ctx) -> int:
+    """At most what the session's max response size leaves for READ's data: a READ
+    asking for more gets a short read, not NFS4ERR_REP_TOO_BIG (RFC 8881 18.22.3)."""
+    room = ctx.extra.get("reply_room")
+    if room is None or room <= _READ_RES_OVERHEAD:
+        return fattr.MAX_IO             # no room at all: the op gets REP_TOO_BIG
+    return (room - _READ_RES_OVERHEAD) & ~3
 
 
 async def _fetch(ctx, ino: int, ranges) -> bool:

@@ -10,7 +10,9 @@ from cache.api import FileType
 from nfsd.errors import NfsError
 from nfsd.openstate import (LOCK_READ, LOCK_WRITE, RANGE_END, SHARE_ACCESS_READ,
                             SHARE_ACCESS_WRITE, LockConflict, LockState, OpenState)
-from nfsd.ops._common import clientid_of, current, resolve_stateid_arg
+from nfsd.ops._common import (clientid_of, current, expire_lapsed_holders, find_state,
+                              seqid_op, v40_client)
+from nfsd.owners import LOCK_OWNER, OPEN_OWNER
 from nfsd.xdr.nfs4 import (
     NFS4ERR_BAD_STATEID, NFS4ERR_DENIED, NFS4ERR_INVAL, NFS4ERR_ISDIR, NFS4ERR_NO_GRACE,
     NFS4ERR_OPENMODE, NFS4ERR_SYMLINK, NFS4ERR_WRONG_TYPE, NFS4_OK, NFS4_UINT64_MAX, OP_LOCK, OP_LOCKT, OP_LOCKU, READ_LT,
@@ -59,14 +61,38 @@ def _denied(c: LockConflict) -> LOCK4denied:
 
 
 def _state(ctx, sid, kind_wanted, obj):
-    sid = resolve_stateid_arg(ctx, sid)
-    st = ctx.server.opens.find(clientid_of(ctx), sid)
+    st = find_state(ctx, sid)
     if not isinstance(st, kind_wanted) or st.ino != obj.ino:
         raise NfsError(NFS4ERR_BAD_STATEID, "not a stateid of that kind for this file")
     return st
 
 
 async def op_lock(ctx, args) -> LOCK4res:
+    if ctx.minorversion >= 1:
+        return await _lock(ctx, args)
+    # NFSv4.0 (RFC 7530 16.10.5): a new lock-owner's first LOCK is sequenced by its
+    # open-owner (open_seqid) and starts the lock-owner at lock_seqid; later LOCKs are
+    # sequenced by the lock-owner.
+    locker = args.locker
+    if locker.tag:
+        oto = locker.value
+
+        async def first_lock():
+            res = await _lock(ctx, args)
+            if res.tag == NFS4_OK:
+                opens = ctx.server.opens
+                lo = opens.owners.get(LOCK_OWNER, ctx.client.clientid,
+                                      bytes(oto.lock_owner.owner), create=True,
+                                      in_use=opens.owner_in_use)
+                lo.seqid, lo.reply, lo.reply_fh = oto.lock_seqid, res, ctx.current_fh
+            return res
+        return await seqid_op(ctx, OPEN_OWNER, oto.open_stateid, oto.open_seqid, first_lock)
+    elo = locker.value
+    return await seqid_op(ctx, LOCK_OWNER, elo.lock_stateid, elo.lock_seqid,
+                          lambda: _lock(ctx, args))
+
+
+async def _lock(ctx, args) -> LOCK4res:
     obj = _regular_file(ctx)
     if args.reclaim:
         raise NfsError(NFS4ERR_NO_GRACE, "no locks to reclaim")
@@ -76,6 +102,8 @@ async def op_lock(ctx, args) -> LOCK4res:
     locker = args.locker
     if locker.tag:      # new lock-owner: derived from an open stateid
         open_st = _state(ctx, locker.value.open_stateid, OpenState, obj)
+        if ctx.minorversion == 0 and locker.value.lock_owner.clientid != open_st.clientid:
+            raise NfsError(NFS4ERR_BAD_STATEID, "lock-owner of another client")
         lk = opens.lock_state(open_st, locker.value.lock_owner.owner)
     else:
         lk = _state(ctx, locker.value.lock_stateid, LockState, obj)
@@ -83,6 +111,7 @@ async def op_lock(ctx, args) -> LOCK4res:
     need = SHARE_ACCESS_WRITE if kind == LOCK_WRITE else SHARE_ACCESS_READ
     if not lk.access & need:
         raise NfsError(NFS4ERR_OPENMODE, "open does not allow this lock type")
+    expire_lapsed_holders(ctx, obj.ino)
     try:
         opens.lock(lk, start, end, kind)
     except LockConflict as c:
@@ -95,6 +124,8 @@ async def op_lockt(ctx, args) -> LOCKT4res:
     obj = _regular_file(ctx)
     kind = _kind(args.locktype)
     start, end = _range(args.offset, args.length)
+    if ctx.minorversion == 0:
+        v40_client(ctx, args.owner.clientid)     # renews the lease (RFC 7530 16.11)
     clientid = clientid_of(ctx)
     c = ctx.server.opens.conflict(obj.ino, clientid, bytes(args.owner.owner), start, end, kind)
     if c is not None:
@@ -103,6 +134,13 @@ async def op_lockt(ctx, args) -> LOCKT4res:
 
 
 async def op_locku(ctx, args) -> LOCKU4res:
+    if ctx.minorversion == 0:
+        return await seqid_op(ctx, LOCK_OWNER, args.lock_stateid, args.seqid,
+                              lambda: _locku(ctx, args))
+    return await _locku(ctx, args)
+
+
+async def _locku(ctx, args) -> LOCKU4res:
     obj = _regular_file(ctx)
     _kind(args.locktype)
     start, end = _range(args.offset, args.length)

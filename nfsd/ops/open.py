@@ -19,24 +19,25 @@ from nfsd.errors import NfsError
 from nfsd.exports import MAY_EXEC, MAY_READ, MAY_WRITE
 from nfsd.openstate import SHARE_ACCESS_READ, SHARE_ACCESS_WRITE, OpenState, invalid_stateid
 from nfsd.ops._common import (Obj, change_info, check_name, clientid_of, current, export_obj,
-                              nfs_error, require_dir, require_dir_modify, require_perm,
-                              resolve_stateid_arg, set_current, store_errors, sync_namespace,
-                              who)
+                              expire_lapsed_holders, find_state, nfs_error, require_dir, require_dir_modify,
+                              require_perm, resolve_stateid_arg, seqid_op, set_current,
+                              store_errors, sync_namespace, v40_client, who)
+from nfsd.owners import OPEN_OWNER, sequenced
 from nfsd.ops.attrs import apply_setattr, setattr_request
 from nfsd.ops.filehandle import lookup_child
 from nfsd.ops.namespace import new_owner
 from nfsd.xdr.nfs4 import (
-    CLAIM_DELEG_CUR_FH, CLAIM_DELEG_PREV_FH, CLAIM_DELEGATE_CUR, CLAIM_DELEGATE_PREV,
+    NFS4ERR_GRACE, CLAIM_DELEG_CUR_FH, CLAIM_DELEG_PREV_FH, CLAIM_DELEGATE_CUR, CLAIM_DELEGATE_PREV,
     CLAIM_FH, CLAIM_NULL, CLAIM_PREVIOUS, EXCLUSIVE4, EXCLUSIVE4_1, FATTR4_MODE,
     FATTR4_SIZE, FATTR4_TIME_ACCESS_SET, FATTR4_TIME_MODIFY_SET, GUARDED4,
     NFS4ERR_BAD_STATEID, NFS4ERR_EXIST, NFS4ERR_INVAL, NFS4ERR_ISDIR, NFS4ERR_NO_GRACE,
     NFS4ERR_NOTSUPP, NFS4ERR_ROFS, NFS4ERR_SYMLINK, NFS4_OK,
-    OPEN4_CREATE, OPEN4_RESULT_LOCKTYPE_POSIX, OPEN4_SHARE_ACCESS_WANT_CANCEL,
+    OPEN4_CREATE, OPEN4_RESULT_CONFIRM, OPEN4_RESULT_LOCKTYPE_POSIX, OPEN4_SHARE_ACCESS_WANT_CANCEL,
     OPEN4_SHARE_ACCESS_WANT_DELEG_MASK, OPEN4_SHARE_ACCESS_WANT_NO_DELEG,
     OPEN_DELEGATE_NONE, OPEN_DELEGATE_NONE_EXT, OP_CLOSE, OP_DELEGRETURN, OP_OPEN,
     OP_OPEN_DOWNGRADE, UNCHECKED4, WND4_CANCELLED, WND4_NOT_WANTED, WND4_RESOURCE,
     CLOSE4res, DELEGRETURN4res, OPEN4res, OPEN4resok, OPEN_DOWNGRADE4res,
-    OPEN_DOWNGRADE4resok, change_info4, open_delegation4, open_none_delegation4,
+    OPEN_DOWNGRADE4resok, OP_OPEN_CONFIRM, OPEN_CONFIRM4res, OPEN_CONFIRM4resok, change_info4, open_delegation4, open_none_delegation4,
 )
 
 log = structlog.get_logger(__name__)
@@ -187,12 +188,30 @@ def _delegation(ctx, share_access: int):
 
 
 async def op_open(ctx, args) -> OPEN4res:
+    if ctx.minorversion >= 1:
+        return await _open(ctx, args, None)
+    # NFSv4.0: the open-owner's seqid orders and replays its OPENs (RFC 7530 9.1.7).
+    client = v40_client(ctx, args.owner.clientid)
+    opens = ctx.server.opens
+    o = opens.owners.get(OPEN_OWNER, client.clientid, bytes(args.owner.owner), create=True,
+                         in_use=opens.owner_in_use)
+    if not o.confirmed and o.seqid is not None and args.seqid != o.seqid:
+        # An unconfirmed owner that OPENs again starts over (RFC 7530 16.18.5).
+        opens.close_unconfirmed(client.clientid, o.owner)
+        o.restart()
+    return await sequenced(ctx, o, args.seqid, lambda: _open(ctx, args, o))
+
+
+async def _open(ctx, args, owner) -> OPEN4res:
     access, deny = _share_args(args.share_access, args.share_deny)
     clientid = clientid_of(ctx)
     claim = args.claim.tag
     creating = args.openhow.tag == OPEN4_CREATE
     if claim == CLAIM_PREVIOUS:
         raise NfsError(NFS4ERR_NO_GRACE, "no state to reclaim")
+    if ctx.minorversion >= 1 and not getattr(ctx.client, "reclaim_complete", True):
+        # RFC 8881 18.51.3: non-reclaim OPENs wait for the client's RECLAIM_COMPLETE.
+        raise NfsError(NFS4ERR_GRACE, "OPEN before RECLAIM_COMPLETE")
     if claim in (CLAIM_DELEGATE_CUR, CLAIM_DELEG_CUR_FH):
         raise NfsError(NFS4ERR_BAD_STATEID, "no delegations are granted")
     if claim in (CLAIM_DELEGATE_PREV, CLAIM_DELEG_PREV_FH):
@@ -220,9 +239,14 @@ async def op_open(ctx, args) -> OPEN4res:
     _require_openable(obj)
     if not created:
         _check_open_access(ctx, obj, access)
+    expire_lapsed_holders(ctx, obj.ino)
     with store_errors():
         st = ctx.server.opens.open(clientid, args.owner.owner, obj.ino,
                                    obj.export.export_id, access, deny)
+    rflags = OPEN4_RESULT_LOCKTYPE_POSIX
+    if owner is not None and not owner.confirmed:
+        st.confirmed = False
+        rflags |= OPEN4_RESULT_CONFIRM
     set_current(ctx, obj)
     ctx.current_stateid = st.stateid()
     if created or attrset:
@@ -232,25 +256,29 @@ async def op_open(ctx, args) -> OPEN4res:
     if not isinstance(cinfo, change_info4):
         cinfo = change_info(cinfo)
     return OPEN4res(NFS4_OK, OPEN4resok(
-        stateid=st.stateid(), cinfo=cinfo, rflags=OPEN4_RESULT_LOCKTYPE_POSIX,
+        stateid=st.stateid(), cinfo=cinfo, rflags=rflags,
         attrset=fattr.bitmap_of(attrset), delegation=_delegation(ctx, args.share_access)))
 
 
-def _state_for(ctx, sid):
+def _state_for(ctx, sid, *, confirmed: bool = True):
     """The open state named by a CLOSE/OPEN_DOWNGRADE stateid, for the current file."""
     obj = current(ctx)
-    sid = resolve_stateid_arg(ctx, sid)
-    st = ctx.server.opens.find(clientid_of(ctx), sid)
+    st = find_state(ctx, sid, confirmed=confirmed)
     if not isinstance(st, OpenState) or st.ino != obj.ino:
         raise NfsError(NFS4ERR_BAD_STATEID, "not an open stateid of this file")
     return st
 
 
 async def op_open_downgrade(ctx, args) -> OPEN_DOWNGRADE4res:
+    if ctx.minorversion == 0:
+        return await seqid_op(ctx, OPEN_OWNER, args.open_stateid, args.seqid,
+                              lambda: _open_downgrade(ctx, args))
+    return await _open_downgrade(ctx, args)
+
+
+async def _open_downgrade(ctx, args) -> OPEN_DOWNGRADE4res:
     st = _state_for(ctx, args.open_stateid)
     access, deny = _share_args(args.share_access, args.share_deny)
-    if access & ~st.access or deny & ~st.deny:
-        raise NfsError(NFS4ERR_INVAL, "downgrade is not a subset of the open")
     with store_errors():
         ctx.server.opens.downgrade(st, access, deny)
     ctx.current_stateid = st.stateid()
@@ -258,16 +286,46 @@ async def op_open_downgrade(ctx, args) -> OPEN_DOWNGRADE4res:
 
 
 async def op_close(ctx, args) -> CLOSE4res:
+    if ctx.minorversion == 0:
+        return await seqid_op(ctx, OPEN_OWNER, args.open_stateid, args.seqid,
+                              lambda: _close(ctx, args))
+    return await _close(ctx, args)
+
+
+async def _close(ctx, args) -> CLOSE4res:
     st = _state_for(ctx, args.open_stateid)
-    ctx.server.opens.close(st)
+    opens = ctx.server.opens
+    opens.close(st)
     if ctx.minorversion >= 1:
         # The returned stateid is useless: RFC 8881 18.2.4 says send the invalid one.
         result = invalid_stateid()
     else:
         st.bump()
         result = st.stateid()
+        o = opens.owners.get(OPEN_OWNER, st.clientid, st.owner)
+        if o is not None:
+            opens.owners.note_closed(o, st.other)
     ctx.current_stateid = result
     return CLOSE4res(NFS4_OK, result)
+
+
+async def op_open_confirm(ctx, args) -> OPEN_CONFIRM4res:
+    """OPEN_CONFIRM (RFC 7530 16.18): the first OPEN of a new 4.0 open-owner is usable
+    once confirmed; that confirms the owner for all its later OPENs."""
+    return await seqid_op(ctx, OPEN_OWNER, args.open_stateid, args.seqid,
+                          lambda: _open_confirm(ctx, args))
+
+
+async def _open_confirm(ctx, args) -> OPEN_CONFIRM4res:
+    st = _state_for(ctx, args.open_stateid, confirmed=False)
+    o = ctx.server.opens.owners.get(OPEN_OWNER, st.clientid, st.owner)
+    if st.confirmed or o is None or o.confirmed:
+        raise NfsError(NFS4ERR_BAD_STATEID, "open-owner already confirmed")
+    st.confirmed = True
+    o.confirmed = True
+    st.bump()
+    ctx.current_stateid = st.stateid()
+    return OPEN_CONFIRM4res(NFS4_OK, OPEN_CONFIRM4resok(open_stateid=st.stateid()))
 
 
 async def op_delegreturn(ctx, args) -> DELEGRETURN4res:
@@ -282,4 +340,5 @@ HANDLERS = {
     OP_OPEN_DOWNGRADE: op_open_downgrade,
     OP_CLOSE: op_close,
     OP_DELEGRETURN: op_delegreturn,
+    OP_OPEN_CONFIRM: op_open_confirm,
 }

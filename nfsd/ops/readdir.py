@@ -100,6 +100,8 @@ async def op_readdir(ctx, args) -> READDIR4res:
             statfs = ctx.server.store.statfs()
 
     budget = min(args.maxcount, MAX_REPLY) - _FIXED_REPLY_BYTES
+    if args.maxcount < _FIXED_REPLY_BYTES - 4:      # maxcount counts READDIR4resok, not status
+        raise NfsError(NFS4ERR_TOOSMALL, f"maxcount {args.maxcount} fits not even an empty reply")
     dir_budget = args.dircount if args.dircount > 0 else None
     source = (_pseudo_entries(ctx, d.node, cookie) if d.is_pseudo
               else _store_entries(ctx, d, cookie))

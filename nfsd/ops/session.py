@@ -18,10 +18,11 @@ from nfsd.state import ChannelAttrs, Client, Session, Slot, next_seqid
 from nfsd.xdr.nfs4 import (
     BIND_CONN_TO_SESSION4res, BIND_CONN_TO_SESSION4resok, CDFC4_BACK, CDFC4_BACK_OR_BOTH,
     CDFC4_FORE, CDFC4_FORE_OR_BOTH, CDFS4_BACK, CDFS4_BOTH, CDFS4_FORE,
-    CREATE_SESSION4_FLAG_CONN_BACK_CHAN, CREATE_SESSION4res, CREATE_SESSION4resok,
+    CREATE_SESSION4_FLAG_CONN_BACK_CHAN, CREATE_SESSION4_FLAG_CONN_RDMA,
+    CREATE_SESSION4_FLAG_PERSIST, NFS4ERR_NOSPC, CREATE_SESSION4res, CREATE_SESSION4resok,
     DESTROY_CLIENTID4res, DESTROY_SESSION4res, EXCHANGE_ID4res, EXCHANGE_ID4resok,
     EXCHGID4_FLAG_BIND_PRINC_STATEID, EXCHGID4_FLAG_CONFIRMED_R, EXCHGID4_FLAG_SUPP_MOVED_MIGR,
-    EXCHGID4_FLAG_SUPP_FENCE_OPS, EXCHGID4_FLAG_SUPP_MOVED_REFER,
+    EXCHGID4_FLAG_SUPP_MOVED_REFER,
     EXCHGID4_FLAG_UPD_CONFIRMED_REC_A,
     EXCHGID4_FLAG_USE_NON_PNFS, EXCHGID4_FLAG_USE_PNFS_DS, EXCHGID4_FLAG_USE_PNFS_MDS,
     NFS4_OK, NFS4ERR_BADSESSION, NFS4ERR_BADSLOT, NFS4ERR_CLID_INUSE,
@@ -38,9 +39,11 @@ from nfsd.xdr.nfs4 import (
 
 log = structlog.get_logger(__name__)
 
-# Flags a client may send in eia_flags (RFC 8881 18.35.3); anything else is NFS4ERR_INVAL.
+# Flags a client may send in eia_flags (RFC 5661 18.35.3); anything else is NFS4ERR_INVAL.
+# SUPP_FENCE_OPS (0x4, added by RFC 8881 for migration, which we do not offer) is left
+# out as Linux knfsd does, so it is refused in every minor version (pynfs EID4 sends it
+# as "an undefined bit"; no Linux client sets it).
 EXCHGID4_FLAG_MASK_A = (EXCHGID4_FLAG_SUPP_MOVED_REFER | EXCHGID4_FLAG_SUPP_MOVED_MIGR
-                        | EXCHGID4_FLAG_SUPP_FENCE_OPS
                         | EXCHGID4_FLAG_BIND_PRINC_STATEID | EXCHGID4_FLAG_USE_NON_PNFS
                         | EXCHGID4_FLAG_USE_PNFS_MDS | EXCHGID4_FLAG_USE_PNFS_DS
                         | EXCHGID4_FLAG_UPD_CONFIRMED_REC_A)
@@ -57,7 +60,13 @@ MAX_SLOTS = 64
 # their retries get NFS4ERR_RETRY_UNCACHED_REP and are simply sent again). At most
 # 64 slots x 16 KiB = 1 MiB per session.
 REPLY_CACHE_LIMIT = 16 * 1024
-MIN_REQUEST_SIZE = 1024            # below this no useful COMPOUND fits (NFS4ERR_TOOSMALL)
+# Below this no COMPOUND with a SEQUENCE (or CB_SEQUENCE), RPC header and credential
+# included, fits: NFS4ERR_TOOSMALL (RFC 8881 18.36.3).
+MIN_REQUEST_SIZE = 256
+CREATE_SESSION4_FLAG_MASK = (CREATE_SESSION4_FLAG_PERSIST | CREATE_SESSION4_FLAG_CONN_BACK_CHAN
+                             | CREATE_SESSION4_FLAG_CONN_RDMA)
+# One client needs one session (two while it replaces one); more is a client in a loop.
+MAX_SESSIONS_PER_CLIENT = 16
 
 SERVER_IMPL = nfs_impl_id4(nii_domain=b"ckptgw.invalid", nii_name=b"ckptgw nfsd",
                            nii_date=nfstime4(seconds=0, nseconds=0))
@@ -108,10 +117,7 @@ async def op_exchange_id(ctx, args) -> EXCHANGE_ID4res:
         unconf = mgr.find_by_owner(owner, confirmed=False)
         if unconf is not None:                                                      # case 4
             mgr.remove_client(unconf, "replaced by a new EXCHANGE_ID")
-        if len(mgr.clients) >= mgr.max_clients:
-            mgr.expire_idle()
-            if len(mgr.clients) >= mgr.max_clients:
-                raise NfsError(NFS4ERR_RESOURCE, "too many clients")
+        ensure_room_for_client(mgr)
         client = mgr.new_client(owner, verifier, principal, ctx.minorversion, ctx.peer)
         log.info("client_new", client=client.name, peer=ctx.peer[0] if ctx.peer else None,
                  owner=owner[:64].decode("utf-8", "replace"))
@@ -131,6 +137,14 @@ async def op_exchange_id(ctx, args) -> EXCHANGE_ID4res:
     ))
 
 
+def ensure_room_for_client(mgr) -> None:
+    """Client records are bounded: expire idle ones, else NFS4ERR_RESOURCE."""
+    if len(mgr.clients) >= mgr.max_clients:
+        mgr.expire_idle()
+        if len(mgr.clients) >= mgr.max_clients:
+            raise NfsError(NFS4ERR_RESOURCE, "too many clients")
+
+
 def server4_owner(server) -> server_owner4:
     # One server instance = one owner: trunking detection (RFC 8881 2.10.5) sees all
     # our addresses as the same server with the same state.
@@ -139,11 +153,13 @@ def server4_owner(server) -> server_owner4:
 
 # ---- CREATE_SESSION (RFC 8881 18.36) -----------------------------------------------
 
-def negotiate_fore(attrs) -> ChannelAttrs:
+def negotiate_fore(attrs, slots_free: int) -> ChannelAttrs:
     if attrs.ca_maxrequestsize < MIN_REQUEST_SIZE or attrs.ca_maxresponsesize < MIN_REQUEST_SIZE:
         raise NfsError(NFS4ERR_TOOSMALL, "fore channel sizes too small")
     if attrs.ca_maxrequests == 0:
         raise NfsError(NFS4ERR_INVAL, "zero slots")
+    if slots_free < 1:
+        raise NfsError(NFS4ERR_NOSPC, "reply cache memory spent")
     return ChannelAttrs(
         headerpadsize=0,
         maxrequestsize=min(attrs.ca_maxrequestsize, MAX_REQUEST_SIZE),
@@ -151,13 +167,17 @@ def negotiate_fore(attrs) -> ChannelAttrs:
         maxresponsesize_cached=min(attrs.ca_maxresponsesize_cached, REPLY_CACHE_LIMIT),
         # The Linux client refuses fewer operations than it asked for.
         maxoperations=min(attrs.ca_maxoperations, MAX_OPERATIONS) or MAX_OPERATIONS,
-        maxrequests=min(attrs.ca_maxrequests, MAX_SLOTS),
+        maxrequests=min(attrs.ca_maxrequests, MAX_SLOTS, slots_free),
     )
 
 
 def accept_back(attrs) -> ChannelAttrs:
-    # We never call back, so whatever the client can take is fine: echo it (the
-    # Linux client checks the reply against what it sent).
+    # We never call back, so whatever the client can take is fine as long as a
+    # CB_SEQUENCE could fit: echo it (the Linux client checks the reply against what it sent).
+    if attrs.ca_maxrequestsize < MIN_REQUEST_SIZE or attrs.ca_maxresponsesize < MIN_REQUEST_SIZE:
+        raise NfsError(NFS4ERR_TOOSMALL, "back channel sizes too small")
+    if attrs.ca_maxrequests == 0:
+        raise NfsError(NFS4ERR_TOOSMALL, "back channel without slots")
     return ChannelAttrs(0, attrs.ca_maxrequestsize, attrs.ca_maxresponsesize,
                         attrs.ca_maxresponsesize_cached, attrs.ca_maxoperations,
                         attrs.ca_maxrequests)
@@ -182,13 +202,16 @@ async def op_create_session(ctx, args) -> CREATE_SESSION4res:
     if args.csa_sequence != next_seqid(client.cs_seqid):
         raise NfsError(NFS4ERR_SEQ_MISORDERED,
                        f"csa_sequence {args.csa_sequence}, expected {next_seqid(client.cs_seqid)}")
-    try:
-        fore = negotiate_fore(args.csa_fore_chan_attrs)
-    except NfsError as err:
-        # Past the sequence check an error consumes the seqid and is what a retry gets.
-        client.cs_seqid = args.csa_sequence
-        client.cs_reply = CREATE_SESSION4res(err.status)
-        raise
+    # Errors past the sequence check leave it where it was and are not cached (as Linux
+    # knfsd): the client corrects its arguments and sends the same csa_sequence again.
+    if not client.confirmed and client.principal != principal_of(ctx.cred):
+        # RFC 8881 18.36.4: only the principal that made the record may confirm it.
+        raise NfsError(NFS4ERR_CLID_INUSE, "CREATE_SESSION by another principal")
+    if args.csa_flags & ~CREATE_SESSION4_FLAG_MASK:
+        raise NfsError(NFS4ERR_INVAL, f"csa_flags {args.csa_flags:#x}")
+    if len(client.sessions) >= MAX_SESSIONS_PER_CLIENT:
+        raise NfsError(NFS4ERR_NOSPC, f"client has {len(client.sessions)} sessions")
+    fore = negotiate_fore(args.csa_fore_chan_attrs, mgr.slots_free(REPLY_CACHE_LIMIT))
     back = accept_back(args.csa_back_chan_attrs)
     if not client.confirmed:
         # Confirming a rebooted client's new record releases the old one (18.35.4 case 5).
@@ -197,7 +220,8 @@ async def op_create_session(ctx, args) -> CREATE_SESSION4res:
             mgr.remove_client(old, "client rebooted")
         client.confirmed = True
     flags = args.csa_flags & CREATE_SESSION4_FLAG_CONN_BACK_CHAN   # no persistence, no RDMA
-    session = mgr.new_session(client, flags, fore, back, args.csa_cb_program)
+    session = mgr.new_session(client, flags, fore, back, args.csa_cb_program,
+                              drc_bytes=fore.maxrequests * REPLY_CACHE_LIMIT)
     mgr.bind_connection(session, ctx.conn)
     client.renew()
     res = CREATE_SESSION4res(NFS4_OK, CREATE_SESSION4resok(

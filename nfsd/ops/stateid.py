@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from nfsd.errors import NfsError
-from nfsd.ops._common import clientid_of
+from nfsd.ops._common import clientid_of, resolve_stateid_arg
 from nfsd.xdr.nfs4 import (
     NFS4_OK, OP_FREE_STATEID, OP_TEST_STATEID, FREE_STATEID4res, TEST_STATEID4res,
     TEST_STATEID4resok,
@@ -17,7 +17,10 @@ async def op_test_stateid(ctx, args) -> TEST_STATEID4res:
 
 
 async def op_free_stateid(ctx, args) -> FREE_STATEID4res:
-    status = ctx.server.opens.free(clientid_of(ctx), args.fsa_stateid)
+    # The current stateid names the stateid to free (RFC 8881 16.2.3.1.2): after an
+    # OPEN it is the open stateid, which holds state: NFS4ERR_LOCKS_HELD.
+    sid = resolve_stateid_arg(ctx, args.fsa_stateid)
+    status = ctx.server.opens.free(clientid_of(ctx), sid)
     if status != NFS4_OK:
         raise NfsError(status)
     return FREE_STATEID4res(fsr_status=NFS4_OK)

@@ -5,7 +5,7 @@ Each VM boot runs one guest driver from tests/e2e/guest/ that checks several sce
 scenario each, so a failure names the scenario and carries the guest output, the guest kernel log
 and the server log.
 
-Default (CI): 4 boots, about 6-8 minutes of TCG time: semantics over vers=4.2 (tar in/out, links,
+Default (CI): 5 boots (one of them the data path over vers=4.0), about 6-8 minutes of TCG time: semantics over vers=4.2 (tar in/out, links,
 truncate, chmod, df, 2,000 entries), data over vers=4.1 (256 MiB dd + checksum, checkpoint
 pattern, `latest` rename race), a server restart between unmount and remount, a bad export.
 CKPTGW_KCLIENT_FULL=1: semantics over 4.1 as well, 10,000 entries, a 1 GiB dd, a bigger checkpoint.
@@ -89,6 +89,22 @@ def test_semantics(semantics_run, scenario):
 @pytest.mark.parametrize("scenario", ["mount-vers", "dd-fsync-readback", "checkpoint", "checkpoint-readback", "latest-race"])
 def test_data(data_run, scenario):
     data_run.assert_scenario(scenario)
+
+
+@pytest.fixture(scope="module")
+def data40_run(nfs_server):
+    """The everyday checkpoint path over NFSv4.0 (SETCLIENTID, OPEN_CONFIRM, seqids, RENEW):
+    a smaller dd than the 4.1 boot, the same checkpoint pattern and `latest` race."""
+    mib = 32
+    env = {"DD_MIB": str(mib), "DD_SHA": fsops.stream_sha("dd", mib * fsops.MIB), **CKPT,
+           "LATEST_VERSIONS": "50"}
+    return boot(nfs_server, "data.sh", vers="4.0", env=env, timeout=900)
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("scenario", ["mount-vers", "dd-fsync-readback", "checkpoint", "checkpoint-readback", "latest-race"])
+def test_data_vers40(data40_run, scenario):
+    data40_run.assert_scenario(scenario)
 
 
 @pytest.mark.timeout(900)

@@ -1,0 +1,209 @@
+"""Session and client-id edge cases of RFC 8881 against the real server: undefined
+flags, expired leases, CREATE_SESSION's principal, channel-size and memory rules,
+REQ_TOO_BIG / REP_TOO_BIG / REP_TOO_BIG_TO_CACHE, the current stateid through
+FREE_STATEID, and READ clipped to the session's max response size."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from nfsd.ops import session as session_ops
+from nfsd.xdr.nfs4 import *  # noqa: F403
+from tests.nfsclient import (BASIC_ATTRS, DEFAULT_CRED, NfsStatusError, bitmap, check, op,
+                             sequence_op)
+
+pytestmark = pytest.mark.timeout(120)
+
+OTHER = dataclasses.replace(DEFAULT_CRED, uid=4242)
+
+
+def attrs(req: int, resp: int, cached: int = 8192, slots: int = 8) -> channel_attrs4:
+    return channel_attrs4(0, req, resp, cached, 16, slots, [])
+
+
+async def new_client(c):
+    eid = (await c.exchange_id(owner=c.owner + b"-%d" % id(object()))).value
+    return eid.eir_clientid, eid.eir_sequenceid
+
+
+async def session_with(c, fore) -> None:
+    clientid, seq = await new_client(c)
+    cs = await c.create_session(clientid, seq, fore=fore)
+    assert cs.tag == NFS4_OK
+    c.clientid = clientid
+    c.use_session(cs.value.csr_sessionid, cs.value.csr_fore_chan_attrs.ca_maxrequests)
+    check(await c.compound([op(OP_RECLAIM_COMPLETE, RECLAIM_COMPLETE4args(False))]))
+
+
+def test_exchange_id_with_undefined_flag_is_inval(nfs_client):
+    async def body(c):
+        assert (await c.exchange_id(flags=1 << 20)).tag == NFS4ERR_INVAL
+        assert (await c.exchange_id(flags=0x80000000)).tag == NFS4ERR_INVAL
+    nfs_client(body, setup=False)
+
+
+def test_expired_client_gets_badsession_and_stale_clientid(nfs_client, nfs_server):
+    async def body(c):
+        clientid = c.clientid
+        nfs_server.call(lambda: nfs_server.server.sessions.expire_idle(now=10**9))
+        res = await c.compound_raw([sequence_op(c.sessionid, 1, 0)])
+        assert res.status == NFS4ERR_BADSESSION
+        cs = await c.create_session(clientid, 2)
+        assert cs.tag == NFS4ERR_STALE_CLIENTID
+    nfs_client(body)
+
+
+def test_create_session_undefined_flags_inval_without_using_the_seqid(nfs_client):
+    async def body(c):
+        clientid, seq = await new_client(c)
+        assert (await c.create_session(clientid, seq, flags=0x8)).tag == NFS4ERR_INVAL
+        assert (await c.create_session(clientid, seq, flags=0xF)).tag == NFS4ERR_INVAL
+        assert (await c.create_session(clientid, seq)).tag == NFS4_OK
+    nfs_client(body, setup=False)
+
+
+def test_create_session_principal_collision(nfs_client):
+    async def body(c):
+        clientid, seq = await new_client(c)
+        res = await c.create_session(clientid, seq, cred=OTHER)
+        assert res.tag == NFS4ERR_CLID_INUSE          # unconfirmed: only its maker confirms
+        res = await c.create_session(clientid, seq, cred=OTHER)
+        assert res.tag == NFS4ERR_CLID_INUSE
+        assert (await c.create_session(clientid, seq)).tag == NFS4_OK
+        # Once confirmed, another principal may add a session (RFC 8881 18.36.4).
+        assert (await c.create_session(clientid, seq + 1, cred=OTHER)).tag == NFS4_OK
+    nfs_client(body, setup=False)
+
+
+def test_back_channel_too_small_creates_nothing(nfs_client, nfs_server):
+    async def body(c):
+        clientid, seq = await new_client(c)
+        mgr = nfs_server.server.sessions
+        before = (len(mgr.sessions), mgr.drc_reserved)
+        for _ in range(200):
+            res = await c.create_session(clientid, seq, back=attrs(10, 8192, slots=1))
+            assert res.tag == NFS4ERR_TOOSMALL
+        assert nfs_server.call(lambda: (len(mgr.sessions), mgr.drc_reserved)) == before
+        assert (await c.create_session(clientid, seq)).tag == NFS4_OK
+    nfs_client(body, setup=False)
+
+
+def test_sessions_in_a_loop_are_bounded(nfs_client, nfs_server):
+    async def body(c):
+        clientid, seq = await new_client(c)
+        mgr = nfs_server.server.sessions
+        created = []
+        for i in range(session_ops.MAX_SESSIONS_PER_CLIENT + 5):
+            res = await c.create_session(clientid, seq + i)
+            if res.tag != NFS4_OK:
+                assert res.tag == NFS4ERR_NOSPC
+                break
+            created.append(res.value.csr_sessionid)
+        assert len(created) == session_ops.MAX_SESSIONS_PER_CLIENT
+        reserved = nfs_server.call(lambda: mgr.drc_reserved)
+        assert reserved == sum(s.drc_bytes for s in mgr.sessions.values())
+        for sid in created:
+            assert (await c.compound_raw([op(OP_DESTROY_SESSION, DESTROY_SESSION4args(sid))])
+                    ).status == NFS4_OK
+        assert nfs_server.call(lambda: mgr.drc_reserved) == 0
+    nfs_client(body, setup=False)
+
+
+def test_reply_cache_budget_shrinks_then_refuses_sessions(nfs_client, nfs_server):
+    async def body(c):
+        mgr = nfs_server.server.sessions
+        nfs_server.call(lambda: setattr(mgr, "drc_budget", 20 * session_ops.REPLY_CACHE_LIMIT))
+        clientid, seq = await new_client(c)
+        a = await c.create_session(clientid, seq, slots=16)
+        b = await c.create_session(clientid, seq + 1, slots=16)
+        assert a.value.csr_fore_chan_attrs.ca_maxrequests == 16
+        assert b.value.csr_fore_chan_attrs.ca_maxrequests == 4     # what is left
+        assert (await c.create_session(clientid, seq + 2)).tag == NFS4ERR_NOSPC
+    nfs_client(body, setup=False)
+
+
+def test_too_small_channels_are_toosmall(nfs_client):
+    async def body(c):
+        clientid, seq = await new_client(c)
+        assert (await c.create_session(clientid, seq, fore=attrs(20, 8192))).tag == NFS4ERR_TOOSMALL
+        assert (await c.create_session(clientid, seq, fore=attrs(8192, 0))).tag == NFS4ERR_TOOSMALL
+        assert (await c.create_session(clientid, seq, fore=attrs(400, 400))).tag == NFS4_OK
+    nfs_client(body, setup=False)
+
+
+def test_request_and_reply_size_limits(nfs_client):
+    async def body(c):
+        await session_with(c, attrs(400, 400))
+        getattr_op = op(OP_GETATTR, GETATTR4args(bitmap(*BASIC_ATTRS)))
+        res = await c.compound([op(OP_PUTROOTFH)] + [getattr_op] * 6)
+        assert res.status == NFS4ERR_REP_TOO_BIG
+        big = op(OP_LOOKUP, LOOKUP4args(b"x" * 500))
+        with pytest.raises(NfsStatusError) as err:          # SEQUENCE refuses it
+            await c.compound([op(OP_PUTROOTFH), big])
+        assert err.value.status == NFS4ERR_REQ_TOO_BIG
+    nfs_client(body, setup=False)
+
+
+def test_reply_too_big_to_cache(nfs_client):
+    async def body(c):
+        await session_with(c, attrs(8192, 8192, cached=10))
+        res = await c.compound_raw([sequence_op(c.sessionid, 2, 0, cachethis=True)])
+        assert res.status == NFS4ERR_REP_TOO_BIG_TO_CACHE
+        # Not asked to cache: the same small session answers.
+        check(await c.compound([op(OP_PUTROOTFH)]))
+    nfs_client(body, setup=False)
+
+
+def test_free_stateid_of_current_open_stateid_then_close(nfs_client):
+    async def body(c):
+        root = await c.lookup_path("/checkpoints")
+        owner = open_owner4(c.clientid, b"free-owner")
+        how = openflag4(OPEN4_CREATE, createhow4(UNCHECKED4, fattr4([], b"")))
+        open_op = op(OP_OPEN, OPEN4args(0, OPEN4_SHARE_ACCESS_BOTH, OPEN4_SHARE_DENY_NONE, owner,
+                                        how, open_claim4(CLAIM_NULL, b"freed")))
+        current = stateid4(1, bytes(12))
+        res = await c.compound([op(OP_PUTFH, PUTFH4args(root)), open_op, op(OP_GETFH),
+                                op(OP_FREE_STATEID, FREE_STATEID4args(current)),
+                                op(OP_CLOSE, CLOSE4args(0, current))])
+        assert res.status == NFS4ERR_LOCKS_HELD
+        assert len(res.resarray) == 4                          # CLOSE did not run
+        fh = res.resarray[2].value.value.object
+        sid = res.resarray[1].value.value.stateid
+        await c.close_file(fh, sid)                              # the open is still there
+    nfs_client(body)
+
+
+def test_read_is_clipped_to_the_session_response_size(nfs_client):
+    async def body(c):
+        await session_with(c, attrs(8192, 1024))
+        root = await c.lookup_path("/checkpoints")
+        fh, sid = await c.open_create(root, "clipped")
+        await c.write(fh, sid, 0, bytes(range(256)) * 16)      # 4 KiB
+        data, eof = await c.read(fh, sid, 0, 4096)
+        assert 0 < len(data) < 1024 and not eof
+        assert data == (bytes(range(256)) * 16)[:len(data)]
+    nfs_client(body, setup=False)
+
+
+def test_fence_ops_flag_is_refused(nfs_server):
+    from tests.nfsd.conftest import run_client
+
+    async def body(c):
+        return (await c.exchange_id(flags=EXCHGID4_FLAG_SUPP_FENCE_OPS)).tag
+    assert run_client(nfs_server.port, body, minorversion=1, setup=False) == NFS4ERR_INVAL
+    assert run_client(nfs_server.port, body, minorversion=2, setup=False) == NFS4ERR_INVAL
+
+
+def test_open_before_reclaim_complete_is_grace(nfs_server):
+    from tests.nfsd.conftest import run_client
+
+    async def body(c):
+        await c.setup_session(reclaim_complete=False)
+        root = await c.lookup_path("/checkpoints")
+        with pytest.raises(NfsStatusError) as err:
+            await c.open_create(root, "early")
+        assert err.value.status == NFS4ERR_GRACE
+        check(await c.compound([op(OP_RECLAIM_COMPLETE, RECLAIM_COMPLETE4args(False))]))
+        await c.open_create(root, "after")
+    run_client(nfs_server.port, body, setup=False)
