@@ -39,9 +39,11 @@ def free_port() -> int:
 
 
 class GuestVM:
-    def __init__(self, image: GuestImage, *, smp: int = 1, mem_mib: int = 2048, cache_disk: str = "2G"):
+    def __init__(self, image: GuestImage, *, smp: int = 1, mem_mib: int = 2048, cache_disk: str = "2G",
+                 cache_image: Path | None = None):
         self.image = image
         self.smp, self.mem_mib, self.cache_disk = smp, mem_mib, cache_disk
+        self.cache_image = cache_image     # a raw file kept across boots (power-cut test), else a fresh one
         self.rundir = Path(tempfile.mkdtemp(prefix="ckptgw-ansible-vm."))
         self.ssh_port = 0
         self.proc: subprocess.Popen | None = None
@@ -50,10 +52,11 @@ class GuestVM:
     # -- lifecycle -------------------------------------------------------------------
     def start(self, timeout: float = 420) -> None:
         overlay = self.rundir / "root.qcow2"
-        cache = self.rundir / "cache.raw"
+        cache = self.cache_image or self.rundir / "cache.raw"
         subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(self.image.disk),
                         str(overlay)], check=True)
-        subprocess.run(["qemu-img", "create", "-q", "-f", "raw", str(cache), self.cache_disk], check=True)
+        if not cache.exists():
+            subprocess.run(["qemu-img", "create", "-q", "-f", "raw", str(cache), self.cache_disk], check=True)
         self.ssh_port = free_port()
         cmd = ["qemu-system-x86_64", "-nodefaults", "-no-user-config", "-display", "none",
                "-machine", "q35,accel=tcg", "-cpu", TCG_CPU, "-smp", str(self.smp), "-m", str(self.mem_mib),
@@ -92,6 +95,13 @@ class GuestVM:
                 self.proc.wait()
         if not keep:
             shutil.rmtree(self.rundir, ignore_errors=True)
+
+    def power_cut(self) -> None:
+        """SIGKILL qemu: the guest's page cache and unflushed state are gone, as in a power cut;
+        what it had written to its (raw) disks is in the host's page cache and stays."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
     def __enter__(self) -> "GuestVM":
         self.start()
