@@ -29,7 +29,7 @@ from . import config as configmod
 from . import logs, sdnotify, tree
 from .admin import AdminServer
 from .commands import Commands
-from .embedded_s3 import CREDENTIALS as EMBEDDED_CREDENTIALS, EmbeddedS3
+from .embedded_s3 import CREDENTIALS as EMBEDDED_CREDENTIALS, EmbeddedS3, TryoutUnavailable
 from .metrics import MetricsServer, OpStats
 from .units import fmt_bytes, fmt_rate
 
@@ -40,6 +40,8 @@ RESTART_ONLY = ("server.listen", "server.cache_dir", "server.capacity", "server.
                 "admin", "metrics", "server.lease_time")
 
 
+# sysexits.h EX_CONFIG, as appliance.cli.EX_CONFIG: a start a restart cannot fix (RestartPreventExitStatus=78)
+EX_CONFIG = 78
 RATE_SAMPLE_SECONDS = 1.0
 RATE_WINDOW_SECONDS = 10.0
 STATUS_EVERY_TICKS = 5            # systemd STATUS= every 5 samples
@@ -66,7 +68,12 @@ class RateMeter:
 
 
 class StartupError(Exception):
-    """The daemon cannot start; the message says why in one sentence."""
+    """The daemon cannot start; the message says why in one sentence. exit_code EX_CONFIG (78)
+    marks a problem a restart cannot fix (the unit's RestartPreventExitStatus=78)."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def export_id(path: str) -> int:
@@ -164,13 +171,20 @@ class Daemon:
         credentials = None
         if cfg.embedded_s3:
             self.embedded = EmbeddedS3(cfg.s3.bucket)
-            self.s3_endpoint = await asyncio.to_thread(self.embedded.start)
+            try:
+                self.s3_endpoint = await asyncio.to_thread(self.embedded.start)
+            except TryoutUnavailable as e:
+                raise StartupError(str(e), exit_code=EX_CONFIG) from None
             credentials = EMBEDDED_CREDENTIALS
         else:
             self.s3_endpoint = cfg.s3.endpoint
         s3_settings = cfg.s3_settings(endpoint=self.s3_endpoint, credentials=credentials)
 
-        os.makedirs(cfg.server.cache_dir, exist_ok=True)
+        try:
+            os.makedirs(cfg.server.cache_dir, exist_ok=True)
+        except OSError as e:        # e.g. a relative or read-only path under ProtectSystem=strict
+            raise StartupError(f"cannot create the cache directory {os.path.abspath(cfg.server.cache_dir)}: "
+                               f"{_why(e)}") from None
         from cache.store import Store
         try:
             self.store = await asyncio.to_thread(
@@ -319,9 +333,11 @@ class Daemon:
                         detail="writes are cached and uploaded once S3 answers")
 
     async def _heartbeat(self) -> None:
-        """Sample the upload rate; under systemd, keep `systemctl status` showing the gist."""
+        """Sample the upload rate; under systemd, keep `systemctl status` showing the gist and
+        ping the watchdog (WatchdogSec= in the unit; every tick, well inside half of it)."""
         tick = 0
         while True:
+            sdnotify.watchdog()
             self.upload_rate.sample(self.uploader.counters.bytes_uploaded)
             if tick % STATUS_EVERY_TICKS == 0 and os.environ.get("NOTIFY_SOCKET"):
                 sdnotify.status(self.status_line())
@@ -533,7 +549,7 @@ async def serve(cfg: configmod.Config, overrides: dict | None = None) -> int:
         log.error("startup_failed", error=str(e))
         sys.stderr.write(f"ckptgw: {e}\n")
         await daemon.stop()
-        return 1
+        return e.exit_code
     except BaseException:
         log.exception("startup_failed")
         await daemon.stop()
