@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from guestimage import DEPLOY_USER, GUEST_WHEELHOUSE
+from guestimage import DEPLOY_USER, GUEST_WHEELHOUSE, REPO
 from guestvm import GuestVM
 from playbook import report, run_playbook
 
@@ -52,6 +52,8 @@ def inventory(path: Path, vm: GuestVM, dist: Path) -> Path:
         "ckptgw_exports": [{"path": "/checkpoints", "networks": ["127.0.0.0/8"], "access": "rw",
                             "squash": "none"}],
         "ckptgw_log_level": "info",
+        "ckptgw_prometheus_rules_dir": "/etc/prometheus/rules.d",      # monitoring, asked for
+        "ckptgw_grafana_dashboards_dir": "/var/lib/grafana/dashboards",
     }}}}
     path.write_text(yaml.safe_dump(hosts))
     return path
@@ -141,6 +143,11 @@ def test_first_run_deploys_an_active_service(vm, fresh_check, first_run):
     assert vm.ssh("sudo stat -c '%U %a' /etc/ckptgw/ckptgw.env").stdout.strip() == "root 600"
     assert SECRET_KEY not in vm.ssh("sudo cat /etc/ckptgw/config.toml").stdout
     assert vm.ssh("sudo /opt/ckptgw/venv/bin/ckptgw check-config /etc/ckptgw/config.toml").returncode == 0
+    # the alert rules and the dashboard, asked for by the inventory
+    rules = vm.ssh("cat /etc/prometheus/rules.d/ckptgw-alerts.yml").stdout
+    assert rules == (REPO / "packaging/prometheus/ckptgw-alerts.yml").read_text()
+    board = vm.ssh("cat /var/lib/grafana/dashboards/ckptgw-dashboard.json").stdout
+    assert json.loads(board)["uid"] == "ckptgw-overview"
 
 
 def test_guest_kernel_nfs_client_writes_and_reads(vm, first_run):
