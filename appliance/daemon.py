@@ -192,7 +192,10 @@ class Daemon:
                 high_watermark=cfg.server.high_watermark, low_watermark=cfg.server.low_watermark,
                 evict=not cfg.embedded_s3)
         except StoreError as e:
-            raise StartupError(f"cannot open the cache in {cfg.server.cache_dir}: {e.strerror or _why(e)}") from None
+            # EINVAL: a store format this version does not know, a capacity the disk cannot give;
+            # a restart cannot fix those (EBUSY, a store still open elsewhere, it may)
+            raise StartupError(f"cannot open the cache in {cfg.server.cache_dir}: {e.strerror or _why(e)}",
+                               exit_code=EX_CONFIG if e.errno == errno.EINVAL else 1) from None
         log.info("store_open", cache_dir=os.path.abspath(cfg.server.cache_dir),
                  capacity=cfg.server.capacity or "auto")
 

@@ -112,6 +112,20 @@ def test_an_unwritable_cache_dir_is_one_sentence_not_a_traceback(tmp_path):
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
 
 
+def test_a_store_of_another_format_exits_78_not_a_restart_loop(tmp_path):
+    import lmdb
+    from cache.store import Store
+    Store.open(str(tmp_path / "c"), capacity=1 << 30).close()
+    env = lmdb.open(str(tmp_path / "c" / "index"), max_dbs=16)
+    with env.begin(write=True) as txn:
+        txn.put(b"format", b"ckptgw-store/999", db=env.open_db(b"meta", txn=txn))
+    env.close()
+    r = run_cli("serve", "--listen", "127.0.0.1:0", "--cache-dir", str(tmp_path / "c"),
+                "--admin-socket", str(tmp_path / "a.sock"), "--log-format", "json")
+    assert r.returncode == 78, r.stderr[-3000:]
+    assert "ckptgw-store/999" in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
+
+
 def test_cache_dir_defaults_to_the_state_directory_under_systemd(tmp_path):
     code = "from appliance import config; print(config.load(None).server.cache_dir)"
     env = {k: v for k, v in os.environ.items() if k != "STATE_DIRECTORY"}
