@@ -286,6 +286,13 @@ def _opt(default, parse: Callable, doc: str, *, example: str | None = None, requ
                                             "required": required, "reload": reload, "to": to})
 
 
+def _default_cache_dir() -> str:
+    """./ckptgw-data; under systemd <StateDirectory>/cache instead ($STATE_DIRECTORY, set by the unit's
+    StateDirectory=ckptgw: /var/lib/ckptgw/cache), an absolute path ProtectSystem=strict leaves writable."""
+    state = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    return os.path.join(state, "cache") if os.path.isabs(state) else "./ckptgw-data"
+
+
 # ---- the sections ---------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -294,7 +301,8 @@ class ServerSettings:
     listen: tuple | None = _opt(None, _address, "NFS listen address. Default 127.0.0.1:2049 when run as root "
                                 "(or with CAP_NET_BIND_SERVICE under systemd), else 127.0.0.1:12049. "
                                 'Clients on other hosts need e.g. "0.0.0.0:2049".', example='""')
-    cache_dir: str = _opt("./ckptgw-data", _str, "Local cache (extent store + LMDB index). Put it on NVMe.")
+    cache_dir: str = _opt(_default_cache_dir(), _str, "Local cache (extent store + LMDB index). Put it on NVMe. "
+                          "Default ./ckptgw-data, or $STATE_DIRECTORY/cache under systemd (/var/lib/ckptgw/cache).")
     capacity: int | None = _opt(None, _opt_size, '"auto" (filesystem size less reserve) or a size: the most '
                                 'the cache may hold.', example='"auto"')
     reserve: int = _opt(1 << 30, _size, "Space left free on the cache filesystem when capacity is auto.")

@@ -31,7 +31,7 @@ from . import logs, sdnotify, tree
 from . import version as versionmod
 from .admin import AdminServer
 from .commands import Commands
-from .embedded_s3 import CREDENTIALS as EMBEDDED_CREDENTIALS, EmbeddedS3
+from .embedded_s3 import CREDENTIALS as EMBEDDED_CREDENTIALS, EmbeddedS3, TryoutUnavailable
 from .metrics import MetricsServer, OpStats, S3Stats
 from .units import fmt_bytes, fmt_rate
 
@@ -39,6 +39,8 @@ log = structlog.get_logger(__name__)
 
 
 
+# sysexits.h EX_CONFIG, as appliance.cli.EX_CONFIG: a start a restart cannot fix (RestartPreventExitStatus=78)
+EX_CONFIG = 78
 RATE_SAMPLE_SECONDS = 1.0
 RATE_WINDOW_SECONDS = 10.0
 STATUS_EVERY_TICKS = 5            # systemd STATUS= every 5 samples
@@ -65,7 +67,12 @@ class RateMeter:
 
 
 class StartupError(Exception):
-    """The daemon cannot start; the message says why in one sentence."""
+    """The daemon cannot start; the message says why in one sentence. exit_code EX_CONFIG (78)
+    marks a problem a restart cannot fix (the unit's RestartPreventExitStatus=78)."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def export_id(path: str) -> int:
@@ -164,13 +171,20 @@ class Daemon:
         credentials = None
         if cfg.embedded_s3:
             self.embedded = EmbeddedS3(cfg.s3.bucket)
-            self.s3_endpoint = await asyncio.to_thread(self.embedded.start)
+            try:
+                self.s3_endpoint = await asyncio.to_thread(self.embedded.start)
+            except TryoutUnavailable as e:
+                raise StartupError(str(e), exit_code=EX_CONFIG) from None
             credentials = EMBEDDED_CREDENTIALS
         else:
             self.s3_endpoint = cfg.s3.endpoint
         s3_settings = cfg.s3_settings(endpoint=self.s3_endpoint, credentials=credentials)
 
-        os.makedirs(cfg.server.cache_dir, exist_ok=True)
+        try:
+            os.makedirs(cfg.server.cache_dir, exist_ok=True)
+        except OSError as e:        # e.g. a relative or read-only path under ProtectSystem=strict
+            raise StartupError(f"cannot create the cache directory {os.path.abspath(cfg.server.cache_dir)}: "
+                               f"{_why(e)}") from None
         from cache.store import Store
         try:
             self.store = await asyncio.to_thread(
@@ -178,7 +192,10 @@ class Daemon:
                 high_watermark=cfg.server.high_watermark, low_watermark=cfg.server.low_watermark,
                 evict=not cfg.embedded_s3)
         except StoreError as e:
-            raise StartupError(f"cannot open the cache in {cfg.server.cache_dir}: {e.strerror or _why(e)}") from None
+            # EINVAL: a store format this version does not know, a capacity the disk cannot give;
+            # a restart cannot fix those (EBUSY, a store still open elsewhere, it may)
+            raise StartupError(f"cannot open the cache in {cfg.server.cache_dir}: {e.strerror or _why(e)}",
+                               exit_code=EX_CONFIG if e.errno == errno.EINVAL else 1) from None
         log.info("store_open", cache_dir=os.path.abspath(cfg.server.cache_dir),
                  capacity=cfg.server.capacity or "auto")
 
@@ -320,9 +337,11 @@ class Daemon:
                         detail="writes are cached and uploaded once S3 answers")
 
     async def _heartbeat(self) -> None:
-        """Sample the upload rate; under systemd, keep `systemctl status` showing the gist."""
+        """Sample the upload rate; under systemd, keep `systemctl status` showing the gist and
+        ping the watchdog (WatchdogSec= in the unit; every tick, well inside half of it)."""
         tick = 0
         while True:
+            sdnotify.watchdog()
             self.upload_rate.sample(self.uploader.counters.bytes_uploaded)
             if tick % STATUS_EVERY_TICKS == 0 and os.environ.get("NOTIFY_SOCKET"):
                 sdnotify.status(self.status_line())
@@ -566,7 +585,7 @@ async def serve(cfg: configmod.Config, overrides: dict | None = None) -> int:
         log.error("startup_failed", error=str(e))
         sys.stderr.write(f"ckptgw: {e}\n")
         await daemon.stop()
-        return 1
+        return e.exit_code
     except BaseException:
         log.exception("startup_failed")
         await daemon.stop()

@@ -30,6 +30,10 @@ def banner(endpoint: str) -> str:
     return "\n".join([rule, *(f"*  {line.ljust(width)}  *" for line in lines), rule]) + "\n"
 
 
+class TryoutUnavailable(RuntimeError):
+    """No S3 endpoint is configured and moto (the `tryout` extra) is not installed."""
+
+
 class EmbeddedS3:
     def __init__(self, bucket: str, host: str = "127.0.0.1", port: int = 0):
         self.bucket = bucket
@@ -38,7 +42,13 @@ class EmbeddedS3:
         self.endpoint: str | None = None
 
     def start(self) -> str:
-        from moto.server import ThreadedMotoServer
+        try:
+            from moto.server import ThreadedMotoServer
+        except ImportError:
+            raise TryoutUnavailable(
+                "no S3 endpoint is configured ([s3] endpoint or --s3-endpoint), and try-out mode's embedded "
+                "S3 needs the 'tryout' extra, which is not installed (pip install 'ckptgw[tryout]'; "
+                "scripts/run does). For real use set [s3] endpoint and bucket.") from None
         self._server = ThreadedMotoServer(ip_address=self.host, port=self.port, verbose=False)
         self._server.start()
         host, port = self._server.get_host_and_port()

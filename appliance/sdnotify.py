@@ -41,3 +41,18 @@ def stopping() -> bool:
 
 def status(text: str) -> bool:
     return notify(f"STATUS={text}")
+
+
+def watchdog_enabled() -> bool:
+    """True when systemd supervises this process with WatchdogSec= (sd_watchdog_enabled(3)):
+    WATCHDOG_USEC is set and positive, and WATCHDOG_PID, when set, is our pid."""
+    usec, pid = os.environ.get("WATCHDOG_USEC", ""), os.environ.get("WATCHDOG_PID")
+    if pid and pid != str(os.getpid()):
+        return False
+    return usec.isdigit() and int(usec) > 0
+
+
+def watchdog() -> bool:
+    """WATCHDOG=1, from the daemon's heartbeat on the event loop: a loop that stops turning stops
+    the pings, and systemd kills and restarts the service after WatchdogSec=."""
+    return notify("WATCHDOG=1") if watchdog_enabled() else False

@@ -9,7 +9,7 @@
 #
 # Packages: qemu-system-x86 (the VM), busybox-static (the guest initramfs), socat (slirp guestfwd to
 # the host loopback), linux-image-amd64 (the guest kernel and its NFS modules), libnfs-utils (nfs-ls/
-# nfs-cat for quick userspace checks), fio (benchmarks in the guest); with --bench nfs-ganesha and
+# nfs-cat for quick userspace checks), fio (benchmarks in the guest), promtool (see below); with --bench nfs-ganesha and
 # nfs-ganesha-vfs (the reference server).
 # busybox-static conflicts with the dynamic `busybox` package: when that one is installed we leave it
 # alone (tests/kclient unpacks busybox-static into its cache instead, without installing it).
@@ -48,6 +48,22 @@ installed() {
 WANT=(qemu-system-x86 socat linux-image-amd64 libnfs-utils fio)
 installed busybox || WANT+=(busybox-static)
 [ $BENCH = 1 ] && WANT+=(nfs-ganesha nfs-ganesha-vfs)
+
+# promtool (tests/packaging checks the Prometheus alert rules): only the binary, unpacked from Debian's
+# `prometheus` package (19 MB), which installed would also start a Prometheus server on :9090.
+install_promtool() {
+	command -v promtool > /dev/null && return 0
+	local tmp
+	tmp="$(mktemp -d)"
+	if ! (cd "$tmp" && apt-get download -q prometheus >> "$LOG" 2>&1); then
+		apt-get update -q >> "$LOG" 2>&1 || true
+		(cd "$tmp" && apt-get download -q prometheus >> "$LOG" 2>&1)
+	fi
+	dpkg-deb --fsys-tarfile "$tmp"/prometheus_*.deb | tar -x -C "$tmp" ./usr/bin/promtool
+	install -m 0755 "$tmp/usr/bin/promtool" /usr/local/bin/promtool
+	rm -rf "$tmp"
+}
+install_promtool
 
 MISSING=()
 for p in "${WANT[@]}"; do

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -56,20 +55,18 @@ def ansible_bin() -> Path:
 
 
 @pytest.fixture(scope="session")
-def ckptgw_wheel(tmp_path_factory) -> Path:
-    """The ckptgw wheel of this checkout (pip wheel --no-deps), as the role's wheel install takes it."""
+def ckptgw_dist(tmp_path_factory) -> Path:
+    """packaging/build-dist.sh's output for this checkout (wheel, sdist, constraints): the role's
+    ckptgw_dist_dir, as an operator's controller has it."""
     out = tmp_path_factory.mktemp("dist")
-    # Build from a copy: an in-tree build would leave build/ in the shared checkout.
-    src = tmp_path_factory.mktemp("src") / "ckptgw"
-    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".git", "tests", "bench", "build", "ansible",
-                                                             "*.egg-info", "__pycache__", ".pytest_cache"))
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
-                           "--wheel-dir", str(out), str(src)], capture_output=True, text=True)
+    t0 = time.monotonic()
+    proc = subprocess.run(["bash", str(REPO / "packaging" / "build-dist.sh"), str(out)],
+                          env=dict(os.environ, PYTHON=sys.executable), capture_output=True, text=True)
     if proc.returncode != 0:
-        pytest.fail(f"pip wheel failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    wheels = list(out.glob("ckptgw-*.whl"))
-    assert len(wheels) == 1, wheels
-    return wheels[0]
+        pytest.fail(f"packaging/build-dist.sh failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    assert len(list(out.glob("ckptgw-*.whl"))) == 1, list(out.iterdir())
+    report(f"packaging/build-dist.sh: {time.monotonic() - t0:.0f}s")
+    return out
 
 
 @pytest.fixture(scope="session")

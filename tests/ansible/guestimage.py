@@ -7,9 +7,10 @@ The image is a bootable root file system (mmdebstrap, then `mkfs.ext4 -d`) with:
     directly and the guest has the matching modules for its NFS client);
   - every system package the role would otherwise apt-install (apt under software
     emulation costs minutes per package);
-  - a wheelhouse of ckptgw's Python dependencies at /opt/ckptgw-wheelhouse, so the role's
-    offline install (`ckptgw_wheelhouse`) runs without an index, inside a guest that has
-    no network beyond its forwarded SSH port.
+  - a wheelhouse of ckptgw's Python dependencies (with the tryout extra's: the guest has no S3)
+    at /opt/ckptgw-wheelhouse, so the role's offline install (`ckptgw_wheelhouse`) runs without an
+    index, inside a guest that has no network beyond its forwarded SSH port; its exact versions
+    are the image's constraints.txt, the pins the role installs with in the test.
 
 Cache: $CKPTGW_ANSIBLE_IMAGE_CACHE (default /var/cache/ckptgw-ansible-image)/<hash>/, where the
 hash covers everything the image is made from (the build functions in this file, the package
@@ -83,13 +84,20 @@ class GuestImage:
         return self.root / "id_ed25519"
 
     @property
+    def constraints(self) -> Path:
+        """NAME==VERSION of every wheel in the guest's wheelhouse (the role's ckptgw_constraints)."""
+        return self.root / "constraints.txt"
+
+    @property
     def manifest(self) -> dict:
         return json.loads((self.root / "manifest.json").read_text())
 
 
 def project_dependencies() -> list[str]:
+    """ckptgw's dependencies and its tryout extra's (the test runs the embedded S3)."""
     with open(REPO / "pyproject.toml", "rb") as f:
-        return sorted(tomllib.load(f)["project"]["dependencies"])
+        project = tomllib.load(f)["project"]
+    return sorted(project["dependencies"] + project["optional-dependencies"]["tryout"])
 
 
 def image_key() -> str:
@@ -174,7 +182,7 @@ def _build(final: Path, log) -> GuestImage:
         _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "ckptgw-ansible-test",
               "-f", str(work / "id_ed25519")], log)
         _configure(rootfs, (work / "id_ed25519.pub").read_text(), log)
-        _wheelhouse(rootfs / GUEST_WHEELHOUSE.lstrip("/"), log)
+        _wheelhouse(rootfs / GUEST_WHEELHOUSE.lstrip("/"), work / "constraints.txt", log)
         _boot_files(rootfs, work)
         log("guest image: mkfs.ext4 -d")
         _run(["mkfs.ext4", "-q", "-F", "-L", "ckptgw-root", "-d", str(rootfs), str(work / "disk.raw"), DISK_SIZE],
@@ -224,17 +232,22 @@ def _configure(rootfs: Path, pubkey: str, log) -> None:
            "[Service]\nExecStart=\nExecStart=-/sbin/agetty --autologin root --keep-baud 115200 %I $TERM\n")
 
 
-def _wheelhouse(target: Path, log) -> None:
-    """Wheels for ckptgw's dependencies (not ckptgw itself: the role copies that one).
-    Built here with the host's CPython 3.11 for linux-x86_64: the guest's python3 is 3.11 too."""
+def _wheelhouse(target: Path, constraints: Path, log) -> None:
+    """Wheels for ckptgw's dependencies (not ckptgw itself: the role copies that one), and the
+    constraints file pinning exactly them. Built here with the host's CPython 3.11 for
+    linux-x86_64: the guest's python3 is 3.11 too."""
     target.mkdir(parents=True, exist_ok=True)
     reqs = target.parent / "ckptgw-requirements.txt"
     reqs.write_text("\n".join(project_dependencies()) + "\n")
     log(f"guest image: pip wheel {len(project_dependencies())} dependencies -> {target}")
     _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(target), "-r", str(reqs)], log)
     reqs.unlink()
-    for wheel in target.iterdir():
+    pins = []
+    for wheel in sorted(target.iterdir()):
         wheel.chmod(0o644)
+        name, version = wheel.name.split("-")[:2]          # NAME-VERSION-...whl, NAME normalized
+        pins.append(f"{name.replace('_', '-').lower()}=={version}\n")
+    constraints.write_text("".join(pins))
 
 
 def _boot_files(rootfs: Path, work: Path) -> None:

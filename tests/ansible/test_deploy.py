@@ -4,20 +4,23 @@ One VM for the module, the tests run in order against it:
   --check --diff on the fresh host previews the install and touches nothing
   -> first run (fresh host) -> service active, NFS mount from the guest's own kernel client works
   -> second run changes nothing -> --check --diff previews a config change without applying it
-  -> the applied config change reloads the service (same PID, a reload in the journal).
+  -> the applied config change reloads the service (same PID, a reload in the journal)
+  -> the unit under systemd: a bad config ends `failed` with exit 78 and no restart, a good one
+     (without cache_dir: $STATE_DIRECTORY/cache) runs with the watchdog fed, pinned versions installed.
 The guest has no network but its forwarded SSH port: ckptgw is installed from the wheel of
-this checkout plus the image's wheelhouse (the role's offline path).
+this checkout (packaging/build-dist.sh) plus the image's wheelhouse (the role's offline path).
 """
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from guestimage import DEPLOY_USER, GUEST_WHEELHOUSE
+from guestimage import DEPLOY_USER, GUEST_WHEELHOUSE, REPO
 from guestvm import GuestVM
 from playbook import report, run_playbook
 
@@ -27,7 +30,7 @@ HOST = "testgw"
 SECRET_KEY = "test-secret-must-never-be-printed-0123456789"
 
 
-def inventory(path: Path, vm: GuestVM, wheel: Path) -> Path:
+def inventory(path: Path, vm: GuestVM, dist: Path) -> Path:
     hosts = {"ckptgw_gateways": {"hosts": {HOST: {
         "ansible_host": "127.0.0.1",
         "ansible_port": vm.ssh_port,
@@ -36,8 +39,11 @@ def inventory(path: Path, vm: GuestVM, wheel: Path) -> Path:
         "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
         "ansible_python_interpreter": "/usr/bin/python3",
         # the test's choices, as an inventory would make them
-        "ckptgw_install_source": "wheel",
-        "ckptgw_wheel": str(wheel),
+        # the role's default install: the wheel in ckptgw_dist_dir (packaging/build-dist.sh), pinned;
+        # the pins are the guest wheelhouse's versions (it has no index to resolve build-dist's)
+        "ckptgw_dist_dir": str(dist),
+        "ckptgw_constraints": str(vm.image.constraints),
+        "ckptgw_extras": ["tryout"],
         "ckptgw_wheelhouse": GUEST_WHEELHOUSE,
         "ckptgw_cache_device": "/dev/vdb",
         "ckptgw_s3_endpoint": "",                     # embedded S3: the guest has no network
@@ -46,6 +52,8 @@ def inventory(path: Path, vm: GuestVM, wheel: Path) -> Path:
         "ckptgw_exports": [{"path": "/checkpoints", "networks": ["127.0.0.0/8"], "access": "rw",
                             "squash": "none"}],
         "ckptgw_log_level": "info",
+        "ckptgw_prometheus_rules_dir": "/etc/prometheus/rules.d",      # monitoring, asked for
+        "ckptgw_grafana_dashboards_dir": "/var/lib/grafana/dashboards",
     }}}}
     path.write_text(yaml.safe_dump(hosts))
     return path
@@ -64,9 +72,9 @@ def vm(guest_image):
 
 
 @pytest.fixture(scope="module")
-def deploy(vm, ansible_bin, ckptgw_wheel, tmp_path_factory):
+def deploy(vm, ansible_bin, ckptgw_dist, tmp_path_factory):
     """Runs the playbook, returning the PlaybookRun; keyword args become -e variables."""
-    inv = inventory(tmp_path_factory.mktemp("inventory") / "hosts.yml", vm, ckptgw_wheel)
+    inv = inventory(tmp_path_factory.mktemp("inventory") / "hosts.yml", vm, ckptgw_dist)
 
     def run(label: str, *args: str, **extra):
         if extra:
@@ -135,6 +143,11 @@ def test_first_run_deploys_an_active_service(vm, fresh_check, first_run):
     assert vm.ssh("sudo stat -c '%U %a' /etc/ckptgw/ckptgw.env").stdout.strip() == "root 600"
     assert SECRET_KEY not in vm.ssh("sudo cat /etc/ckptgw/config.toml").stdout
     assert vm.ssh("sudo /opt/ckptgw/venv/bin/ckptgw check-config /etc/ckptgw/config.toml").returncode == 0
+    # the alert rules and the dashboard, asked for by the inventory
+    rules = vm.ssh("cat /etc/prometheus/rules.d/ckptgw-alerts.yml").stdout
+    assert rules == (REPO / "packaging/prometheus/ckptgw-alerts.yml").read_text()
+    board = vm.ssh("cat /var/lib/grafana/dashboards/ckptgw-dashboard.json").stdout
+    assert json.loads(board)["uid"] == "ckptgw-overview"
 
 
 def test_guest_kernel_nfs_client_writes_and_reads(vm, first_run):
@@ -190,3 +203,58 @@ def test_config_change_reloads_instead_of_restarting(vm, deploy, first_run):
     assert "Stopping" not in journal and "Started" not in journal, journal[-3000:]
     report(f"reload: PID {pid} kept; journal: "
            + " | ".join(line for line in journal.splitlines() if "Reload" in line or "reload" in line)[:300])
+
+
+BAD_CONFIG = "[server]\nhigh_watermark = 7\n"
+# No cache_dir: under the unit it defaults to $STATE_DIRECTORY/cache = /var/lib/ckptgw/cache.
+MINIMAL_CONFIG = ('[server]\nlisten = "127.0.0.1:2049"\n\n[[exports]]\npath = "/checkpoints"\n'
+                  'networks = ["127.0.0.0/8"]\naccess = "rw"\nsquash = "none"\n')
+
+
+def put_config(vm: GuestVM, text: str) -> None:
+    vm.ssh(f"printf %s {shlex.quote(text)} | sudo tee /etc/ckptgw/config.toml >/dev/null")
+
+
+def test_unit_bad_config_fails_without_a_restart_loop_good_config_runs_watched(vm, first_run):
+    assert first_run.returncode == 0
+    vm.ssh("sudo cp -p /etc/ckptgw/config.toml /etc/ckptgw/config.toml.role")
+    try:
+        put_config(vm, BAD_CONFIG)
+        since = vm.ssh("date +%s").stdout.strip()
+        time.sleep(1)
+        start = vm.ssh("sudo systemctl restart ckptgw.service", check=False, timeout=300)
+        assert start.returncode != 0, "a bad config started"
+        time.sleep(15)                     # RestartSec=2s: a loop would have restarted several times
+        state = {p: service(vm, p) for p in ("ActiveState", "Result", "ExecMainStatus", "NRestarts")}
+        log = vm.ssh(f"sudo journalctl --no-pager -o cat -u ckptgw.service --since @{since}").stdout
+        assert state == {"ActiveState": "failed", "Result": "exit-code", "ExecMainStatus": "78",
+                         "NRestarts": "0"}, f"{state}\n{log[-3000:]}"
+        assert "high_watermark" in log and "Scheduled restart job" not in log, log[-3000:]
+        assert log.count("Starting ckptgw") == 1, log[-3000:]
+        report(f"bad config: {state}; " + " | ".join(line for line in log.splitlines() if "high_watermark" in line)[:200])
+
+        put_config(vm, MINIMAL_CONFIG)
+        vm.ssh("sudo systemctl restart ckptgw.service", timeout=300)
+        assert vm.ssh("sudo systemctl is-active ckptgw.service", check=False).stdout.strip() == "active", journal(vm)
+        assert service(vm, "WatchdogUSec") == "30s"
+        first = service(vm, "WatchdogTimestampMonotonic")
+        time.sleep(5)
+        assert int(service(vm, "WatchdogTimestampMonotonic")) > int(first) > 0, "the watchdog is not fed"
+        assert service(vm, "NRestarts") == "0"
+        status = json.loads(vm.ssh("sudo /opt/ckptgw/venv/bin/ckptgw status --json").stdout)
+        assert status["cache"]["dir"] == "/var/lib/ckptgw/cache", status["cache"]
+        # pinned: exactly the constraints' versions, and ckptgw the wheel's
+        frozen = vm.ssh("/opt/ckptgw/venv/bin/python -m pip freeze --all").stdout
+        pins = dict(line.split("==") for line in vm.image.constraints.read_text().split() if "==" in line)
+        for line in frozen.split():
+            if "==" in line:
+                name, version = line.split("==")
+                norm = name.lower().replace("_", "-").replace(".", "-")
+                if norm in pins:
+                    assert version == pins[norm], f"{name} {version}, pinned {pins[norm]}"
+        assert "moto==" in frozen                 # ckptgw_extras: [tryout]
+        assert vm.ssh("/opt/ckptgw/venv/bin/python -c \"import importlib.metadata as m; print(m.version('ckptgw'))\""
+                      ).stdout.strip() == "0.1.0"
+    finally:
+        vm.ssh("sudo cp -p /etc/ckptgw/config.toml.role /etc/ckptgw/config.toml && "
+               "sudo systemctl restart ckptgw.service", check=False, timeout=300)
