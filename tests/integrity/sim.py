@@ -562,11 +562,12 @@ class Sim:
         Returns the inodes it queued. Without flush nothing may be queued: the settle window
         (an hour) runs on the gateway's clock, and nothing in a test run is quiet that long."""
         before = {j["ino"] for _, j in self.store.queue_list(1 << 30) if j.get("kind") == UPLOAD}
-        self.up._flush_prefixes = [None] if flush else []
+        held = self.up._flush_prefixes
+        self.up._flush_prefixes = [None] if flush else held
         try:
             self.run(self.up._enqueue_ready())
         finally:
-            self.up._flush_prefixes = []
+            self.up._flush_prefixes = held
         queued = [j["ino"] for _, j in self.store.queue_list(1 << 30)
                   if j.get("kind") == UPLOAD and j["ino"] not in before]
         if not flush and queued and self.check_settle:
@@ -621,6 +622,15 @@ class Sim:
             self.flush_windows.append((lo, self.fake.last_seq))
 
     def _drain(self, rounds: int) -> None:
+        # as `ckptgw flush --wait`: the flush holds for the whole drain, so held directory
+        # markers (which settle on the uploader's own clock) go too
+        self.up._flush_prefixes = [None]
+        try:
+            self._drain_rounds(rounds)
+        finally:
+            self.up._flush_prefixes = []
+
+    def _drain_rounds(self, rounds: int) -> None:
         for _ in range(rounds):
             self.grant_all()
             self.enqueue(flush=True)

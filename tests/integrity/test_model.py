@@ -17,8 +17,8 @@ and after every drain (faults off, flush, every job run) the bucket equals the n
 
 CI runs a short budget; CKPTGW_LONG=1 runs >= 100,000 steps and prints the count at the end.
 
-KNOWN_BUGS_FIXED: today's code breaks several of these (issue 13). Each restriction below
-that keeps the CI run green names the bug it avoids; flip the flag when the fixes merge.
+FIXED: each restriction that keeps the CI run green names the bug it avoids; a restriction is
+lifted (True) once its fix has merged and the machine passes with it.
 """
 from __future__ import annotations
 
@@ -32,17 +32,18 @@ from uploader.jobs import NS
 
 from tests.integrity.sim import Sim
 
-KNOWN_BUGS_FIXED = False
-# Restrictions that keep today's code green, one per known bug of issue 13 (the lead flips
-# KNOWN_BUGS_FIXED when the fixes merge; CKPTGW_MODEL_FIXED=name,name lifts single ones):
+# Restrictions, one per known bug of issue 13 (True: fixed, the rule runs unrestricted;
+# CKPTGW_MODEL_FIXED=name,name lifts single ones to try a fix):
 FIXED = {
-    "mtime": KNOWN_BUGS_FIXED,           # a future mtime is never uploaded; a past one skips the settle window
-    "rename_over": KNOWN_BUGS_FIXED,     # a rename over an uploaded file deletes its object before the new one is in
-    "torn_upload": KNOWN_BUGS_FIXED,     # a write/truncate during a multipart upload completes a torn object
-    "readthrough_id": KNOWN_BUGS_FIXED,  # read-through GETs by name: a name renamed over splices other bytes in
-    "import_owner": KNOWN_BUGS_FIXED,    # an imported object deleted through NFS stays in S3
-    "dir_rekey": KNOWN_BUGS_FIXED,       # mv d e; mkdir d; mv e/f d/f (moves behind) loses d/f's object
-    "temp_dir": KNOWN_BUGS_FIXED,        # mkdir step.tmp puts a step.tmp/ marker into S3 at once
+    "mtime": True,           # a future mtime is never uploaded; a past one skips the settle window
+    "rename_over": True,     # a rename over an uploaded file deletes its object before the new one is in
+    "torn_upload": True,     # a write/truncate during a multipart upload completes a torn object
+    "readthrough_id": True,  # read-through GETs by name: a name renamed over splices other bytes in
+    # OPEN: an imported file renamed over a local one, with a second import after it, is CLEAN
+    # with no object at its key after a drain (found by this machine once the fixes merged)
+    "import_owner": False,
+    "dir_rekey": True,       # mv d e; mkdir d; mv e/f d/f (moves behind) loses d/f's object
+    "temp_dir": True,        # mkdir step.tmp puts a step.tmp/ marker into S3 at once
 }
 for _name in filter(None, os.environ.get("CKPTGW_MODEL_FIXED", "").split(",")):
     FIXED[_name] = True

@@ -28,7 +28,6 @@ def step_all(s: Sim) -> None:
         s.check()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13: the dir move's job re-keys only files still under e, so the file move back deletes e/f and d/f has no object while CLEAN")
 def test_dir_moved_away_and_file_moved_back_during_outage(sim):
     sim.mkdir("d")
     sim.save("d/f", sim.payload(3000))
@@ -46,7 +45,6 @@ def test_dir_moved_away_and_file_moved_back_during_outage(sim):
     sim.check_drained()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13: the replaced latest.pt object is deleted at once, S3 holds neither checkpoint until the new upload")
 def test_tmp_renamed_over_uploaded_latest_keeps_old_or_new(sim):
     sim.save("latest.pt", sim.payload(2000))
     sim.drain()
@@ -62,7 +60,6 @@ def test_tmp_renamed_over_uploaded_latest_keeps_old_or_new(sim):
     sim.check_drained()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13: settle runs from the client-set mtime, a future mtime is never ready and the drain never ends")
 def test_mtime_an_hour_ahead_is_uploaded(sim):
     sim.save("f", sim.payload(1000))
     sim.set_mtime("f", time.time_ns() + HOUR_NS)
@@ -70,7 +67,6 @@ def test_mtime_an_hour_ahead_is_uploaded(sim):
     sim.check_drained()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13: settle runs from the client-set mtime, an old-mtime temp file is queued at once under its temp name")
 def test_temp_file_with_old_mtime_waits_its_settle_window(sim):
     sim.save("latest.pt.tmp", sim.payload(1000))
     sim.set_mtime("latest.pt.tmp", time.time_ns() - 24 * HOUR_NS)     # cp -p, rsync -t
@@ -83,7 +79,6 @@ def test_temp_file_with_old_mtime_waits_its_settle_window(sim):
     assert not any(k.endswith(".tmp") for k in sim.fake.history), sorted(sim.fake.history)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13: mkdir of a temp directory puts its marker into S3 at once")
 def test_mkdir_of_temp_dir_puts_no_marker(sim):
     sim.mkdir("step_000100.tmp")
     sim.dispatch()
@@ -92,7 +87,6 @@ def test_mkdir_of_temp_dir_puts_no_marker(sim):
     assert not sim.fake.ever_held("step_000100.tmp/")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13: an imported object has no ckptgw-ino and no etag match, so its unlink job says not-ours and it stays in S3")
 def test_import_then_delete_removes_object(sim):
     sim.import_external("x.pt", sim.payload(800))
     assert sim.node("x.pt") is not None
