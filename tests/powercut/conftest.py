@@ -10,7 +10,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ansible"))   # guestimage, guestvm
 
-from tests.ansible.conftest import ckptgw_wheel, guest_image  # noqa: E402,F401  (shared fixtures)
+import pytest  # noqa: E402
+
+from tests.ansible.conftest import ckptgw_dist, guest_image  # noqa: E402,F401  (shared fixtures)
 
 REPORT: list[str] = []
 
@@ -18,6 +20,14 @@ REPORT: list[str] = []
 def report(line: str) -> None:
     REPORT.append(line)
     print(line, flush=True)
+
+
+@pytest.fixture(scope="session")
+def ckptgw_wheel(ckptgw_dist) -> Path:
+    """The ckptgw wheel of this checkout, from tests/ansible's packaging/build-dist.sh run."""
+    wheels = list(ckptgw_dist.glob("ckptgw-*.whl"))
+    assert len(wheels) == 1, wheels
+    return wheels[0]
 
 
 def pytest_configure(config):
