@@ -141,11 +141,13 @@ def root_obj(ctx) -> Obj:
 
 def check_export_access(ctx, exp: Export) -> None:
     ip = ctx.peer[0] if ctx.peer else ""
+    # both refusals repeat with every op of a misconfigured client: rate-limited, never one line per op
+    ratelog = getattr(ctx.server, "ratelog", None)
     if not exp.allows(ip):
-        log.warning("export_access_refused", client=ip, export=exp.path)
+        if ratelog is not None:
+            ratelog.warning("export_access_refused", ip, export=exp.path)
         raise NfsError(NFS4ERR_ACCESS, f"client {ip} may not use export {exp.path}")
     if ctx.peer and not exp.port_ok(ctx.peer[1]):       # `secure` export, port >= 1024
-        ratelog = getattr(ctx.server, "ratelog", None)
         if ratelog is not None:
             ratelog.warning("insecure_port_refused", ip, port=ctx.peer[1], export=exp.path)
         raise NfsError(NFS4ERR_PERM, f"export {exp.path} is secure: source port {ctx.peer[1]} >= 1024")

@@ -265,3 +265,27 @@ def test_rejections_are_logged_once_per_client_and_interval_with_a_suppressed_co
     for i in range(10_000):                                        # many addresses: memory bounded
         rl2.warning("connection_refused", f"10.1.{i // 256}.{i % 256}")
     assert len(rl2._seen) <= 100
+
+
+def test_export_access_refusals_are_rate_limited_not_one_line_per_op(tmp_path):
+    """A client outside an export's networks retries op after op: one log event per interval,
+    the rest counted (before, every refused op logged a warning)."""
+    from tests.nfsd.ops_harness import FakeServer, Fs
+    from nfsd.xdr.nfs4 import NFS4ERR_ACCESS, OP_PUTROOTFH
+    from nfsd.ops import HANDLERS
+    from cache.store import Store
+
+    store = Store.open(str(tmp_path / "store"))
+    try:
+        server = FakeServer(store, Exports([Export(1, "/", root_squash=False, networks=("10.0.0.0/8",))]))
+        cap = _Capture()
+        server.ratelog = RateLimitedLog(cap, 60.0, clock=lambda: 0.0)
+        ctx = Fs(server).ctx()
+        for _ in range(50):
+            with pytest.raises(Exception) as e:
+                asyncio.run(HANDLERS[OP_PUTROOTFH](ctx, None))
+            assert getattr(e.value, "status", None) == NFS4ERR_ACCESS
+        assert [ev for ev, _ in cap.events] == ["export_access_refused"]
+        assert server.ratelog._seen[("export_access_refused", "127.0.0.1")][1] == 49
+    finally:
+        store.close()
