@@ -15,6 +15,11 @@ declared maxima of the .x, the RPC layer's in nfsd/rpc.py). Defaults, and why:
     max_fragments     64      fragments of one record (nfsd/rpc.py)
     log_interval      60 s    rejected input is logged once per client and kind per
                               interval, with the count of what was suppressed
+    callback_timeout  10 s    a callback (CB_NULL, CB_COMPOUND) the client has not answered
+                              by then failed: the back channel is down (knfsd waits
+                              about as long before it marks the callback path down)
+    max_callbacks     16      callbacks awaiting their reply on one connection; more
+                              fail at once (each pending one holds an xid and a future)
 
 Log events (structlog, warning unless said, `client=` and `suppressed=` on each):
 connection_refused (network no export admits, max_connections, max_per_address; closed
@@ -22,7 +27,8 @@ at accept), connection_slow_record (record_timeout), connection_not_reading (rep
 unread for idle_timeout), connection_idle_closed (info, not rate-limited: one per
 connection), rpc_stream_error (max_record, max_fragments), rpc_rejected (RPC-level
 errors), rpc_garbage_args (undecodable COMPOUND, e.g. a bitmap4 above 8 words),
-insecure_port_refused (`secure` export, source port >= 1024).
+insecure_port_refused (`secure` export, source port >= 1024), callback_reply_unmatched
+(a REPLY whose xid names no callback of ours), callback_failed (info).
 """
 from __future__ import annotations
 
@@ -42,6 +48,8 @@ class Limits:
     max_record: int = DEFAULT_MAX_RECORD
     max_fragments: int = DEFAULT_MAX_FRAGMENTS
     log_interval: float = 60.0
+    callback_timeout: float = 10.0
+    max_callbacks: int = 16
 
     @property
     def sweep_interval(self) -> float:

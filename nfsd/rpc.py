@@ -8,8 +8,14 @@ and returns events:
   parsed credentials and a memoryview of the procedure arguments;
 - `SendReply`: a complete, framed reply the RPC layer answered by itself
   (PROG_UNAVAIL, PROG_MISMATCH, PROC_UNAVAIL, AUTH_ERROR, RPC_MISMATCH);
+- `ReplyReceived`: a REPLY record (msg_type 1): on an NFSv4.1 back channel the
+  client's answer to a callback the server sent on this very connection (RFC 8881
+  2.10.3.1); the caller matches it to its call by xid and decodes it with `parse_reply`;
 - `ConnectionError`: the byte stream cannot continue (oversized record); the
   caller closes this connection and nothing else.
+
+The server's own callbacks are built by `encode_call` (a CALL from server to client)
+and their replies read by `parse_reply`: the same codec serves both directions.
 
 Zero copy for large records: while a record's header says it is big, `get_buffer`
 hands out the free tail of that record's *own* bytearray, so the kernel receives a
@@ -83,6 +89,12 @@ class SendReply:
     data: bytes               # framed (record mark included); b"": drop, nothing to send
     xid: int
     reason: str               # e.g. "prog_unavail", for the log
+
+
+@dataclass(slots=True)
+class ReplyReceived:
+    xid: int
+    record: bytearray         # the whole reply record (no record mark), for parse_reply
 
 
 @dataclass(slots=True)
@@ -352,13 +364,16 @@ class RpcConnection:
         buf = memoryview(record)
         if len(buf) < 4:
             return SendReply(b"", 0, "record shorter than an xid")   # nothing to answer to
+        if len(buf) >= 8 and _U32.unpack_from(buf, 4)[0] == REPLY:
+            # The client answering a callback we sent on this connection (back channel);
+            # a MSG_DENIED reply is shorter than a call header.
+            return ReplyReceived(_U32.unpack_from(buf, 0)[0], record)
         if len(buf) < _CALL_HEAD.size:
             (xid,) = _U32.unpack_from(buf, 0)
             return SendReply(garbage_args_reply(xid), xid, "truncated call header")
         xid, mtype, rpcvers, prog, vers, proc = _CALL_HEAD.unpack_from(buf, 0)
         if mtype != CALL:
-            # A reply on the back channel or junk: nothing to answer (RFC 5531 has no
-            # error for it). We never send callbacks, so no reply is expected either.
+            # Junk: nothing to answer (RFC 5531 has no error for it).
             return SendReply(b"", xid, "not a call")
         if rpcvers != RPC_VERSION:
             return SendReply(rpc_mismatch_reply(xid), xid, "rpc version mismatch")
@@ -395,7 +410,7 @@ class RpcConnection:
         return CallReceived(xid, prog, vers, proc, cred, buf[pos:], record)
 
 
-# ---- client side helpers (used by tests/nfsclient.py) ----------------------------
+# ---- calling side: tests/nfsclient.py, and the server's callbacks (nfsd/callback.py) ----
 
 def encode_call(xid: int, prog: int, vers: int, proc: int, cred: Cred | None,
                 args: bytes | bytearray = b"") -> bytes:
@@ -427,6 +442,8 @@ class ParsedReply:
 def parse_reply(record: bytes | bytearray | memoryview) -> ParsedReply:
     """Decode a reply record (no record mark). Raises RpcDecodeError if malformed."""
     buf = memoryview(record)
+    if len(buf) < 12:
+        raise RpcDecodeError(f"reply of {len(buf)} bytes")
     try:
         xid, mtype, reply_stat = struct.unpack_from(">III", buf, 0)
         if mtype != REPLY:

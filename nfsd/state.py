@@ -70,6 +70,7 @@ class Session:
         self.connections: set = set()      # transport connections bound to this session
         self.destroyed = False
         self.drc_bytes = drc_bytes         # reply-cache memory reserved for its slots
+        self.backchannel = None            # nfsd.callback.BackChannel once one is asked for
 
     @property
     def highest_slotid(self) -> int:
@@ -102,6 +103,9 @@ class Client:
     confirm_verifier: bytes = b""
     callback: object = None
     pending_update: tuple | None = None
+    # SEQ4_STATUS_*_REVOKED bits SEQUENCE reports: state the server took from this client
+    # while keeping the record (`SessionManager.revoke_state`).
+    revoked_flags: int = 0
 
     def renew(self) -> None:
         self.last_renew = time.monotonic()
@@ -138,6 +142,10 @@ class SessionManager:
         # than STALE_CLIENTID (bounded: oldest forgotten first).
         self.expired_ids: OrderedDict = OrderedDict()
         self._reaper: asyncio.Task | None = None
+        # Grace period hook (RFC 8881 8.4.2): whoever runs grace sets this while it lasts;
+        # SEQUENCE then reports SEQ4_STATUS_RESTART_RECLAIM_NEEDED to clients that have
+        # not sent RECLAIM_COMPLETE.
+        self.in_grace = False
 
     # ---- clients ----------------------------------------------------------------
     def new_client(self, owner: bytes, verifier: bytes, principal: tuple, minorversion: int,
@@ -169,13 +177,23 @@ class SessionManager:
         for session in list(client.sessions.values()):
             self._drop_session(session)
         self.clients.pop(client.clientid, None)
+        self._drop_state(client)
+        log.info("client_removed", client=client.name, reason=reason,
+                 owner=client.owner[:64].hex())
+
+    def revoke_state(self, client: Client, flag: int, reason: str) -> None:
+        """Take a client's state (opens, locks) but keep its record and sessions, so its
+        next SEQUENCE can tell it why: `flag` is the SEQ4_STATUS_*_REVOKED bit to report."""
+        client.revoked_flags |= flag
+        self._drop_state(client)
+        log.info("client_state_revoked", client=client.name, reason=reason)
+
+    def _drop_state(self, client: Client) -> None:
         for hook in list(self.on_client_expired):
             try:
                 hook(client)
             except Exception:       # one room's bug must not keep others' state alive
                 log.exception("client_expiry_hook_failed", client=client.name, hook=repr(hook))
-        log.info("client_removed", client=client.name, reason=reason,
-                 owner=client.owner[:64].hex())
 
     # ---- sessions ---------------------------------------------------------------
     def slots_free(self, slot_bytes: int) -> int:

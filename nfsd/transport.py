@@ -17,10 +17,19 @@ byte (`last_activity`) and since when a record has been incomplete (`record_star
 reset whenever a record completes), which the server's sweeper compares with the idle
 and record timeouts. While reading is paused by backpressure, the clock of an
 incomplete record does not run against the client.
+
+Back channel (RFC 8881 2.10.3.1): the server may send its own RPC calls to the client on
+the client's connection (`call_back`, used by nfsd/callback.py). Incoming records are
+demultiplexed by msg_type in nfsd/rpc.py: a REPLY is matched by xid to a pending
+callback; one matching none is dropped (logged rate-limited). Callbacks are bounded per
+connection (`max_callbacks`) and in time (`callback_timeout`); a lost connection fails
+the ones pending.
 """
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
 import socket
 import time
 from collections import deque
@@ -28,9 +37,15 @@ from collections import deque
 import structlog
 
 from nfsd.limits import Limits
-from nfsd.rpc import CallReceived, ConnectionError as RpcConnectionError, RpcConnection, SendReply
+from nfsd.rpc import (
+    CallReceived, ConnectionError as RpcConnectionError, ReplyReceived, RpcConnection, SendReply,
+)
 
 log = structlog.get_logger(__name__)
+
+
+class CallbackFailed(Exception):
+    """A callback got no reply: connection closed or lost, too many pending, timeout."""
 
 
 class NfsConnection(asyncio.BufferedProtocol):
@@ -53,6 +68,11 @@ class NfsConnection(asyncio.BufferedProtocol):
         self._reading_paused = False
         self._writing_paused = False
         self._write_paused_at = 0.0
+        # Back channel: callbacks sent on this connection, awaiting their reply by xid.
+        self.max_callbacks = limits.max_callbacks
+        self.callback_timeout = limits.callback_timeout
+        self._callbacks: dict[int, asyncio.Future] = {}
+        self._callback_xids = itertools.count(int.from_bytes(os.urandom(4), "big"))
 
     # ---- asyncio callbacks ----------------------------------------------------------
     def connection_made(self, transport) -> None:
@@ -87,6 +107,8 @@ class NfsConnection(asyncio.BufferedProtocol):
                     self.transport.write(event.data)
                 self.server.ratelog.warning("rpc_rejected", self.peer[0], xid=event.xid,
                                             reason=event.reason)
+            elif isinstance(event, ReplyReceived):
+                self._reply_received(event)
             elif isinstance(event, RpcConnectionError):
                 self.abort("rpc_stream_error", event.reason)
                 return
@@ -122,6 +144,7 @@ class NfsConnection(asyncio.BufferedProtocol):
             self.abort("connection_slow_record",
                        f"record incomplete after {limits.record_timeout:g} s (record_timeout)")
         elif (self.record_started is None and not self._inflight and not self._queued
+              and not self._callbacks
               and now - self.last_activity > limits.idle_timeout):
             log.info("connection_idle_closed", client=self.peer[0], idle_timeout=limits.idle_timeout)
             self.transport.close()
@@ -132,6 +155,10 @@ class NfsConnection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc) -> None:
         self.closed = True
+        for fut in self._callbacks.values():
+            if not fut.done():
+                fut.set_exception(CallbackFailed("connection lost"))
+        self._callbacks.clear()
         self.server.connection_lost(self)
         log.debug("connection_closed", peer=self.peer[0], inflight=len(self._inflight),
                   error=str(exc) if exc else None)
@@ -176,6 +203,40 @@ class NfsConnection(asyncio.BufferedProtocol):
             if self.record_started is not None:   # the pause was ours, not the client's
                 self.record_started = time.monotonic()
             self.transport.resume_reading()
+
+    # ---- back channel (callbacks from server to client) ------------------------------
+    async def call_back(self, build) -> bytearray:
+        """Send the framed CALL `build(xid)` returns on this connection and wait for the
+        client's reply record (undecoded; nfsd.rpc.parse_reply reads it). Raises
+        CallbackFailed when it cannot be sent or gets no reply in `callback_timeout`."""
+        if self.closed or self.transport is None:
+            raise CallbackFailed("connection closed")
+        if len(self._callbacks) >= self.max_callbacks:
+            raise CallbackFailed(f"{self.max_callbacks} callbacks pending (max_callbacks)")
+        xid = next(self._callback_xids) & 0xFFFFFFFF
+        while xid in self._callbacks:
+            xid = next(self._callback_xids) & 0xFFFFFFFF
+        fut = asyncio.get_running_loop().create_future()
+        self._callbacks[xid] = fut
+        try:
+            self.transport.write(build(xid))
+            return await asyncio.wait_for(fut, self.callback_timeout)
+        except asyncio.TimeoutError:
+            raise CallbackFailed(f"no reply in {self.callback_timeout:g} s (callback_timeout)") from None
+        finally:
+            if self._callbacks.get(xid) is fut:
+                del self._callbacks[xid]
+
+    @property
+    def callbacks_pending(self) -> int:
+        return len(self._callbacks)
+
+    def _reply_received(self, event: ReplyReceived) -> None:
+        fut = self._callbacks.pop(event.xid, None)
+        if fut is None:
+            self.server.ratelog.warning("callback_reply_unmatched", self.peer[0], xid=event.xid)
+        elif not fut.done():
+            fut.set_result(event.record)
 
     # ---- server side --------------------------------------------------------------
     @property

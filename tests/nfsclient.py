@@ -11,7 +11,10 @@ compound() sends the ops as they are, and the open/close helpers keep each open-
 seqid and confirm a new owner's first OPEN (RFC 7530).
 
 Calls are pipelined: any number may be in flight on one connection; replies are
-matched by xid. Low-level pieces (`call`, `compound_raw`, `send_raw`) let tests
+matched by xid. The server's callbacks (NFSv4.1 back channel: CALLs arriving on this
+connection) are recorded in `c.callbacks` as (prog, proc, CB_COMPOUND4args or None) and
+answered by `c.answer_callback` (CB_NULL: success; CB_COMPOUND: CB_SEQUENCE echoed);
+a test replaces it to answer late, wrongly or never. Low-level pieces (`call`, `compound_raw`, `send_raw`) let tests
 build exactly the bytes they want (retransmissions, bad slots, garbage).
 """
 from __future__ import annotations
@@ -22,7 +25,7 @@ import os
 import struct
 
 from nfsd.context import Cred
-from nfsd.rpc import encode_call, parse_reply
+from nfsd.rpc import finish_reply, parse_reply, start_success_reply, encode_call
 from nfsd.xdr.core import decode, encode
 from nfsd.xdr.nfs4 import *  # noqa: F401,F403 - the protocol's names, as in the RFC
 from nfsd.xdr.rpc import AUTH_NONE, AUTH_SYS, SUCCESS
@@ -130,6 +133,8 @@ class NfsClient:
         self.closed = asyncio.get_running_loop().create_future()
         self.owner_seqids: dict[bytes, int] = {}   # 4.0: open-owner -> next seqid
         self.confirmed_owners: set[bytes] = set()
+        self.callbacks: list[tuple] = []     # (prog, proc, CB_COMPOUND4args | None)
+        self.callback_arrived = asyncio.Event()
 
     @classmethod
     async def connect(cls, host: str, port: int, minorversion: int = 1,
@@ -155,6 +160,9 @@ class NfsClient:
                     record += await self.reader.readexactly(mark & 0x7FFFFFFF)
                     if mark & 0x80000000:
                         break
+                if struct.unpack_from(">I", record, 4)[0] == 0:     # msg_type CALL
+                    self._callback_received(record)
+                    continue
                 reply = parse_reply(record)
                 fut = self._pending.pop(reply.xid, None)
                 if fut is not None and not fut.done():
@@ -167,6 +175,45 @@ class NfsClient:
         finally:
             if not self.closed.done():
                 self.closed.set_result(None)
+
+    # ---- back channel: the server's calls to us -----------------------------------------
+    def _callback_received(self, record: bytearray) -> None:
+        xid, _mtype, _rpcvers, prog, _vers, proc = struct.unpack_from(">6I", record, 0)
+        pos = 24
+        for _ in range(2):                                  # credential, verifier
+            (n,) = struct.unpack_from(">I", record, pos + 4)
+            pos += 8 + (n + 3) // 4 * 4
+        args = decode(CB_COMPOUND4args, memoryview(record)[pos:]) if proc == 1 else None
+        self.callbacks.append((prog, proc, args))
+        self.callback_arrived.set()
+        reply = self.answer_callback(xid, proc, args)
+        if reply:
+            self.writer.write(reply)
+
+    def answer_callback(self, xid: int, proc: int, args) -> bytes | None:
+        """The framed reply to one callback (None: do not answer)."""
+        out = start_success_reply(xid)
+        if proc == 1:
+            results = []
+            for argop in args.argarray:
+                if argop.tag == OP_CB_SEQUENCE:
+                    a = argop.value
+                    results.append(nfs_cb_resop4(OP_CB_SEQUENCE, CB_SEQUENCE4res(
+                        NFS4_OK, CB_SEQUENCE4resok(a.csa_sessionid, a.csa_sequenceid,
+                                                   a.csa_slotid, a.csa_highest_slotid,
+                                                   a.csa_highest_slotid))))
+                else:
+                    results.append(nfs_cb_resop4(OP_CB_ILLEGAL, CB_ILLEGAL4res(NFS4ERR_OP_ILLEGAL)))
+                    break
+            out += encode(CB_COMPOUND4res, CB_COMPOUND4res(NFS4_OK, args.tag, results))
+        return bytes(finish_reply(out))
+
+    async def wait_callback(self, timeout: float = 10.0) -> tuple:
+        """The next callback not yet taken from `callbacks`."""
+        while not self.callbacks:
+            self.callback_arrived.clear()
+            await asyncio.wait_for(self.callback_arrived.wait(), timeout)
+        return self.callbacks.pop(0)
 
     def _fail_all(self, exc: BaseException) -> None:
         for fut in self._pending.values():

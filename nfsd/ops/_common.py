@@ -24,7 +24,8 @@ from nfsd.xdr.nfs4 import (
     NFS4ERR_ISDIR, NFS4ERR_STALE_CLIENTID,
     NFS4ERR_LOCKED, NFS4ERR_MLINK, NFS4ERR_NAMETOOLONG, NFS4ERR_NOENT, NFS4ERR_NOFILEHANDLE,
     NFS4ERR_NOSPC, NFS4ERR_NOTDIR, NFS4ERR_NOTEMPTY, NFS4ERR_OPENMODE, NFS4ERR_PERM,
-    NFS4ERR_ROFS, NFS4ERR_STALE, NFS4ERR_SYMLINK, NFS4ERR_XDEV, change_info4,
+    NFS4ERR_ROFS, NFS4ERR_STALE, NFS4ERR_SYMLINK, NFS4ERR_XDEV,
+    SEQ4_STATUS_EXPIRED_ALL_STATE_REVOKED, change_info4,
 )
 
 log = structlog.get_logger(__name__)
@@ -291,7 +292,13 @@ def expire_lapsed_holders(ctx, ino: int) -> None:
     for clientid in {st.clientid for st in ctx.server.opens.opens_of(ino)}:
         client = mgr.clients.get(clientid)
         if client is not None and client is not ctx.client and mgr.lapsed(client, now):
-            mgr.expire(client, "lease expired; its state is wanted by another client")
+            if client.sessions:
+                # 4.1: keep the record and sessions so the client's next SEQUENCE is told
+                # (RFC 8881 18.46.3); the reaper still removes it if it stays silent.
+                mgr.revoke_state(client, SEQ4_STATUS_EXPIRED_ALL_STATE_REVOKED,
+                                 "lease expired; its state is wanted by another client")
+            else:
+                mgr.expire(client, "lease expired; its state is wanted by another client")
 
 
 async def seqid_op(ctx, kind: str, sid, seqid: int, run):

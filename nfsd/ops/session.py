@@ -1,11 +1,12 @@
 """NFSv4.1 client and session operations (RFC 8881 sections 18.34-18.37, 18.46, 18.50, 18.51).
 
 EXCHANGE_ID, CREATE_SESSION, DESTROY_SESSION, DESTROY_CLIENTID, SEQUENCE,
-BIND_CONN_TO_SESSION, RECLAIM_COMPLETE. The bookkeeping objects live in nfsd/state.py;
-SEQUENCE's slot/replay logic is driven by the COMPOUND loop (nfsd/compound.py),
-which calls `sequence()` here. We offer SP4_NONE only, no pNFS, and never send
-callbacks (so never grant delegations): a back channel the client asks for is
-accepted and stays silent.
+BIND_CONN_TO_SESSION, BACKCHANNEL_CTL, RECLAIM_COMPLETE. The bookkeeping objects live in
+nfsd/state.py; SEQUENCE's slot/replay logic is driven by the COMPOUND loop
+(nfsd/compound.py), which calls `sequence()` here. We offer SP4_NONE only and no pNFS.
+A back channel the client asks for (CREATE_SESSION's CONN_BACK_CHAN flag, a back
+direction in BIND_CONN_TO_SESSION) is probed with CB_NULL (nfsd/callback.py) and its
+state reported in every SEQUENCE reply's sr_status_flags; no delegation is granted.
 """
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from dataclasses import dataclass
 
 import structlog
 
+from nfsd.callback import BackChannel
 from nfsd.errors import NfsError
 from nfsd.state import ChannelAttrs, Client, Session, Slot, next_seqid
 from nfsd.xdr.nfs4 import (
-    BIND_CONN_TO_SESSION4res, BIND_CONN_TO_SESSION4resok, CDFC4_BACK, CDFC4_BACK_OR_BOTH,
+    AUTH_NONE, AUTH_SYS,
+    BACKCHANNEL_CTL4res, BIND_CONN_TO_SESSION4res, BIND_CONN_TO_SESSION4resok, CDFC4_BACK, CDFC4_BACK_OR_BOTH,
     CDFC4_FORE, CDFC4_FORE_OR_BOTH, CDFS4_BACK, CDFS4_BOTH, CDFS4_FORE,
     CREATE_SESSION4_FLAG_CONN_BACK_CHAN, CREATE_SESSION4_FLAG_CONN_RDMA,
     CREATE_SESSION4_FLAG_PERSIST, NFS4ERR_NOSPC, CREATE_SESSION4res, CREATE_SESSION4resok,
@@ -31,8 +34,10 @@ from nfsd.xdr.nfs4 import (
     NFS4ERR_RESOURCE, NFS4ERR_SEQ_FALSE_RETRY, NFS4ERR_SEQ_MISORDERED, NFS4ERR_STALE_CLIENTID,
     NFS4ERR_TOOSMALL,
     NFS4ERR_TOO_MANY_OPS, NFS4ERR_REQ_TOO_BIG,
-    OP_BIND_CONN_TO_SESSION, OP_CREATE_SESSION, OP_DESTROY_CLIENTID, OP_DESTROY_SESSION,
-    OP_EXCHANGE_ID, OP_RECLAIM_COMPLETE, RECLAIM_COMPLETE4res, SEQUENCE4res,
+    NFS4ERR_ENCR_ALG_UNSUPP, OP_BACKCHANNEL_CTL, OP_BIND_CONN_TO_SESSION, OP_CREATE_SESSION, OP_DESTROY_CLIENTID, OP_DESTROY_SESSION,
+    OP_EXCHANGE_ID, OP_RECLAIM_COMPLETE, RECLAIM_COMPLETE4res, SEQ4_STATUS_CB_PATH_DOWN,
+    SEQ4_STATUS_CB_PATH_DOWN_SESSION, SEQ4_STATUS_EXPIRED_ALL_STATE_REVOKED,
+    SEQ4_STATUS_RESTART_RECLAIM_NEEDED, SEQUENCE4res,
     SEQUENCE4resok, SP4_NONE, channel_attrs4, nfs_impl_id4, nfstime4, server_owner4,
     state_protect4_r,
 )
@@ -223,6 +228,10 @@ async def op_create_session(ctx, args) -> CREATE_SESSION4res:
     session = mgr.new_session(client, flags, fore, back, args.csa_cb_program,
                               drc_bytes=fore.maxrequests * REPLY_CACHE_LIMIT)
     mgr.bind_connection(session, ctx.conn)
+    session.backchannel = BackChannel(session, args.csa_cb_program, args.csa_sec_parms,
+                                      back.maxrequests)
+    if flags & CREATE_SESSION4_FLAG_CONN_BACK_CHAN:
+        want_backchannel(session, ctx.conn)
     client.renew()
     res = CREATE_SESSION4res(NFS4_OK, CREATE_SESSION4resok(
         csr_sessionid=session.sessionid, csr_sequence=args.csa_sequence, csr_flags=flags,
@@ -248,6 +257,8 @@ async def op_destroy_session(ctx, args) -> DESTROY_SESSION4res:
     if session is not ctx.session and session.in_flight():
         raise NfsError(NFS4ERR_DELAY, "session has requests in progress")
     mgr.destroy_session(session)
+    if session.backchannel is not None:
+        session.backchannel.stop()
     session.client.renew()
     return DESTROY_SESSION4res(NFS4_OK)
 
@@ -282,9 +293,34 @@ async def op_bind_conn_to_session(ctx, args) -> BIND_CONN_TO_SESSION4res:
     if direction is None:
         raise NfsError(NFS4ERR_INVAL, f"bctsa_dir {args.bctsa_dir}")
     mgr.bind_connection(session, ctx.conn)
+    if direction != CDFS4_FORE:
+        want_backchannel(session, ctx.conn)
     session.client.renew()
     return BIND_CONN_TO_SESSION4res(NFS4_OK, BIND_CONN_TO_SESSION4resok(
         bctsr_sessid=session.sessionid, bctsr_dir=direction, bctsr_use_conn_in_rdma_mode=False))
+
+
+def want_backchannel(session: Session, conn) -> None:
+    """`conn` carries the session's back channel from now on: check it with CB_NULL."""
+    bc = session.backchannel
+    bc.wanted = True
+    if conn is not None:
+        bc.add_connection(conn)
+        bc.probe()
+
+
+# ---- BACKCHANNEL_CTL (18.33) -----------------------------------------------------
+
+async def op_backchannel_ctl(ctx, args) -> BACKCHANNEL_CTL4res:
+    bc = ctx.session.backchannel
+    if not any(p.tag in (AUTH_NONE, AUTH_SYS) for p in args.bca_sec_parms):
+        # As Linux knfsd: RPCSEC_GSS alone cannot be honoured, and RFC 8881 has no
+        # better error for it.
+        raise NfsError(NFS4ERR_ENCR_ALG_UNSUPP, "no callback flavour but RPCSEC_GSS")
+    bc.set_security(args.bca_cb_program, args.bca_sec_parms)
+    if bc.wanted:
+        bc.probe()                  # the new program or credential may work, or not
+    return BACKCHANNEL_CTL4res(NFS4_OK)
 
 
 # ---- RECLAIM_COMPLETE (18.51) ----------------------------------------------------
@@ -333,7 +369,7 @@ def sequence(ctx, args, request_size: int, nops: int, signature: tuple = ()) -> 
                            f"slot {args.sa_slotid} seqid {args.sa_sequenceid}")
         ctx.session, ctx.client = session, client
         client.renew()
-        result = _sequence_ok(session, args)
+        result = _sequence_ok(mgr, session, args)
         if slot.cached and slot.reply is not None:
             return SequenceOutcome(result, replay=slot.reply)
         return SequenceOutcome(result, uncached_retry=True)
@@ -355,17 +391,40 @@ def sequence(ctx, args, request_size: int, nops: int, signature: tuple = ()) -> 
         mgr.bind_connection(session, ctx.conn)
     ctx.session, ctx.client = session, client
     client.renew()
-    return SequenceOutcome(_sequence_ok(session, args), slot=slot)
+    result = _sequence_ok(mgr, session, args)
+    # EXPIRED_ALL_STATE_REVOKED is told once: the client re-establishes its state (the
+    # revoked stateids are gone, so no FREE_STATEID could acknowledge them).
+    client.revoked_flags &= ~SEQ4_STATUS_EXPIRED_ALL_STATE_REVOKED
+    return SequenceOutcome(result, slot=slot)
 
 
-def _sequence_ok(session: Session, args) -> SEQUENCE4res:
+def _sequence_ok(mgr, session: Session, args) -> SEQUENCE4res:
     return SEQUENCE4res(NFS4_OK, SEQUENCE4resok(
         sr_sessionid=session.sessionid, sr_sequenceid=args.sa_sequenceid,
         sr_slotid=args.sa_slotid, sr_highest_slotid=session.highest_slotid,
         sr_target_highest_slotid=session.highest_slotid,
-        # Nothing to report: no callbacks are ever needed (no delegations), leases are
-        # renewed by this very request, and there is no reclaimable state.
-        sr_status_flags=0))
+        sr_status_flags=status_flags(mgr, session)))
+
+
+def status_flags(mgr, session: Session) -> int:
+    """sr_status_flags (RFC 8881 18.46.3). Never set here: CB_GSS_CONTEXTS_EXPIRING/
+    EXPIRED (no RPCSEC_GSS), LEASE_MOVED (no migration), BACKCHANNEL_FAULT, DEVID_*
+    (no pNFS). The lease needs no flag: this very request renewed it."""
+    client = session.client
+    flags = client.revoked_flags       # *_STATE_REVOKED: state taken from this client
+    if _back_down(session):
+        flags |= SEQ4_STATUS_CB_PATH_DOWN_SESSION
+        if all(_back_down(s) for s in client.sessions.values()
+               if s.backchannel is not None and s.backchannel.wanted):
+            flags |= SEQ4_STATUS_CB_PATH_DOWN
+    if mgr.in_grace and not client.reclaim_complete:
+        flags |= SEQ4_STATUS_RESTART_RECLAIM_NEEDED
+    return flags
+
+
+def _back_down(session: Session) -> bool:
+    bc = session.backchannel
+    return bc is not None and bc.wanted and bc.path_down
 
 
 def store_reply(slot: Slot, out: bytearray, start: int, cachethis: bool) -> None:
@@ -388,5 +447,6 @@ HANDLERS = {
     OP_DESTROY_SESSION: op_destroy_session,
     OP_DESTROY_CLIENTID: op_destroy_clientid,
     OP_BIND_CONN_TO_SESSION: op_bind_conn_to_session,
+    OP_BACKCHANNEL_CTL: op_backchannel_ctl,
     OP_RECLAIM_COMPLETE: op_reclaim_complete,
 }

@@ -7,8 +7,8 @@ from hypothesis import given, settings, strategies as st
 
 from nfsd.context import Cred
 from nfsd.rpc import (
-    CallReceived, ConnectionError as RpcConnectionError, Program, RpcConnection, SendReply,
-    encode_call, parse_reply,
+    CallReceived, ConnectionError as RpcConnectionError, Program, ReplyReceived, RpcConnection,
+    SendReply, encode_call, parse_reply,
 )
 from nfsd.xdr.rpc import (
     AUTH_BADCRED, AUTH_ERROR, AUTH_NONE, AUTH_SYS, GARBAGE_ARGS, PROC_UNAVAIL, PROG_MISMATCH,
@@ -202,9 +202,23 @@ def test_auth_body_over_400_bytes_gets_auth_badcred():
     assert (r.accepted, r.stat) == (False, AUTH_ERROR)
 
 
-def test_a_reply_message_is_dropped_silently():
+def test_a_reply_message_is_handed_up_for_the_back_channel():
     raw = bytearray(unframe(call_bytes(xid=4)))
     struct.pack_into(">I", raw, 4, 1)                      # REPLY
+    events = conn().receive_data(struct.pack(">I", 0x80000000 | len(raw)) + raw)
+    assert len(events) == 1 and isinstance(events[0], ReplyReceived) and events[0].xid == 4
+
+
+def test_a_short_denied_reply_is_a_reply_not_a_truncated_call():
+    raw = struct.pack(">5I", 9, 1, 1, 1, 1)                # xid, REPLY, MSG_DENIED, AUTH_ERROR, stat
+    events = conn().receive_data(struct.pack(">I", 0x80000000 | len(raw)) + raw)
+    assert [type(e) for e in events] == [ReplyReceived] and events[0].xid == 9
+    assert parse_reply(events[0].record).accepted is False
+
+
+def test_junk_message_type_is_dropped_silently():
+    raw = bytearray(unframe(call_bytes(xid=4)))
+    struct.pack_into(">I", raw, 4, 7)
     events = conn().receive_data(struct.pack(">I", 0x80000000 | len(raw)) + raw)
     assert len(events) == 1 and events[0].data == b""
 
