@@ -194,6 +194,7 @@ class LiveTarget:
         self.loop = asyncio.new_event_loop()
         self.reader = self.writer = None
         self.reconnects = 0
+        self.callbacks = 0
 
     def close(self) -> None:
         if self.writer is not None:
@@ -221,6 +222,11 @@ class LiveTarget:
                 (m,) = struct.unpack(">I", mark)
                 body = await asyncio.wait_for(self.reader.readexactly(m & 0x7FFFFFFF), left)
                 framed = mark + body
+                if len(body) >= 8 and struct.unpack_from(">I", body, 4)[0] == 0:
+                    # A CALL: the server's callback (CB_NULL) on a back channel the input
+                    # asked for; left unanswered, it times out on the server.
+                    self.callbacks += 1
+                    continue
                 check_reply(framed, None, data)
                 if struct.unpack_from(">I", body)[0] == SENTINEL_XID:
                     return replies
