@@ -144,6 +144,9 @@ class BackChannel:
         if conn is None or self.cred is None:
             self._set_state(DOWN, "no connection for the back channel")
             raise CallbackError("back channel down")
+        back = self.session.back
+        if len(ops) + 1 > back.maxoperations:
+            raise CallbackError(f"{len(ops) + 1} ops above the back channel's {back.maxoperations}")
         if not self._free_slots:
             raise CallbackError("every back channel slot is busy")
         slot = self._free_slots.pop()
@@ -155,9 +158,16 @@ class BackChannel:
                 csa_referring_call_lists=[]))
             args = encode(CB_COMPOUND4args, CB_COMPOUND4args(
                 tag=tag, minorversion=1, callback_ident=0, argarray=[seq] + list(ops)))
+            call = bytearray(encode_call(0, self.program, NFS_CB, CB_COMPOUND, self.cred, args))
+            if len(call) - 4 > back.maxrequestsize:       # the client's limit (18.36.3)
+                raise CallbackError(f"CB_COMPOUND of {len(call) - 4} bytes above the back "
+                                    f"channel's ca_maxrequestsize {back.maxrequestsize}")
+
+            def with_xid(xid: int) -> bytearray:
+                call[4:8] = xid.to_bytes(4, "big")        # the xid follows the record mark
+                return call
             try:
-                record = await conn.call_back(
-                    lambda xid: encode_call(xid, self.program, NFS_CB, CB_COMPOUND, self.cred, args))
+                record = await conn.call_back(with_xid)
                 reply = parse_reply(record)
                 if not reply.accepted or reply.stat != SUCCESS:
                     raise CallbackError(f"RPC accepted={reply.accepted} stat={reply.stat}")

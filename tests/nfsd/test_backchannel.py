@@ -279,3 +279,19 @@ def test_lapsed_client_whose_state_is_taken_is_told_expired_all_state_revoked(nf
             await a.close()
             await b.close()
     asyncio.run(main())
+
+
+def test_cb_compound_respects_the_clients_back_channel_limits(fake_server):
+    async def body(c):
+        await c.wait_callback()
+        bc = fake_server.call(lambda: session_of(fake_server, c).backchannel)
+        # nfsclient offers ca_maxrequestsize 4096 and ca_maxoperations 2.
+        big = nfs_cb_argop4(OP_CB_ILLEGAL, None)
+        with pytest.raises(CallbackError, match="ops above"):
+            await asyncio.to_thread(fake_server.run, bc.cb_compound([big, big]))
+        with pytest.raises(CallbackError, match="ca_maxrequestsize"):
+            await asyncio.to_thread(fake_server.run, bc.cb_compound([], tag=b"x" * 5000))
+        assert c.callbacks == []                       # nothing was sent
+        res = await asyncio.to_thread(fake_server.run, bc.cb_compound([], tag=b"x" * 100))
+        assert res.status == NFS4_OK and bytes(res.tag) == b"x" * 100
+    run_client(fake_server.port, body)
