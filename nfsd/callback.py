@@ -104,7 +104,9 @@ class BackChannel:
     # ---- CB_NULL ------------------------------------------------------------------
     def probe(self) -> None:
         """Check the path with CB_NULL, in the background (after the reply of the op that
-        asked for it). A probe asked for while one runs is run again after it."""
+        asked for it). A probe asked for while one runs is run again after it. A probe
+        outlives its session's destruction (bounded by callback_timeout), so the client's
+        answer still finds its call."""
         if self._probe is not None and not self._probe.done():
             self._reprobe = True
             return
@@ -201,7 +203,3 @@ class BackChannel:
             log.info("backchannel_" + state, client=self.session.client.name,
                      session=self.session.sessionid.hex(), reason=why)
         self.state = state
-
-    def stop(self) -> None:
-        if self._probe is not None:
-            self._probe.cancel()

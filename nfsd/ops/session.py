@@ -257,8 +257,6 @@ async def op_destroy_session(ctx, args) -> DESTROY_SESSION4res:
     if session is not ctx.session and session.in_flight():
         raise NfsError(NFS4ERR_DELAY, "session has requests in progress")
     mgr.destroy_session(session)
-    if session.backchannel is not None:
-        session.backchannel.stop()
     session.client.renew()
     return DESTROY_SESSION4res(NFS4_OK)
 
