@@ -153,7 +153,10 @@ class BackChannel:
             raise CallbackError("every back channel slot is busy")
         slot = self._free_slots.pop()
         try:
-            seqid = self.slot_seqids[slot] = (self.slot_seqids[slot] + 1) & 0xFFFFFFFF
+            # The slot's sequence advances only when the client answered this CB_SEQUENCE
+            # (as knfsd): after a lost reply or an error the next call is a retry with the
+            # same seqid, which the client answers from its slot (RFC 8881 2.10.6.1).
+            seqid = (self.slot_seqids[slot] + 1) & 0xFFFFFFFF
             seq = nfs_cb_argop4(OP_CB_SEQUENCE, CB_SEQUENCE4args(
                 csa_sessionid=self.session.sessionid, csa_sequenceid=seqid, csa_slotid=slot,
                 csa_highest_slotid=len(self.slot_seqids) - 1, csa_cachethis=False,
@@ -178,6 +181,7 @@ class BackChannel:
                 self._set_state(DOWN, f"CB_COMPOUND: {exc}")
                 raise CallbackError(str(exc)) from None
             self._check_sequence(res, slot, seqid)
+            self.slot_seqids[slot] = seqid
             self._set_state(UP, "CB_COMPOUND answered")
             return res
         finally:

@@ -295,3 +295,24 @@ def test_cb_compound_respects_the_clients_back_channel_limits(fake_server):
         res = await asyncio.to_thread(fake_server.run, bc.cb_compound([], tag=b"x" * 100))
         assert res.status == NFS4_OK and bytes(res.tag) == b"x" * 100
     run_client(fake_server.port, body)
+
+
+def test_back_slot_sequence_advances_only_on_an_answered_cb_sequence(quick_server):
+    async def main():
+        c = await NfsClient.connect("127.0.0.1", quick_server.port)
+        try:
+            await c.setup_session()
+            await c.wait_callback()
+            bc = quick_server.call(lambda: session_of(quick_server, c).backchannel)
+            answer = c.answer_callback
+            c.answer_callback = lambda xid, proc, args: None        # this one is "lost"
+            with pytest.raises(CallbackError):
+                await asyncio.to_thread(quick_server.run, bc.cb_compound([]))
+            c.answer_callback = answer
+            await asyncio.to_thread(quick_server.run, bc.cb_compound([]))
+            await asyncio.to_thread(quick_server.run, bc.cb_compound([]))
+            seqids = [args.argarray[0].value.csa_sequenceid for _, _, args in c.callbacks]
+            assert seqids == [1, 1, 2]                 # the retry reuses the unanswered seqid
+        finally:
+            await c.close()
+    asyncio.run(main())
