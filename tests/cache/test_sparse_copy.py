@@ -196,3 +196,15 @@ def test_copy_crash_after_the_bytes_before_the_index(store_dir):
     # bytes below it may have changed, moves the data sequence so the uploader resends
     assert a.size == 4096 and a.data_state == DataState.DIRTY and a.data_seq != seq
     s.close()
+
+
+def test_data_copy_range_zeros_what_lies_past_the_source_file(store):
+    """An extent file may be shorter than its inode (a hole at the end reads as zeros): the
+    copy must leave zeros there in the destination, not the destination's old bytes."""
+    src = new_file(store, b"src", b"s" * 8192)
+    dst = new_file(store, b"dst", b"o" * 65536)
+    assert store.data.length(src) == 8192
+    store.data.copy_range(src, dst, 0, 0, 65536)
+    assert store.data.pread(dst, 0, 65536) == b"s" * 8192 + bytes(65536 - 8192)
+    store.data.copy_range(src + 1000, dst, 0, 0, 4096)      # no source file at all
+    assert store.data.pread(dst, 0, 65536) == bytes(4096) + b"s" * 4096 + bytes(65536 - 8192)
