@@ -473,9 +473,7 @@ class Store:
             n = min(count, rec.size - offset)
             missing = extents.absent_ranges(v.txn, self.ix.extents, ino, offset, offset + n)
         if missing:
-            err = StoreError(errno.EAGAIN, f"inode {ino}: range not present locally")
-            err.missing = missing
-            raise err
+            raise _not_local(ino, missing)
         if rec.state == DataState.CLEAN and time.time_ns() - rec.lru_ns > LRU_GRANULARITY_NS:
             self._touch_lru(ino)
         return n, rec.size
@@ -713,15 +711,10 @@ class Store:
                                                    dst_off + count)
         if count == 0:
             return drec.attr(), False
+        self._require_local(src, src_off, count)    # before the destination is flagged
         self._make_room(dst, drec, growth)
         with self._bytes_changing(dst, drec, also=(src,)):
-            with self.ix.read() as v:      # registered: no fill or evict of src from here
-                missing = extents.absent_ranges(v.txn, self.ix.extents, src, src_off,
-                                                src_off + count)
-            if missing:
-                err = StoreError(errno.EAGAIN, f"inode {src}: range not present locally")
-                err.missing = missing
-                raise err
+            self._require_local(src, src_off, count)    # registered: no evict from here
             try:
                 reflinked = self.data.copy_range(src, dst, src_off, dst_off, count)
             except StoreError:
@@ -739,6 +732,13 @@ class Store:
                                                      dst_off + count, DataState.DIRTY)
                 self._bytes_changed(w, new, cur)
         return new.attr(), reflinked
+
+    def _require_local(self, ino: int, offset: int, count: int) -> None:
+        """EAGAIN with `.missing` when part of the range is ABSENT (the caller fetches)."""
+        with self.ix.read() as v:
+            missing = extents.absent_ranges(v.txn, self.ix.extents, ino, offset, offset + count)
+        if missing:
+            raise _not_local(ino, missing)
 
     def _bytes_changed(self, w: Writer, new: Inode, cur: Inode) -> None:
         """The index half of a change of a file's bytes (write, punch, copy)."""
@@ -1179,6 +1179,13 @@ class Store:
         A full scan: for tests and the admin CLI, not the request path."""
         from .check import check
         return check(self)
+
+
+def _not_local(ino: int, missing: list[tuple[int, int]]) -> StoreError:
+    """EAGAIN naming the ABSENT ranges: the caller fetches them (read-through) and retries."""
+    err = StoreError(errno.EAGAIN, f"inode {ino}: range not present locally")
+    err.missing = missing
+    return err
 
 
 def _keep_replaces(stored: RemoteInfo, new: RemoteInfo, overwritten: str | None = None) -> RemoteInfo:

@@ -208,3 +208,17 @@ def test_data_copy_range_zeros_what_lies_past_the_source_file(store):
     assert store.data.pread(dst, 0, 65536) == b"s" * 8192 + bytes(65536 - 8192)
     store.data.copy_range(src + 1000, dst, 0, 0, 4096)      # no source file at all
     assert store.data.pread(dst, 0, 65536) == bytes(4096) + b"s" * 4096 + bytes(65536 - 8192)
+
+
+def test_allocate_and_deallocate_in_an_evicted_file_keep_the_store_consistent(store):
+    ino = new_file(store, b"f", b"v" * 65536)
+    upload(store, ino)
+    store.evict(ino)
+    store.allocate(ino, 0, 65536)                      # blocks reserved, bytes still in S3
+    assert store.getattr(ino).data_state == DataState.ABSENT
+    with pytest.raises(StoreError) as e:
+        store.read(ino, 0, 10)
+    assert e.value.errno == errno.EAGAIN
+    store.fill(ino, 0, b"v" * 65536)
+    assert store.read(ino, 0, 65536)[0] == b"v" * 65536
+    assert store.check() == []
