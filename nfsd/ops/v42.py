@@ -16,6 +16,8 @@ COPY says FILE_SYNC4), so none of them needs a client COMMIT.
 """
 from __future__ import annotations
 
+import structlog
+
 from cache.api import FileType
 from nfsd import attrs as fattr
 from nfsd.errors import NfsError
@@ -32,6 +34,8 @@ from nfsd.xdr.nfs4 import (
     OFFLOAD_STATUS4res, READ_PLUS4res, SEEK4res, copy_requirements4, data4, data_info4,
     read_plus_content, read_plus_res4, seek_res4, write_response4,
 )
+
+log = structlog.get_logger(__name__)
 
 # Offsets and counts of CLONE must be multiples of this (RFC 7862 15.13.3; the count may
 # instead end at the source's end, as Linux's remap rules allow).
@@ -176,14 +180,18 @@ def _source_count(src, offset: int, count: int) -> int:
     return count or size - offset
 
 
-async def _copy(ctx, src, dst, src_off: int, dst_off: int, count: int) -> None:
+async def _copy(ctx, what: str, src, dst, src_off: int, dst_off: int, count: int) -> None:
     if dst_off + count > fattr.MAX_FILESIZE:
         raise NfsError(NFS4ERR_FBIG)
     store = ctx.server.store
-    await with_read_through(ctx, src.ino, store.copy_range, src.ino, dst.ino, src_off,
-                            dst_off, count, blocking_call=True)
+    _attr, reflinked = await with_read_through(ctx, src.ino, store.copy_range, src.ino,
+                                               dst.ino, src_off, dst_off, count,
+                                               blocking_call=True)
     with store_errors():
         await blocking(ctx, store.commit, dst.ino)
+    # rare and large: worth a line (which op, and whether the file system shared blocks)
+    log.info("server_side_copy", op=what, src=src.ino, dst=dst.ino, count=count,
+             reflinked=reflinked)
 
 
 async def op_copy(ctx, args) -> COPY4res:
@@ -192,7 +200,7 @@ async def op_copy(ctx, args) -> COPY4res:
         # an inter-server copy (15.2.3, section 4.3): not offered
         raise NfsError(NFS4ERR_NOTSUPP, "inter-server copy")
     count = min(_source_count(src, args.ca_src_offset, args.ca_count), COPY_MAX_BYTES)
-    await _copy(ctx, src, dst, args.ca_src_offset, args.ca_dst_offset, count)
+    await _copy(ctx, "COPY", src, dst, args.ca_src_offset, args.ca_dst_offset, count)
     # Synchronous and consecutive whatever was asked, so NFS4ERR_OFFLOAD_NO_REQS never
     # applies; no callback id (wr_callback_id empty): nothing runs after the reply.
     return COPY4res(NFS4_OK, COPY4resok(
@@ -209,7 +217,7 @@ async def op_clone(ctx, args) -> CLONE4res:
     if (args.cl_src_offset % CLONE_BLKSIZE or args.cl_dst_offset % CLONE_BLKSIZE
             or (count % CLONE_BLKSIZE and not to_end)):
         raise NfsError(NFS4ERR_INVAL, f"clone range not aligned to {CLONE_BLKSIZE}")
-    await _copy(ctx, src, dst, args.cl_src_offset, args.cl_dst_offset, count)
+    await _copy(ctx, "CLONE", src, dst, args.cl_src_offset, args.cl_dst_offset, count)
     return CLONE4res(NFS4_OK)
 
 
