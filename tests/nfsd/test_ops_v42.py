@@ -227,3 +227,31 @@ def test_copy_across_exports_is_xdev(tmp_path):
         asyncio.run(main())
     finally:
         store.close()
+
+
+def test_byte_changing_42_ops_on_a_read_only_export_are_rofs(tmp_path):
+    store = Store.open(str(tmp_path / "store"))
+    f = store.create(ROOT_INO, b"f", 0o666, 0, 0)[0].ino
+    store.write(f, 0, b"r" * 8192)
+    store.commit(f)
+    fs = Fs(FakeServer(store, Exports([Export(1, "/checkpoints", rw=False, root_squash=False)])),
+            minorversion=2)
+
+    async def main():
+        fh = await fs.fh(await fs.root_fh(), "f")
+        put = (OP_PUTFH, PUTFH4args(fh))
+        for o in ((OP_ALLOCATE, ALLOCATE4args(ANON, 0, 10)),
+                  (OP_DEALLOCATE, DEALLOCATE4args(ANON, 0, 10)),
+                  (OP_CLONE, CLONE4args(ANON, ANON, 0, 4096, 4096)),
+                  (OP_COPY, COPY4args(ANON, ANON, 0, 8192, 10, True, True, []))):
+            ops = [put, (OP_SAVEFH, None), put, o]
+            assert await fs.status(ops) == NFS4ERR_ROFS, o
+        # reading ops work there
+        res = await fs.run([put, (OP_SEEK, SEEK4args(ANON, 0, NFS4_CONTENT_HOLE))])
+        assert (res[1].value.sr_eof, res[1].value.sr_offset) == (True, 8192)
+        res = await fs.run([put, (OP_READ_PLUS, READ_PLUS4args(ANON, 0, 100))])
+        assert [bytes(c.value.d_data) for c in res[1].value.rpr_contents] == [b"r" * 100]
+    try:
+        asyncio.run(main())
+    finally:
+        store.close()
