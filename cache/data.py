@@ -6,8 +6,11 @@ thread is doing I/O on it, and a number is never reused under a reader's feet.
 """
 from __future__ import annotations
 
+import ctypes
 import errno
+import fcntl
 import os
+import struct
 import threading
 from collections import OrderedDict
 from contextlib import contextmanager
@@ -17,6 +20,25 @@ import structlog
 from .api import StoreError
 
 log = structlog.get_logger(__name__)
+
+# fallocate(2) modes (linux/falloc.h); Python's os.posix_fallocate has no mode argument.
+FALLOC_FL_KEEP_SIZE = 0x01
+FALLOC_FL_PUNCH_HOLE = 0x02
+# ioctl FICLONERANGE = _IOW(0x94, 13, struct file_clone_range {s64 src_fd; u64 src_offset,
+# src_length, dest_offset}): a reflink of a range, shared blocks instead of copied bytes.
+FICLONERANGE = 0x4020940D
+_CLONE_RANGE = struct.Struct("=qQQQ")
+# errors after which a reflink is not possible here: fall back to copying
+_NO_REFLINK = frozenset({errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL,
+                         errno.ENOSYS, errno.ETXTBSY, errno.EPERM})
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+
+
+def fallocate(fd: int, mode: int, offset: int, length: int) -> None:
+    if _libc.fallocate(fd, mode, offset, length) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
 
 
 class _Handle:
@@ -172,6 +194,62 @@ class DataFiles:
             except OSError as e:
                 raise _io_error(e, "truncate", ino) from None
 
+    def punch_hole(self, ino: int, offset: int, length: int) -> None:
+        """Deallocate [offset, offset+length): reads return zeros, the length stays."""
+        with self.fd(ino, create=False) as fd:
+            if fd is None or length <= 0:
+                return
+            try:
+                fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length)
+            except OSError as e:
+                raise _io_error(e, "punch hole", ino) from None
+
+    def allocate(self, ino: int, offset: int, length: int) -> None:
+        """Reserve blocks for [offset, offset+length) without changing the file's length
+        (the inode's size is the index's business)."""
+        with self.fd(ino, create=True) as fd:
+            try:
+                fallocate(fd, FALLOC_FL_KEEP_SIZE, offset, length)
+            except OSError as e:
+                raise _io_error(e, "allocate", ino) from None
+
+    def seek(self, ino: int, offset: int, data: bool) -> int | None:
+        """lseek SEEK_DATA (data=True) / SEEK_HOLE from `offset` in the file, None when
+        there is none before the file's end (ENXIO) or no file."""
+        with self.fd(ino, create=False) as fd:
+            if fd is None:
+                return None
+            try:
+                return os.lseek(fd, offset, os.SEEK_DATA if data else os.SEEK_HOLE)
+            except OSError as e:
+                if e.errno == errno.ENXIO:
+                    return None
+                raise _io_error(e, "seek", ino) from None
+
+    def copy_range(self, src: int, dst: int, src_off: int, dst_off: int, count: int) -> bool:
+        """Make dst's [dst_off, +count) hold src's [src_off, +count): a reflink
+        (FICLONERANGE) where the file system shares blocks, else os.copy_file_range
+        (in-kernel, no bytes through this process). Bytes past src's file end are zeros.
+        Returns True if the range was reflinked."""
+        with self.fd(src, create=False) as sfd, self.fd(dst, create=True) as dfd:
+            src_len = os.fstat(sfd).st_size if sfd is not None else 0
+            have = max(0, min(count, src_len - src_off))
+            try:
+                reflinked = have > 0 and _reflink(sfd, dfd, src_off, dst_off, have)
+                done = have if reflinked else 0
+                while done < have:
+                    n = os.copy_file_range(sfd, dfd, have - done, src_off + done,
+                                           dst_off + done)
+                    if n == 0:
+                        break
+                    done += n
+                if done < count:      # the source's tail is a hole: zeros, not old bytes
+                    fallocate(dfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                              dst_off + done, count - done)
+            except OSError as e:
+                raise _io_error(e, "copy", dst) from None
+        return reflinked
+
     def shrink_to(self, ino: int, size: int) -> bool:
         """Cut the file to `size` if longer; True if it was longer."""
         with self.fd(ino, create=False) as fd:
@@ -218,3 +296,13 @@ class DataFiles:
         with self._lock:
             for ino in list(self._open):
                 self._drop(ino)
+
+
+def _reflink(sfd: int, dfd: int, src_off: int, dst_off: int, count: int) -> bool:
+    try:
+        fcntl.ioctl(dfd, FICLONERANGE, _CLONE_RANGE.pack(sfd, src_off, count, dst_off))
+        return True
+    except OSError as e:
+        if e.errno in _NO_REFLINK:
+            return False
+        raise

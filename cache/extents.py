@@ -73,6 +73,38 @@ def set_range(txn, db, ino: int, a: int, b: int, state: int) -> int:
     return (0 if state == ABSENT else b - a) - removed_local
 
 
+def clear_range(txn, db, ino: int, a: int, b: int) -> int:
+    """Make [a, b) a local hole (no extent: reads as zeros); returns the change in local
+    bytes (<= 0)."""
+    if b <= a:
+        return 0
+    removed = 0
+    for s, e, st in _overlapping(txn.cursor(db=db), ino, a, b, adjacent=False):
+        txn.delete(_key(ino, s), db=db)
+        if s < a:
+            txn.put(_key(ino, s), EXT.pack(a - s, st), db=db)
+        if e > b:
+            txn.put(_key(ino, b), EXT.pack(e - b, st), db=db)
+        if st != ABSENT:
+            removed += min(e, b) - max(s, a)
+    return -removed
+
+
+def runs(txn, db, ino: int, a: int, b: int) -> list[tuple[int, int, int | None]]:
+    """[a, b) cut into (start, end, state) pieces in order; state None = a local hole."""
+    out = []
+    pos = a
+    for s, e, st in _overlapping(txn.cursor(db=db), ino, a, b, adjacent=False):
+        s, e = max(s, a), min(e, b)
+        if s > pos:
+            out.append((pos, s, None))
+        out.append((s, e, st))
+        pos = e
+    if pos < b:
+        out.append((pos, b, None))
+    return out
+
+
 def present_bytes(txn, db, ino: int, a: int, b: int) -> int:
     """Local bytes (DIRTY/CLEAN) already stored inside [a, b)."""
     total = 0

@@ -46,6 +46,7 @@ import os
 import struct
 import threading
 import time
+from contextlib import contextmanager
 from typing import Iterator
 
 import structlog
@@ -472,9 +473,7 @@ class Store:
             n = min(count, rec.size - offset)
             missing = extents.absent_ranges(v.txn, self.ix.extents, ino, offset, offset + n)
         if missing:
-            err = StoreError(errno.EAGAIN, f"inode {ino}: range not present locally")
-            err.missing = missing
-            raise err
+            raise _not_local(ino, missing)
         if rec.state == DataState.CLEAN and time.time_ns() - rec.lru_ns > LRU_GRANULARITY_NS:
             self._touch_lru(ino)
         return n, rec.size
@@ -501,6 +500,12 @@ class Store:
                 return rec.attr()
             growth = n if offset >= rec.size else n - extents.present_bytes(
                 v.txn, self.ix.extents, ino, offset, offset + n)
+        self._make_room(ino, rec, growth)
+        with self._bytes_changing(ino, rec):
+            return self._write_applied(ino, offset, data)
+
+    def _make_room(self, ino: int, rec: Inode, growth: int) -> None:
+        """Admit `growth` new local bytes for `ino` (evicting clean data if allowed)."""
         if self.ix.space_low and not self.ix.ensure_headroom():
             raise StoreError(errno.ENOSPC, "disk full: index headroom is gone")
         becoming_dirty = 0 if rec.is_dirty else rec.local_bytes
@@ -508,30 +513,48 @@ class Store:
                                  growth)
         if need and self._free_clean(need, exclude=ino) < need:
             raise StoreError(errno.EAGAIN, "cache full of pinned or open clean data")
+
+    @contextmanager
+    def _bytes_changing(self, ino: int, rec: Inode, also: tuple[int, ...] = ()):
+        """Around any change of `ino`'s bytes (write, punch, copy): register it (I4) and
+        flag the file DIRTY with F_UNCOMMITTED, its data sequence moved, durably, before
+        the bytes change (I2). `also`: inodes read meanwhile (a copy's source), registered
+        too so no evict, fill or truncate changes them under the copy."""
         flagged = False
+        inos = (ino,) + also
         with self.ix.lock:
-            self._inflight[ino] = self._inflight.get(ino, 0) + 1
-            if not (rec.is_dirty and rec.flags & F_UNCOMMITTED):
-                # the index says "dirty, uncommitted bytes may exist" BEFORE the bytes
-                # change, so crash recovery visits this file and cuts what was not committed
-                with self.ix.write() as w:
-                    cur = w.must_inode(ino)
-                    new = cur.copy()
-                    if not cur.is_dirty:
-                        new.state = DataState.DIRTY
-                    new.flags |= F_UNCOMMITTED
-                    new.bump_data_seq()      # before the bytes change, as the flag
-                    w.stamp(new)
-                    w.put_inode(new, cur)
-                flagged = True
+            for i in inos:
+                self._inflight[i] = self._inflight.get(i, 0) + 1
+            try:
+                if not (rec.is_dirty and rec.flags & F_UNCOMMITTED):
+                    # the index says "dirty, uncommitted bytes may exist" BEFORE the bytes
+                    # change, so crash recovery visits this file and cuts what was not
+                    # committed
+                    with self.ix.write() as w:
+                        cur = w.must_inode(ino)
+                        new = cur.copy()
+                        if not cur.is_dirty:
+                            new.state = DataState.DIRTY
+                        new.flags |= F_UNCOMMITTED
+                        new.bump_data_seq()      # before the bytes change, as the flag
+                        w.stamp(new)
+                        w.put_inode(new, cur)
+                    flagged = True
+            except BaseException:
+                self._unregister(inos)
+                raise
         try:
             if flagged:
                 # durable before the bytes change (once per commit cycle): after a power
                 # cut the index must not miss a flag whose bytes did reach the disk
                 self.committer.sync()
-            return self._write_applied(ino, offset, data)
+            yield
         finally:
-            with self.ix.lock:
+            self._unregister(inos)
+
+    def _unregister(self, inos: tuple[int, ...]) -> None:
+        with self.ix.lock:
+            for ino in inos:
                 left = self._inflight[ino] - 1
                 if left:
                     self._inflight[ino] = left
@@ -553,7 +576,6 @@ class Store:
                 if cur is not None:
                     self.data.shrink_to(ino, cur.size)
             raise
-        t = time.time_ns()
         with self.ix.write() as w:
             cur = w.inode(ino)
             if cur is None:                # reclaimed while we wrote
@@ -564,16 +586,171 @@ class Store:
                 new.size = offset + n
             new.local_bytes += extents.set_range(w.txn, self.ix.extents, ino, offset,
                                                  offset + n, DataState.DIRTY)
-            new.mtime_ns = new.ctime_ns = t
-            new.change += 1
-            new.bump_data_seq()
-            if new.state in (DataState.CLEAN, DataState.ABSENT):
-                new.state = DataState.DIRTY
-            new.flags |= F_UNCOMMITTED
-            w.stamp(new)
-            w.put_inode(new, cur)
-            self._wseq[ino] = self._wseq.get(ino, 0) + 1
+            self._bytes_changed(w, new, cur)
         return new.attr()
+
+    # ---- sparse files and server-side copy (nfsd NFSv4.2) ---------------------------------
+    def content_runs(self, ino: int, offset: int, end: int) -> list[tuple[int, int, bool]]:
+        """[offset, min(end, size)) as (start, length, is_data) runs in order, neighbours
+        of one kind merged. Holes: ranges the index maps as local holes, and holes of the
+        extent file inside local extents (SEEK_DATA/SEEK_HOLE); ABSENT (evicted) ranges
+        are data. Advisory: a concurrent write may change it at once."""
+        with self.ix.read() as v:
+            rec = v.must_inode(ino)
+            self._regular(rec)
+            end = min(end, rec.size)
+            pieces = extents.runs(v.txn, self.ix.extents, ino, offset, end) if offset < end else []
+        out: list[list] = []
+
+        def add(a: int, b: int, data: bool) -> None:
+            if b <= a:
+                return
+            if out and out[-1][2] == data and out[-1][0] + out[-1][1] == a:
+                out[-1][1] += b - a
+            else:
+                out.append([a, b - a, data])
+        for a, b, st in pieces:
+            if st is None or st == DataState.ABSENT:
+                add(a, b, st is not None)
+                continue
+            pos = a
+            while pos < b:              # the extent file knows finer holes
+                d = self.data.seek(ino, pos, data=True)
+                if d is None or d >= b:
+                    add(pos, b, False)
+                    break
+                add(pos, d, False)
+                h = self.data.seek(ino, d, data=False)
+                h = b if h is None else min(h, b)
+                add(d, h, True)
+                pos = h
+        return [tuple(r) for r in out]
+
+    def seek(self, ino: int, offset: int, data: bool) -> int | None:
+        """Where the next data (data=True) or hole starts at or after `offset`: None when
+        no data follows; a hole is always found (the virtual one at the end of the file).
+        ENXIO when `offset` is at or past the end of the file (lseek's rule)."""
+        size = self.getattr(ino).size
+        if offset < 0 or offset >= size:
+            raise StoreError(errno.ENXIO, f"seek at {offset} past the end ({size})")
+        for start, _length, is_data in self.content_runs(ino, offset, size):
+            if is_data == data:
+                return start
+        return None if data else size
+
+    def deallocate(self, ino: int, offset: int, length: int) -> Attr:
+        """Punch a hole in [offset, offset+length) below the size: reads return zeros, the
+        size stays, the file is DIRTY with a new data sequence (like a write of zeros; the
+        caller commits to make it durable). The hole is punched and fdatasynced before the
+        index maps the range as a hole (I1: the index never calls a range zeros that the
+        file may still hold bytes in); until then the index keeps its old extents with the
+        file durably DIRTY and F_UNCOMMITTED (I2), so after a crash at any point recovery
+        visits it, moves its data sequence and the uploader sends what the file holds."""
+        if offset < 0 or length < 0:
+            raise StoreError(errno.EINVAL, "negative offset or length")
+        with self.ix.read() as v:
+            rec = v.must_inode(ino)
+            self._regular(rec)
+        end = min(offset + length, rec.size)
+        if end <= offset:
+            return rec.attr()
+        with self._bytes_changing(ino, rec):
+            self.data.punch_hole(ino, offset, end - offset)
+            self._hook("punch.punched", ino)
+            self.data.datasync(ino)
+            with self.ix.write() as w:
+                cur = w.must_inode(ino)
+                new = cur.copy()
+                new.local_bytes += extents.clear_range(w.txn, self.ix.extents, ino,
+                                                       offset, min(end, cur.size))
+                if new.state == DataState.ABSENT and not extents.absent_ranges(
+                        w.txn, self.ix.extents, ino, 0, new.size):
+                    new.state = DataState.DIRTY
+                self._bytes_changed(w, new, cur)
+        return new.attr()
+
+    def allocate(self, ino: int, offset: int, length: int) -> Attr:
+        """*Blocking.* Reserve disk blocks for [offset, offset+length) (fallocate, bytes
+        unchanged); a range past the end extends the size to offset+length (RFC 7862
+        15.1.3), as a truncate up. ENOSPC when the reservation does not fit the store."""
+        if offset < 0 or length <= 0 or offset + length > MAX_FILE_SIZE:
+            raise StoreError(errno.EINVAL if length <= 0 else errno.EFBIG,
+                             f"allocate {offset}+{length} out of range")
+        with self.ix.read() as v:
+            rec = v.must_inode(ino)
+            self._regular(rec)
+            present = extents.present_bytes(v.txn, self.ix.extents, ino, offset,
+                                            offset + length)
+        if length - present > self.space.capacity - self.ix.used_bytes:
+            raise StoreError(errno.ENOSPC, f"allocate of {length} bytes exceeds the cache")
+        self.data.allocate(ino, offset, length)
+        if offset + length > rec.size:
+            return self.setattr(ino, SetAttr(size=offset + length))
+        return rec.attr()
+
+    def copy_range(self, src: int, dst: int, src_off: int, dst_off: int, count: int
+                   ) -> tuple[Attr, bool]:
+        """*Blocking.* dst's [dst_off, +count) becomes src's [src_off, +count), without the
+        bytes passing through this process: a reflink where the file system shares blocks,
+        else copy_file_range. EINVAL when the source range passes its end (or overlaps the
+        destination range in the same file); EAGAIN with `.missing` when part of the
+        source is ABSENT (read-through first, as read). The destination is DIRTY with a
+        new data sequence, so the uploader sends it; the caller commits.
+        Returns (dst attrs, reflinked)."""
+        if min(src_off, dst_off, count) < 0 or dst_off + count > MAX_FILE_SIZE:
+            raise StoreError(errno.EINVAL, "copy range out of range")
+        with self.ix.read() as v:
+            srec, drec = v.must_inode(src), v.must_inode(dst)
+            self._regular(srec)
+            self._regular(drec)
+            if src_off + count > srec.size:
+                raise StoreError(errno.EINVAL, f"copy source {src_off}+{count} past its end")
+            if src == dst and src_off < dst_off + count and dst_off < src_off + count:
+                raise StoreError(errno.EINVAL, "copy ranges overlap")
+            growth = count - extents.present_bytes(v.txn, self.ix.extents, dst, dst_off,
+                                                   dst_off + count)
+        if count == 0:
+            return drec.attr(), False
+        self._require_local(src, src_off, count)    # before the destination is flagged
+        self._make_room(dst, drec, growth)
+        with self._bytes_changing(dst, drec, also=(src,)):
+            self._require_local(src, src_off, count)    # registered: no evict from here
+            try:
+                reflinked = self.data.copy_range(src, dst, src_off, dst_off, count)
+            except StoreError:
+                with self.ix.write() as w:     # a partial copy may have grown the file
+                    cur = w.inode(dst)
+                    if cur is not None:
+                        self.data.shrink_to(dst, cur.size)
+                raise
+            self._hook("copy.copied", dst)
+            with self.ix.write() as w:
+                cur = w.must_inode(dst)
+                new = cur.copy()
+                new.size = max(new.size, dst_off + count)
+                new.local_bytes += extents.set_range(w.txn, self.ix.extents, dst, dst_off,
+                                                     dst_off + count, DataState.DIRTY)
+                self._bytes_changed(w, new, cur)
+        return new.attr(), reflinked
+
+    def _require_local(self, ino: int, offset: int, count: int) -> None:
+        """EAGAIN with `.missing` when part of the range is ABSENT (the caller fetches)."""
+        with self.ix.read() as v:
+            missing = extents.absent_ranges(v.txn, self.ix.extents, ino, offset, offset + count)
+        if missing:
+            raise _not_local(ino, missing)
+
+    def _bytes_changed(self, w: Writer, new: Inode, cur: Inode) -> None:
+        """The index half of a change of a file's bytes (write, punch, copy)."""
+        new.mtime_ns = new.ctime_ns = time.time_ns()
+        new.change += 1
+        new.bump_data_seq()
+        if new.state in (DataState.CLEAN, DataState.ABSENT):
+            new.state = DataState.DIRTY
+        new.flags |= F_UNCOMMITTED
+        w.stamp(new)
+        w.put_inode(new, cur)
+        self._wseq[new.ino] = self._wseq.get(new.ino, 0) + 1
 
     def commit(self, ino: int) -> None:
         """*Blocking.* fdatasync the file's data and durably record its size/extents."""
@@ -1002,6 +1179,13 @@ class Store:
         A full scan: for tests and the admin CLI, not the request path."""
         from .check import check
         return check(self)
+
+
+def _not_local(ino: int, missing: list[tuple[int, int]]) -> StoreError:
+    """EAGAIN naming the ABSENT ranges: the caller fetches them (read-through) and retries."""
+    err = StoreError(errno.EAGAIN, f"inode {ino}: range not present locally")
+    err.missing = missing
+    return err
 
 
 def _keep_replaces(stored: RemoteInfo, new: RemoteInfo, overwritten: str | None = None) -> RemoteInfo:

@@ -37,7 +37,7 @@ READ_FETCH_WAIT = 10.0
 _OFFLOAD_WRITE_BYTES = 64 * 1024
 
 
-def _require_regular(obj) -> None:
+def require_regular(obj) -> None:
     """READ/WRITE/COMMIT need a regular file (RFC 8881 18.22.4, 18.32.4, 18.3.4)."""
     t = obj.attr.type
     if t == FileType.DIR:
@@ -48,7 +48,7 @@ def _require_regular(obj) -> None:
         raise NfsError(NFS4ERR_WRONG_TYPE)
 
 
-def _check_anonymous_io(ctx, obj, want: int) -> None:
+def check_anonymous_io(ctx, obj, want: int) -> None:
     """I/O without open state (special stateids) gets the mode-bit checks OPEN would
     have made (RFC 8881 8.2.3)."""
     if not permitted(obj.attr, who(ctx, obj), want):
@@ -57,36 +57,45 @@ def _check_anonymous_io(ctx, obj, want: int) -> None:
 
 async def op_read(ctx, args) -> READ4res:
     obj = current(ctx)
-    _require_regular(obj)
+    require_regular(obj)
     st = io_state(ctx, args.stateid, obj, write=False)
     if st is None:
-        _check_anonymous_io(ctx, obj, MAY_READ)
+        check_anonymous_io(ctx, obj, MAY_READ)
     # Size the buffer by what the file holds (it may grow meanwhile: then the read is
     # short and not eof, and the client asks again).
     count = max(0, min(args.count, fattr.MAX_IO, obj.attr.size - args.offset,
-                       _data_room(ctx)))
+                       data_room(ctx)))
     store = ctx.server.store
     buf = bytearray(count)
-    for attempt in range(_FETCH_ATTEMPTS + 1):
-        try:
-            n, eof = store.read_into(obj.ino, args.offset, memoryview(buf))
-            break
-        except StoreError as e:
-            if e.errno != errno.EAGAIN or not getattr(e, "missing", None):
-                raise nfs_error(e) from e
-            if attempt == _FETCH_ATTEMPTS or not await _fetch(ctx, obj.ino, e.missing):
-                raise NfsError(NFS4ERR_DELAY, "data not local yet") from e
+    n, eof = await with_read_through(ctx, obj.ino, store.read_into, obj.ino, args.offset,
+                                     memoryview(buf))
     data = memoryview(buf)[:n] if n < count else buf
     if count == 0:
         eof = args.offset >= obj.attr.size       # nothing asked: eof says where we are
     return READ4res(NFS4_OK, READ4resok(eof=bool(eof), data=data))
 
 
+async def with_read_through(ctx, ino: int, fn, *args, blocking_call: bool = False):
+    """fn(*args), a store call that raises StoreError(EAGAIN) with `.missing` ranges of
+    `ino` that are not local: fetch them through the read-through hook and call again;
+    NFS4ERR_DELAY when they do not come. blocking_call: run fn off the event loop."""
+    for attempt in range(_FETCH_ATTEMPTS + 1):
+        try:
+            if blocking_call:
+                return await blocking(ctx, fn, *args)
+            return fn(*args)
+        except StoreError as e:
+            if e.errno != errno.EAGAIN or not getattr(e, "missing", None):
+                raise nfs_error(e) from e
+            if attempt == _FETCH_ATTEMPTS or not await _fetch(ctx, ino, e.missing):
+                raise NfsError(NFS4ERR_DELAY, "data not local yet") from e
+
+
 # READ4resok without its data: op number, status, eof, data length, padding.
 _READ_RES_OVERHEAD = 20
 
 
-def _data_room(ctx) -> int:
+def data_room(ctx) -> int:
     """At most what the session's max response size leaves for READ's data: a READ
     asking for more gets a short read, not NFS4ERR_REP_TOO_BIG (RFC 8881 18.22.3)."""
     room = ctx.extra.get("reply_room")
@@ -115,11 +124,11 @@ async def _fetch(ctx, ino: int, ranges) -> bool:
 
 async def op_write(ctx, args) -> WRITE4res:
     obj = current(ctx)
-    _require_regular(obj)
+    require_regular(obj)
     require_writable_fs(obj)
     st = io_state(ctx, args.stateid, obj, write=True)
     if st is None:
-        _check_anonymous_io(ctx, obj, MAY_WRITE)
+        check_anonymous_io(ctx, obj, MAY_WRITE)
     data = args.data
     if args.offset + len(data) > fattr.MAX_FILESIZE:
         raise NfsError(NFS4ERR_FBIG)
@@ -139,7 +148,7 @@ async def op_write(ctx, args) -> WRITE4res:
 
 async def op_commit(ctx, args) -> COMMIT4res:
     obj = current(ctx)
-    _require_regular(obj)
+    require_regular(obj)
     if args.offset + args.count > 2**64 - 1:
         raise NfsError(NFS4ERR_INVAL, "offset + count overflows")
     with store_errors():

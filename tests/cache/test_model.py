@@ -1,6 +1,7 @@
 """Stateful property test: the store against a plain in-memory model.
 
-Random sequences of create, mkdir, write at random offsets, truncate, rename (files and
+Random sequences of create, mkdir, write at random offsets, truncate, punch hole
+(deallocate), allocate, copy_range (COPY/CLONE), rename (files and
 directories, over existing targets), link, unlink/rmdir, open/close, commit, upload
 (mark_uploaded), evict, orderly reopen and crash-reopen; reads fill evicted ranges from
 the model's "S3" copy (read-through); after every step the whole tree is compared (readdir order and
@@ -132,6 +133,53 @@ class StoreModel(RuleBasedStateMachine):
         else:
             f.data.extend(bytes(size - len(f.data)))
         f.committed = size
+
+    @precondition(lambda self: self.files())
+    @rule(data=st.data(), offset=OFFSETS, length=st.integers(1, 12000))
+    def deallocate(self, data, offset, length):
+        """Punch a hole (NFSv4.2 DEALLOCATE): zeros below the size, the size stays."""
+        f = data.draw(st.sampled_from(self.files()))
+        self.store.deallocate(f.ino, offset, length)
+        end = min(offset + length, len(f.data))
+        if end > offset:
+            f.data[offset:end] = bytes(end - offset)
+
+    @precondition(lambda self: self.files())
+    @rule(data=st.data(), offset=OFFSETS, length=st.integers(1, 12000))
+    def allocate(self, data, offset, length):
+        """NFSv4.2 ALLOCATE: bytes unchanged; past the end, a truncate up."""
+        f = data.draw(st.sampled_from(self.files()))
+        self.store.allocate(f.ino, offset, length)
+        if offset + length > len(f.data):
+            f.data.extend(bytes(offset + length - len(f.data)))
+            f.committed = len(f.data)
+
+    @precondition(lambda self: self.files())
+    @rule(data=st.data(), dst_off=OFFSETS)
+    def copy_range(self, data, dst_off):
+        """NFSv4.2 COPY/CLONE: like a write of the source's bytes (read-through first)."""
+        src = data.draw(st.sampled_from(self.files()))
+        dst = data.draw(st.sampled_from(self.files()))
+        src_off = data.draw(st.integers(0, len(src.data)))
+        count = data.draw(st.integers(0, len(src.data) - src_off))
+        if src is dst and src_off < dst_off + count and dst_off < src_off + count:
+            self.expect_error(errno.EINVAL, self.store.copy_range, src.ino, dst.ino, src_off,
+                              dst_off, count)
+            return
+        for _ in range(100):
+            try:
+                self.store.copy_range(src.ino, dst.ino, src_off, dst_off, count)
+                break
+            except StoreError as e:
+                assert e.errno == errno.EAGAIN and e.missing and src.remote is not None
+                for off, length in e.missing:
+                    self.store.fill(src.ino, off, src.remote[off:off + length])
+        if count == 0:
+            return
+        piece = bytes(src.data[src_off:src_off + count])
+        if len(dst.data) < dst_off:
+            dst.data.extend(bytes(dst_off - len(dst.data)))
+        dst.data[dst_off:dst_off + count] = piece
 
     @precondition(lambda self: self.files())
     @rule(data=st.data())

@@ -5,7 +5,7 @@ Each VM boot runs one guest driver from tests/e2e/guest/ that checks several sce
 scenario each, so a failure names the scenario and carries the guest output, the guest kernel log
 and the server log.
 
-Default (CI): 5 boots (one of them the data path over vers=4.0), about 6-8 minutes of TCG time: semantics over vers=4.2 (tar in/out, links,
+Default (CI): 6 boots (one of them the data path over vers=4.0, one the 4.2 sparse/copy ops), about 7-9 minutes of TCG time: semantics over vers=4.2 (tar in/out, links,
 truncate, chmod, df, 2,000 entries), data over vers=4.1 (256 MiB dd + checksum, checkpoint
 pattern, `latest` rename race), a server restart between unmount and remount, a bad export.
 CKPTGW_KCLIENT_FULL=1: semantics over 4.1 as well, 10,000 entries, a 1 GiB dd, a bigger checkpoint.
@@ -105,6 +105,23 @@ def data40_run(nfs_server):
 @pytest.mark.parametrize("scenario", ["mount-vers", "dd-fsync-readback", "checkpoint", "checkpoint-readback", "latest-race"])
 def test_data_vers40(data40_run, scenario):
     data40_run.assert_scenario(scenario)
+
+
+@pytest.fixture(scope="module")
+def v42_run(nfs_server):
+    return boot(nfs_server, "v42.sh", vers="4.2", timeout=900)
+
+
+@pytest.mark.parametrize("scenario", ["mount-vers", "punch-hole", "seek-data-hole", "reflink", "copy"])
+def test_v42_sparse_and_copy(v42_run, scenario):
+    """fallocate --punch-hole, lseek SEEK_DATA/SEEK_HOLE, cp --reflink=always, copy_file_range.
+    punch-hole and SEEK have no client-side fallback (a server without them fails the check);
+    copy_file_range does, so the server's log must show the COPY (and the CLONE) it served."""
+    v42_run.assert_scenario(scenario)
+    if scenario in ("reflink", "copy") and os.environ.get("CKPTGW_E2E_SERVER", "ckptgw") == "ckptgw":
+        op = "CLONE" if scenario == "reflink" else "COPY"
+        log = v42_run.server.log_path.read_text(errors="replace")
+        assert re.search(rf"server_side_copy .*op={op}\b", log), f"no {op} in the server log"
 
 
 @pytest.mark.timeout(900)

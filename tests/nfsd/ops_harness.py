@@ -15,11 +15,11 @@ from nfsd.errors import NfsError
 from nfsd.exports import AUTH_SYS, Export, Exports
 from nfsd.openstate import OpenStateTable
 from nfsd.ops import (attrs, filehandle, io, lock, namespace, open as open_ops, readdir, secinfo,
-                      stateid)
+                      stateid, v42)
 from nfsd.xdr.nfs4 import *  # noqa: F401,F403
 
 HANDLERS = {}
-for _m in (attrs, filehandle, io, lock, namespace, open_ops, readdir, secinfo, stateid):
+for _m in (attrs, filehandle, io, lock, namespace, open_ops, readdir, secinfo, stateid, v42):
     HANDLERS.update(_m.HANDLERS)
 
 ROOT = Cred(AUTH_SYS, uid=0, gid=0, gids=(0,))
