@@ -25,9 +25,20 @@ class StoreError(OSError):
 
 
 class FileType(IntEnum):
+    """Values are NFSv4's nfs_ftype4. BLK/CHR/SOCK/FIFO are special files: an inode with a
+    type (and, for devices, an rdev) that is never opened for I/O and has no bytes."""
     REG = 1
     DIR = 2
+    BLK = 3
+    CHR = 4
     LNK = 5
+    SOCK = 6
+    FIFO = 7
+
+
+SPECIAL_TYPES = frozenset((FileType.BLK, FileType.CHR, FileType.SOCK, FileType.FIFO))
+DEVICE_TYPES = frozenset((FileType.BLK, FileType.CHR))
+RDEV_MAX = 0xFFFFFFFF       # major and minor each (NFS specdata4 is two uint32s)
 
 
 class DataState(IntEnum):
@@ -58,6 +69,7 @@ class Attr:
     data_state: DataState = DataState.CLEAN
     pinned: bool = False
     data_seq: int = 0        # changes with the file's bytes (write, truncate), not with metadata
+    rdev: tuple[int, int] = (0, 0)   # (major, minor) of a block or character device
 
 
 @dataclass(slots=True)

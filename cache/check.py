@@ -5,7 +5,7 @@ A full scan (admin CLI and tests only). Returns human-readable problems; [] = co
 from __future__ import annotations
 
 from . import extents
-from .api import DataState, FileType, ROOT_INO
+from .api import DEVICE_TYPES, DataState, FileType, ROOT_INO
 from .index import DIRENT, F_PINNED, F_UNCOMMITTED, U64, U64x2, Inode
 
 
@@ -65,8 +65,13 @@ def check(store) -> list[str]:
             p("root inode missing")
         used = dirty_bytes = 0
         data_inos = set(data.all_inos())
+        types = {int(t) for t in FileType}
         for ino, rec in inodes.items():
             nl = len(links.get(ino, ()))
+            if rec.type not in types:
+                p(f"inode {ino}: unknown type {rec.type}")
+            elif (rec.rdev_major or rec.rdev_minor) and rec.type not in DEVICE_TYPES:
+                p(f"inode {ino}: rdev {rec.rdev_major},{rec.rdev_minor} on a non-device")
             if rec.type == FileType.DIR:
                 want = 2 + subdirs.get(ino, 0)
                 if rec.nlink != want:

@@ -12,7 +12,7 @@ Keys are big-endian so cursor order is numeric order. Named databases:
 
   meta      b"format" -> FORMAT; counters (next_ino, next_job, used, dirty, opens) u64;
             b"instance" -> 16 random bytes; b"clock" -> u64 high-water of the store clock
-  inodes    ino -> Inode record (struct, see INODE)
+  inodes    ino -> Inode record (struct, see INODE; devices carry rdev major/minor in it)
   dirents   parent+name -> child ino, cookie, type      (LOOKUP = one get)
   cookies   parent+cookie -> name                        (READDIR = one cursor walk)
   links     ino+parent+name -> b""                       (reverse map: path_of, checks)
@@ -26,6 +26,9 @@ Keys are big-endian so cursor order is numeric order. Named databases:
                                 the inode's activity_ns on the store's own clock (clock.py),
                                 never by the client-settable mtime (format 2; format 1
                                 keyed by mtime and is upgraded at open)
+Format 3 added special files (inode types BLK/CHR/SOCK/FIFO, rdev appended to the inode
+record); a format 2 store opens unchanged (its records read as rdev 0) and is marked 3, so
+an older ckptgw, which cannot read those types, refuses it instead of misreading it.
   lru       lru_ns+ino -> b""   CLEAN files with local bytes (eviction order)
   orphans   ino -> b""     inodes to reclaim: unlinked while open, or data file not yet removed
   drops     ino -> b""     evicted files whose data file may still exist: recovery removes it
@@ -55,8 +58,9 @@ from .clock import HIGH_WATER_STEP, StoreClock
 
 log = structlog.get_logger(__name__)
 
-FORMAT = b"ckptgw-store/2"
+FORMAT = b"ckptgw-store/3"
 FORMAT_V1 = b"ckptgw-store/1"     # inode records without activity_ns, ready keyed by mtime
+FORMAT_V2 = b"ckptgw-store/2"     # no special files, inode records without rdev
 MAP_SIZE = 64 << 30           # sparse; LMDB only uses what it writes
 DB_NAMES = (b"meta", b"inodes", b"dirents", b"cookies", b"links", b"extents", b"symlinks",
             b"dirty", b"unsettled", b"ready", b"lru", b"orphans", b"remote", b"pins",
@@ -77,7 +81,9 @@ DIRTY_STATES = (DataState.DIRTY, DataState.QUEUED, DataState.UPLOADING)
 #: (data_seq took 4 bytes that were padding: records written before it read as 0)
 INODE_V1 = struct.Struct("<BBBxIIIIQQQqqqQQIIQQ")
 #: format 2 appends activity_ns; a V1 record (format 1, until rewritten) reads as 0
-INODE = struct.Struct(INODE_V1.format + "Q")
+INODE_V2 = struct.Struct(INODE_V1.format + "Q")
+#: format 3 appends rdev major, minor; shorter records (until rewritten) read as 0, 0
+INODE = struct.Struct(INODE_V2.format + "II")
 _DATA_SEQ_FIELD = 16
 
 
@@ -108,29 +114,37 @@ class Inode:
     # The store clock (clock.py) at the file's last write, truncate, commit or last
     # writer's close: the settle window runs from here. Never the client-settable mtime.
     activity_ns: int = 0
+    rdev_major: int = 0
+    rdev_minor: int = 0
 
     def pack(self) -> bytes:
         return INODE.pack(self.type, self.state, self.flags, self.mode, self.nlink, self.uid,
                           self.gid, self.size, self.committed_size, self.local_bytes,
                           self.atime_ns, self.mtime_ns, self.ctime_ns, self.change,
                           self.parent, self.gen, self.data_seq, self.next_cookie, self.lru_ns,
-                          self.activity_ns)
+                          self.activity_ns, self.rdev_major, self.rdev_minor)
 
     @classmethod
     def unpack(cls, ino: int, buf) -> "Inode":
         if len(buf) == INODE_V1.size:
-            fields = list(INODE_V1.unpack(buf)) + [0]
+            fields = list(INODE_V1.unpack(buf)) + [0, 0, 0]
+        elif len(buf) == INODE_V2.size:
+            fields = list(INODE_V2.unpack(buf)) + [0, 0]
         else:
             fields = list(INODE.unpack(buf))
+        minor = fields.pop()
+        major = fields.pop()
         activity = fields.pop()
         data_seq = fields.pop(_DATA_SEQ_FIELD)
-        return cls(*fields, ino=ino, data_seq=data_seq, activity_ns=activity)
+        return cls(*fields, ino=ino, data_seq=data_seq, activity_ns=activity,
+                   rdev_major=major, rdev_minor=minor)
 
     def copy(self) -> "Inode":
         return Inode(self.type, self.state, self.flags, self.mode, self.nlink, self.uid,
                      self.gid, self.size, self.committed_size, self.local_bytes, self.atime_ns,
                      self.mtime_ns, self.ctime_ns, self.change, self.parent, self.gen,
-                     self.next_cookie, self.lru_ns, self.ino, self.data_seq, self.activity_ns)
+                     self.next_cookie, self.lru_ns, self.ino, self.data_seq, self.activity_ns,
+                     self.rdev_major, self.rdev_minor)
 
     def bump_data_seq(self) -> None:
         self.data_seq = (self.data_seq + 1) & 0xFFFFFFFF
@@ -158,7 +172,8 @@ class Inode:
         return Attr(self.ino, self.gen, FileType(self.type), self.mode, self.nlink, self.uid,
                     self.gid, self.size, self.local_bytes, self.atime_ns, self.mtime_ns,
                     self.ctime_ns, self.change, self.parent, DataState(self.state),
-                    bool(self.flags & F_PINNED), self.data_seq)
+                    bool(self.flags & F_PINNED), self.data_seq,
+                    (self.rdev_major, self.rdev_minor))
 
 
 def ready_key(rec: Inode) -> bytes:
@@ -443,8 +458,10 @@ class Index:
             self.clock_high_water = v.counter(b"clock") or time.time_ns()
         self.txnid = self.env.info()["last_txnid"]
         self.clock = StoreClock(self.clock_high_water)
-        if self._upgrade:
+        if self._upgrade_from == FORMAT_V1:
             self._upgrade_v1()
+        elif self._upgrade_from == FORMAT_V2:
+            self._mark_format(FORMAT_V2)
 
     def _upgrade_v1(self) -> None:
         """Format 1 -> 2 in one transaction (a crash leaves format 1, and the upgrade runs
@@ -466,8 +483,16 @@ class Index:
         log.info("store.upgraded", path=self.path, frm=FORMAT_V1.decode(), to=FORMAT.decode(),
                  dirty_files=len(todo))
 
+    def _mark_format(self, frm: bytes) -> None:
+        """Format 2 -> 3: nothing to rewrite (short inode records read as rdev 0); the new
+        mark keeps an older ckptgw from opening a store that may hold special files."""
+        with self.write() as w:
+            w.txn.put(b"format", FORMAT, db=self.meta)
+        self.env.sync(True)
+        log.info("store.upgraded", path=self.path, frm=frm.decode(), to=FORMAT.decode())
+
     def _check_format(self, existing: bool) -> None:
-        self._upgrade = False
+        self._upgrade_from = None
         with self.env.begin() as txn:
             names = [bytes(k) for k in txn.cursor().iternext(values=False)]
         if not names:
@@ -484,8 +509,8 @@ class Index:
         with self.env.begin() as txn:
             meta = self.env.open_db(b"meta", txn=txn, create=False)
             fmt = txn.get(b"format", db=meta)
-        if fmt is not None and bytes(fmt) == FORMAT_V1:
-            self._upgrade = True         # done once the databases are open
+        if fmt is not None and bytes(fmt) in (FORMAT_V1, FORMAT_V2):
+            self._upgrade_from = bytes(fmt)      # done once the databases are open
             return
         if fmt is None or bytes(fmt) != FORMAT:
             found = None if fmt is None else bytes(fmt).decode("ascii", "replace")

@@ -10,10 +10,13 @@ from __future__ import annotations
 import errno
 import time
 
-from .api import (ChangeInfo, DataState, FileType, NAME_MAX, ROOT_INO, SYMLINK_MAX, StoreError)
+from .api import (DEVICE_TYPES, RDEV_MAX, SPECIAL_TYPES, ChangeInfo, DataState, FileType,
+                  NAME_MAX, ROOT_INO, SYMLINK_MAX, StoreError)
 from .index import FIRST_COOKIE, Inode, Writer
 
-TYPE_NAMES = {FileType.REG: "reg", FileType.DIR: "dir", FileType.LNK: "lnk"}
+TYPE_NAMES = {FileType.REG: "reg", FileType.DIR: "dir", FileType.LNK: "lnk",
+              FileType.BLK: "blk", FileType.CHR: "chr", FileType.SOCK: "sock",
+              FileType.FIFO: "fifo"}
 
 
 def validate_name(name: bytes) -> None:
@@ -145,6 +148,28 @@ class Namespace:
             w.queue_put({"kind": "ns", "op": "symlink", "ino": rec.ino, "type": "lnk",
                          "new_path": entry_path(w, parent, name),
                          "target": bytes(target).decode("utf-8", "surrogateescape")})
+        return rec, cinfo
+
+    def mknod(self, w: Writer, parent: int, name: bytes, typ: int, mode: int, uid: int,
+              gid: int, rdev: tuple[int, int] = (0, 0), *, journal: bool = True):
+        """A special file (block/character device, socket, FIFO): an inode with no bytes;
+        devices keep rdev. journal=False: no change-journal job (imported from S3)."""
+        validate_name(name)
+        if typ not in SPECIAL_TYPES:
+            raise StoreError(errno.EINVAL, f"mknod of type {typ}: not a special file type")
+        major, minor = rdev if typ in DEVICE_TYPES else (0, 0)
+        if not (0 <= major <= RDEV_MAX and 0 <= minor <= RDEV_MAX):
+            raise StoreError(errno.EINVAL, f"rdev {rdev} out of range")
+        pd = w.must_dir(parent)
+        if w.dirent(parent, name) is not None:
+            raise StoreError(errno.EEXIST, f"{bytes(name)!r} exists")
+        rec, cinfo = self._make(w, pd, name, typ, mode, uid, gid)
+        old = rec.copy()
+        rec.rdev_major, rec.rdev_minor = major, minor
+        w.put_inode(rec, old)
+        if journal:
+            w.queue_put({"kind": "ns", "op": "mknod", "ino": rec.ino, "type": TYPE_NAMES[typ],
+                         "new_path": entry_path(w, parent, name)})
         return rec, cinfo
 
     def link(self, w: Writer, ino: int, new_parent: int, new_name: bytes):

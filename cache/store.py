@@ -322,6 +322,14 @@ class Store:
             rec, cinfo = self.ns.symlink(w, parent, name, target, mode, uid, gid)
         return rec.attr(), cinfo
 
+    def mknod(self, parent: int, name: bytes, typ: FileType, mode: int, uid: int, gid: int,
+              rdev: tuple[int, int] = (0, 0)) -> tuple[Attr, ChangeInfo]:
+        """A block/character device (with rdev), socket or FIFO: never opened for I/O by the
+        store (read/write/truncate of it fail like a directory's). EINVAL for other types."""
+        with self.ix.write() as w:
+            rec, cinfo = self.ns.mknod(w, parent, name, typ, mode, uid, gid, rdev)
+        return rec.attr(), cinfo
+
     def readlink(self, ino: int) -> bytes:
         """EINVAL if not a symlink."""
         with self.ix.read() as v:
@@ -1035,6 +1043,22 @@ class Store:
             w.put_inode(rec, old)
         return rec.attr()
 
+    def import_special(self, path: str, typ: FileType, rdev: tuple[int, int], mode: int,
+                       uid: int, gid: int, mtime_ns: int) -> Attr | None:
+        """Add a special file mirrored in S3 (creating parent dirs). Like import_symlink: never
+        overrides an existing name (returns None then), not journaled."""
+        parts = _import_parts(path)
+        with self.ix.write() as w:
+            parent = self._import_parent(w, parts, uid, gid)
+            if parent is None:
+                return None
+            rec, _ = self.ns.mknod(w, parent, parts[-1], typ, mode, uid, gid, rdev,
+                                   journal=False)
+            old = rec.copy()
+            rec.mtime_ns = mtime_ns
+            w.put_inode(rec, old)
+        return rec.attr()
+
     def _import_parent(self, w, parts: list[bytes], uid: int, gid: int) -> int | None:
         """The directory an imported name goes into (made as needed), or None when a component
         is a local non-directory or the name itself exists: local data always wins."""
@@ -1066,7 +1090,7 @@ class Store:
     # durable work queue (the uploader's jobs; opaque dicts to the store).
     # The store itself appends a change-journal job in the SAME transaction as each namespace
     # op the uploader must mirror, so nothing is lost between the op and the queue:
-    #   {"kind": "ns", "op": "rename", "ino": I, "type": "reg|dir|lnk", "old_path": P,
+    #   {"kind": "ns", "op": "rename", "ino": I, "type": "reg|dir|lnk|blk|chr|sock|fifo", "old_path": P,
     #    "new_path": Q, "replaced": T or None}
     #   {"kind": "ns", "op": "unlink"|"rmdir", "ino": I, "type": ..., "old_path": P,
     #    "last_link": bool[, "replaced_by": S]}  (a rename's replaced target: queued BEFORE
@@ -1074,6 +1098,7 @@ class Store:
     #   {"kind": "ns", "op": "mkdir", "ino": I, "type": "dir", "new_path": P}
     #   {"kind": "ns", "op": "link", "ino": I, "type": ..., "old_path": P, "new_path": Q}
     #   {"kind": "ns", "op": "symlink", "ino": I, "type": "lnk", "new_path": P, "target": T}
+    #   {"kind": "ns", "op": "mknod", "ino": I, "type": "blk|chr|sock|fifo", "new_path": P}
     # (paths export-relative). Whether S3 needs work for it is the uploader's business.
     # Queue calls are not synced by themselves: call sync() when the job must be durable.
     def queue_put(self, job: dict) -> int:

@@ -73,11 +73,11 @@ def op(opnum: int, args=None):
 ATTR_TYPES = {
     FATTR4_TYPE: fattr4_type, FATTR4_CHANGE: fattr4_change, FATTR4_SIZE: fattr4_size,
     FATTR4_FILEID: fattr4_fileid, FATTR4_MODE: fattr4_mode, FATTR4_NUMLINKS: fattr4_numlinks,
-    FATTR4_TIME_MODIFY: fattr4_time_modify,
+    FATTR4_TIME_MODIFY: fattr4_time_modify, FATTR4_RAWDEV: fattr4_rawdev,
 }
 ATTR_NAMES = {FATTR4_TYPE: "type", FATTR4_CHANGE: "change", FATTR4_SIZE: "size",
               FATTR4_FILEID: "fileid", FATTR4_MODE: "mode", FATTR4_NUMLINKS: "numlinks",
-              FATTR4_TIME_MODIFY: "mtime"}
+              FATTR4_TIME_MODIFY: "mtime", FATTR4_RAWDEV: "rawdev"}
 BASIC_ATTRS = (FATTR4_TYPE, FATTR4_CHANGE, FATTR4_SIZE, FATTR4_FILEID, FATTR4_MODE,
                FATTR4_NUMLINKS, FATTR4_TIME_MODIFY)
 

@@ -6,7 +6,8 @@ merged or overwritten; so is an object whose parent path is a local file. Only n
 gateway does not know are added, as ABSENT files carrying the object's size, ETag and the
 s3fs metadata (x-amz-meta-mode/uid/gid/mtime; defaults 0644, 0:0 and the object's
 LastModified when absent). Directory markers ("dir/") become directories, objects marked
-S_IFLNK (s3fs's symbolic links, as the uploader writes them) become symlinks. Keys that
+S_IFLNK (s3fs's symbolic links, as the uploader writes them) become symlinks, objects
+marked S_IFBLK/S_IFCHR (with x-amz-meta-rdev)/S_IFSOCK/S_IFIFO special files. Keys that
 cannot be paths (empty or "."/".." components, "//", names over 255 bytes) are skipped and
 counted. Import is not journaled by the store, so it causes no S3 traffic by itself.
 """
@@ -21,7 +22,7 @@ import structlog
 from cache.api import ROOT_INO, SYMLINK_MAX, FileType, RemoteInfo, StoreError
 
 from .gate import RequestGate
-from .keys import KeyMap, attrs_from_metadata, is_symlink_metadata
+from .keys import KeyMap, attrs_from_metadata, is_symlink_metadata, special_of_metadata
 from .manifest import is_manifest_key
 from .objectclient import ObjectClient
 
@@ -33,6 +34,7 @@ class ImportReport:
     imported: int = 0
     directories: int = 0
     symlinks: int = 0
+    special: int = 0             # devices, sockets, FIFOs
     skipped_existing: int = 0
     skipped_invalid: list[str] = field(default_factory=list)
 
@@ -80,6 +82,11 @@ async def import_prefix(store, client: ObjectClient, keys: KeyMap, gate: Request
                 attr = await asyncio.to_thread(store.import_symlink, path, target, mode, uid, gid, mtime_ns)
                 if attr is not None:
                     report.symlinks += 1
+            elif (special := special_of_metadata(head.metadata)) is not None:
+                attr = await asyncio.to_thread(store.import_special, path, special[0], special[1], mode,
+                                               uid, gid, mtime_ns)
+                if attr is not None:
+                    report.special += 1
             else:
                 remote = RemoteInfo(key=path, etag=head.etag, checksum=head.checksum, size=head.size)
                 attr = await asyncio.to_thread(store.import_object, path, head.size, mode, uid, gid, mtime_ns,
@@ -94,6 +101,6 @@ async def import_prefix(store, client: ObjectClient, keys: KeyMap, gate: Request
             report.imported += 1
     await asyncio.to_thread(store.sync)
     log.info("import_done", prefix=keys.prefix, imported=report.imported, directories=report.directories,
-             symlinks=report.symlinks,
+             symlinks=report.symlinks, special=report.special,
              skipped_existing=report.skipped_existing, skipped_invalid=len(report.skipped_invalid))
     return report

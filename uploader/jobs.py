@@ -4,7 +4,7 @@ Jobs live in the store's durable queue (opaque dicts there). Two kinds:
   {"kind": "upload", "ino": I, "change": C, "data_seq": D, "t": enqueue unix time,
    + while multipart is in progress: "key", "upload_id", "part_size", "upload_change",
      "upload_data_seq"}
-  {"kind": "ns", "op": "rename"|"unlink"|"mkdir"|"rmdir"|"symlink"|"link", ...}   appended by the store itself
+  {"kind": "ns", "op": "rename"|"unlink"|"mkdir"|"rmdir"|"symlink"|"mknod"|"link", ...}   appended by the store itself
       in the same transaction as the namespace op (see cache/store.py at queue_put).
 
 Order: S3 replays the namespace history per path. Keys are export-relative paths: exact
@@ -51,7 +51,7 @@ def ns_keys(job: dict) -> list[KeyRef]:
         return [KeyRef(old), KeyRef(new)]
     if op == "unlink":
         return [KeyRef(old)]
-    if op == "symlink":
+    if op in ("symlink", "mknod"):
         return [KeyRef(new)]
     if op == "mkdir":
         return [KeyRef((new or old).rstrip("/") + "/")]

@@ -1,7 +1,10 @@
 """Object keys, s3fs-compatible metadata and the multipart part plan.
 
 Key = bucket prefix + export-relative path; a directory is the marker object "path/"; a
-symbolic link is an object whose body is the link's target (mode S_IFLNK), as s3fs stores one.
+symbolic link is an object whose body is the link's target (mode S_IFLNK), as s3fs stores one;
+a device, socket or FIFO is an empty object whose mode carries S_IFBLK/S_IFCHR/S_IFSOCK/
+S_IFIFO, devices with x-amz-meta-rdev (st_rdev in decimal, Linux's makedev encoding), as
+s3fs's mknod records them.
 Metadata uses s3fs-fuse's names so a bucket written here mounts with s3fs and back:
 x-amz-meta-mode (st_mode in decimal, file type bits included), -uid, -gid, -mtime
 (seconds, with nanoseconds after a dot when not whole). Our own keys name the inode the
@@ -10,7 +13,10 @@ so a move or delete can check it acts on our object.
 """
 from __future__ import annotations
 
+import os
 import stat
+
+from cache.api import DEVICE_TYPES, FileType
 
 from .settings import MiB, S3_MAX_PARTS
 
@@ -21,6 +27,13 @@ STORE_META = "ckptgw-store"
 GEN_META = "ckptgw-gen"      # the inode's generation: (store, ino, gen) never names two files
 SEQ_META = "ckptgw-seq"      # the data sequence of the bytes the object holds
 DIR_CONTENT_TYPE = "application/x-directory"
+
+#: st_mode file-type bits of the inode types kept as an object of their own, besides
+#: directories' markers (a regular file's object holds its bytes)
+NODE_KINDS = {FileType.LNK: stat.S_IFLNK, FileType.BLK: stat.S_IFBLK, FileType.CHR: stat.S_IFCHR,
+              FileType.SOCK: stat.S_IFSOCK, FileType.FIFO: stat.S_IFIFO}
+#: journal job "type" names of those inodes (cache.namespace.TYPE_NAMES)
+NODE_JOB_TYPES = frozenset(("lnk", "blk", "chr", "sock", "fifo"))
 
 
 class KeyMap:
@@ -72,14 +85,36 @@ def parse_mtime(value: str | None, default_ns: int) -> int:
         return default_ns
 
 
-def object_metadata(attr, *, is_dir: bool, is_link: bool = False, store_id: str = "") -> dict[str, str]:
-    kind = stat.S_IFDIR if is_dir else stat.S_IFLNK if is_link else stat.S_IFREG
+def object_metadata(attr, *, is_dir: bool, store_id: str = "") -> dict[str, str]:
+    kind = stat.S_IFDIR if is_dir else NODE_KINDS.get(attr.type, stat.S_IFREG)
     meta = {"mode": str(kind | (attr.mode & 0o7777)), "uid": str(attr.uid), "gid": str(attr.gid),
             "mtime": mtime_str(attr.mtime_ns), INO_META: str(attr.ino), GEN_META: str(attr.gen),
             SEQ_META: str(attr.data_seq)}
     if store_id:
         meta[STORE_META] = store_id
+    if attr.type in DEVICE_TYPES:
+        meta["rdev"] = str(os.makedev(*attr.rdev))
     return meta
+
+
+def special_of_metadata(meta: dict[str, str]) -> tuple[FileType, tuple[int, int]] | None:
+    """(type, (major, minor)) when s3fs-style metadata marks a device, socket or FIFO; the
+    rdev of a device without a parsable x-amz-meta-rdev is (0, 0)."""
+    try:
+        fmt = stat.S_IFMT(int(meta.get("mode", "")))
+    except ValueError:
+        return None
+    typ = next((t for t, k in NODE_KINDS.items() if k == fmt and t != FileType.LNK), None)
+    if typ is None:
+        return None
+    rdev = (0, 0)
+    if typ in DEVICE_TYPES:
+        try:
+            dev = int(meta.get("rdev", "0"))
+            rdev = (os.major(dev), os.minor(dev)) if 0 <= dev < 1 << 64 else (0, 0)
+        except (ValueError, OverflowError):
+            pass
+    return typ, rdev
 
 
 def is_symlink_metadata(meta: dict[str, str]) -> bool:

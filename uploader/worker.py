@@ -19,7 +19,8 @@ import structlog
 from cache.api import DataState, FileType, RemoteInfo, StoreError
 
 from .gate import RequestGate
-from .keys import DIR_CONTENT_TYPE, INO_META, STORE_META, KeyMap, object_metadata, part_ranges, part_size_for
+from .keys import (DIR_CONTENT_TYPE, INO_META, NODE_JOB_TYPES, STORE_META, KeyMap, object_metadata, part_ranges,
+                   part_size_for)
 from .objectclient import (NotFoundError, ObjectClient, PartInfo, PermanentError, PreconditionFailedError,
                            PutResult, TransientError, checksum_b64)
 from .manifest import manifest_path
@@ -125,9 +126,9 @@ class Worker:
             raise
 
     def _job_remote(self, job: dict) -> RemoteInfo | None:
-        """What the store recorded of the file's upload; None for a symlink, whose object
-        (put by its symlink job) is found by its inode metadata instead."""
-        return None if job.get("type") == "lnk" else self._remote(job["ino"])
+        """What the store recorded of the file's upload; None for a symlink or special file,
+        whose object (put by its symlink/mknod job) is found by its inode metadata instead."""
+        return None if job.get("type") in NODE_JOB_TYPES else self._remote(job["ino"])
 
     # ---- upload ------------------------------------------------------------------------
     async def upload(self, job_id: int, job: dict, progress_cb, expected_path: str | None = None) -> str:
@@ -422,8 +423,8 @@ class Worker:
             return await self._delete_file(job)
         if op == "link":
             return "nothing-to-do"        # a hard link shares the object of its first name
-        if op == "symlink":
-            return await self._put_symlink(job)
+        if op in ("symlink", "mknod"):
+            return await self._put_node(job)
         if op == "mkdir":
             return await self._put_dir_marker(job)
         if op == "rmdir":
@@ -616,7 +617,7 @@ class Worker:
             cur = tuple(job["object"]) if job.get("object") else None
         if cur is not None and cur[0] == old:
             etag = cur[1]
-        elif cur is None and job.get("type") != "lnk" and remote is not None:
+        elif cur is None and job.get("type") not in NODE_JOB_TYPES and remote is not None:
             return "never-uploaded"
         else:
             info = await self._is_ours(old, ino)
@@ -635,24 +636,28 @@ class Worker:
         log.info("unlinked_object", ino=ino, path=old, etag=etag, outcome=outcome)
         return outcome
 
-    async def _put_symlink(self, job: dict) -> str:
-        """A symbolic link as s3fs stores one: the target is the body, mode says S_IFLNK. Sent
-        under the name it was made with; later renames and unlinks are jobs of their own that
-        find it there by its inode metadata."""
+    async def _put_node(self, job: dict) -> str:
+        """A symbolic link or special file as s3fs stores one: a link's body is its target,
+        a device's, socket's or FIFO's is empty; the mode's type bits say which (devices add
+        rdev). Sent under the name it was made with; later renames and unlinks are jobs of
+        their own that find it there by its inode metadata."""
         path, ino = job["new_path"], job["ino"]
         try:
             attr = self.store.getattr(ino)
-            target = self.store.readlink(ino)
+            body = self.store.readlink(ino) if attr.type == FileType.LNK else b""
         except StoreError as e:
             if e.errno in (errno.ESTALE, errno.ENOENT, errno.EINVAL):
                 return "gone"
             raise
+        if attr.type == FileType.DIR or attr.type == FileType.REG:
+            return "gone"                 # the inode number cannot have been reused: defensive
         key = self.keys.file_key(path)
-        meta = object_metadata(attr, is_dir=False, is_link=True, store_id=self.store_id)
+        meta = object_metadata(attr, is_dir=False, store_id=self.store_id)
         await self.gate.call("PutObject", lambda: self.client.put_object(
-            key, target, metadata=meta, checksum=checksum_b64(self.algorithm, target)), what=key)
-        log.info("symlink_put", ino=ino, key=key)
-        return "symlink-put"
+            key, body, metadata=meta, checksum=checksum_b64(self.algorithm, body)), what=key)
+        kind = "symlink" if attr.type == FileType.LNK else "special"
+        log.info(f"{kind}_put", ino=ino, key=key, type=attr.type.name)
+        return f"{kind}-put"
 
     async def _put_dir_marker(self, job: dict) -> str:
         """The marker "path/" of a directory, under its CURRENT path (like an upload), and

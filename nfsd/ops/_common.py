@@ -24,7 +24,7 @@ from nfsd.xdr.nfs4 import (
     NFS4ERR_ISDIR, NFS4ERR_STALE_CLIENTID,
     NFS4ERR_LOCKED, NFS4ERR_MLINK, NFS4ERR_NAMETOOLONG, NFS4ERR_NOENT, NFS4ERR_NOFILEHANDLE,
     NFS4ERR_NOSPC, NFS4ERR_NOTDIR, NFS4ERR_NOTEMPTY, NFS4ERR_NXIO, NFS4ERR_OPENMODE, NFS4ERR_PERM,
-    NFS4ERR_ROFS, NFS4ERR_STALE, NFS4ERR_SYMLINK, NFS4ERR_XDEV,
+    NFS4ERR_ROFS, NFS4ERR_STALE, NFS4ERR_SYMLINK, NFS4ERR_WRONG_TYPE, NFS4ERR_XDEV,
     SEQ4_STATUS_EXPIRED_ALL_STATE_REVOKED, change_info4,
 )
 
@@ -199,6 +199,22 @@ def require_dir(obj: Obj) -> None:
     if t == FileType.DIR:
         return
     raise NfsError(NFS4ERR_SYMLINK if t == FileType.LNK else NFS4ERR_NOTDIR)
+
+
+def require_regular(ctx, obj: Obj, *, v40_other: int = NFS4ERR_INVAL) -> None:
+    """An op that needs a regular file (OPEN, READ, WRITE, COMMIT, LOCK*): a directory
+    gets ISDIR and a symlink SYMLINK in both minor versions; any other type (device,
+    socket, FIFO) WRONG_TYPE in 4.1 (RFC 8881 18.16.3, 18.22.3, 18.32.3), an error 4.0
+    lacks: there RFC 7530 says INVAL for I/O (16.23.5, 16.36.5) and SYMLINK for OPEN
+    (16.16.5), chosen by `v40_other`."""
+    t = obj.attr.type
+    if obj.is_pseudo or t == FileType.DIR:
+        raise NfsError(NFS4ERR_ISDIR)
+    if t == FileType.LNK:
+        raise NfsError(NFS4ERR_SYMLINK)
+    if t != FileType.REG:
+        raise NfsError(NFS4ERR_WRONG_TYPE if ctx.minorversion >= 1 else v40_other,
+                       f"{t.name} file: not opened for I/O")
 
 
 def who(ctx, obj_or_export) -> EffectiveCred:

@@ -88,6 +88,11 @@ def setattr_request(ctx, obj: Obj, values: dict, *, stateid=None, creating: bool
         if cred.uid != 0 and not creating and not cred.in_group(attr.gid):
             mode &= ~0o2000           # as Linux: a non-member cannot set setgid
         sa.mode = mode
+    for bit in (FATTR4_OWNER, FATTR4_OWNER_GROUP):
+        if bit in values and not values[bit]:
+            # no name at all is an invalid argument, not an unknown name (pynfs SATT16/17,
+            # as Linux knfsd answers)
+            raise NfsError(NFS4ERR_INVAL, "empty owner or owner_group")
     if FATTR4_OWNER in values:
         uid = idmap.uid_of(values[FATTR4_OWNER])
         if uid is None:

@@ -12,15 +12,14 @@ import inspect
 
 import structlog
 
-from cache.api import FileType, StoreError
+from cache.api import StoreError
 from nfsd import attrs as fattr
 from nfsd.errors import NfsError
 from nfsd.exports import MAY_READ, MAY_WRITE, permitted
-from nfsd.ops._common import (blocking, current, io_state, nfs_error, require_writable_fs,
-                              store_errors, who)
+from nfsd.ops._common import (blocking, current, io_state, nfs_error, require_regular,
+                              require_writable_fs, store_errors, who)
 from nfsd.xdr.nfs4 import (
-    FILE_SYNC4, NFS4ERR_ACCESS, NFS4ERR_DELAY, NFS4ERR_FBIG, NFS4ERR_INVAL, NFS4ERR_ISDIR,
-    NFS4ERR_SYMLINK, NFS4ERR_WRONG_TYPE,
+    FILE_SYNC4, NFS4ERR_ACCESS, NFS4ERR_DELAY, NFS4ERR_FBIG, NFS4ERR_INVAL,
     NFS4_OK, OP_COMMIT, OP_READ, OP_WRITE, UNSTABLE4,
     COMMIT4res, COMMIT4resok, READ4res, READ4resok, WRITE4res, WRITE4resok,
 )
@@ -37,17 +36,6 @@ READ_FETCH_WAIT = 10.0
 _OFFLOAD_WRITE_BYTES = 64 * 1024
 
 
-def require_regular(obj) -> None:
-    """READ/WRITE/COMMIT need a regular file (RFC 8881 18.22.4, 18.32.4, 18.3.4)."""
-    t = obj.attr.type
-    if t == FileType.DIR:
-        raise NfsError(NFS4ERR_ISDIR)
-    if t == FileType.LNK:
-        raise NfsError(NFS4ERR_SYMLINK)
-    if t != FileType.REG:
-        raise NfsError(NFS4ERR_WRONG_TYPE)
-
-
 def check_anonymous_io(ctx, obj, want: int) -> None:
     """I/O without open state (special stateids) gets the mode-bit checks OPEN would
     have made (RFC 8881 8.2.3)."""
@@ -57,7 +45,7 @@ def check_anonymous_io(ctx, obj, want: int) -> None:
 
 async def op_read(ctx, args) -> READ4res:
     obj = current(ctx)
-    require_regular(obj)
+    require_regular(ctx, obj)
     st = io_state(ctx, args.stateid, obj, write=False)
     if st is None:
         check_anonymous_io(ctx, obj, MAY_READ)
@@ -124,7 +112,7 @@ async def _fetch(ctx, ino: int, ranges) -> bool:
 
 async def op_write(ctx, args) -> WRITE4res:
     obj = current(ctx)
-    require_regular(obj)
+    require_regular(ctx, obj)
     require_writable_fs(obj)
     st = io_state(ctx, args.stateid, obj, write=True)
     if st is None:
@@ -148,7 +136,7 @@ async def op_write(ctx, args) -> WRITE4res:
 
 async def op_commit(ctx, args) -> COMMIT4res:
     obj = current(ctx)
-    require_regular(obj)
+    require_regular(ctx, obj)
     if args.offset + args.count > 2**64 - 1:
         raise NfsError(NFS4ERR_INVAL, "offset + count overflows")
     with store_errors():

@@ -6,16 +6,15 @@ them, and reclaims get NFS4ERR_NO_GRACE like open reclaims. Blocking lock types
 """
 from __future__ import annotations
 
-from cache.api import FileType
 from nfsd.errors import NfsError
 from nfsd.openstate import (LOCK_READ, LOCK_WRITE, RANGE_END, SHARE_ACCESS_READ,
                             SHARE_ACCESS_WRITE, LockConflict, LockState, OpenState)
 from nfsd.ops._common import (clientid_of, current, expire_lapsed_holders, find_state,
-                              seqid_op, v40_client)
+                              require_regular, seqid_op, v40_client)
 from nfsd.owners import LOCK_OWNER, OPEN_OWNER
 from nfsd.xdr.nfs4 import (
-    NFS4ERR_BAD_STATEID, NFS4ERR_DENIED, NFS4ERR_INVAL, NFS4ERR_ISDIR, NFS4ERR_NO_GRACE,
-    NFS4ERR_OPENMODE, NFS4ERR_SYMLINK, NFS4ERR_WRONG_TYPE, NFS4_OK, NFS4_UINT64_MAX, OP_LOCK, OP_LOCKT, OP_LOCKU, READ_LT,
+    NFS4ERR_BAD_STATEID, NFS4ERR_DENIED, NFS4ERR_INVAL, NFS4ERR_NO_GRACE,
+    NFS4ERR_OPENMODE, NFS4_OK, NFS4_UINT64_MAX, OP_LOCK, OP_LOCKT, OP_LOCKU, READ_LT,
     READW_LT, WRITE_LT, WRITEW_LT,
     LOCK4denied, LOCK4res, LOCK4resok, LOCKT4res, LOCKU4res, lock_owner4,
 )
@@ -45,12 +44,7 @@ def _kind(locktype: int) -> int:
 
 def _regular_file(ctx):
     obj = current(ctx)
-    if obj.attr.type == FileType.DIR or obj.is_pseudo:
-        raise NfsError(NFS4ERR_ISDIR)
-    if obj.attr.type == FileType.LNK:
-        raise NfsError(NFS4ERR_SYMLINK)
-    if obj.attr.type != FileType.REG:
-        raise NfsError(NFS4ERR_WRONG_TYPE)
+    require_regular(ctx, obj)
     return obj
 
 

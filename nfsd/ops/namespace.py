@@ -1,5 +1,8 @@
 """CREATE LINK REMOVE RENAME READLINK (RFC 8881 sections 18.4, 18.9, 18.25, 18.26, 18.24).
 
+CREATE makes directories, symlinks and special files (block and character devices with
+their specdata4 rdev, sockets, FIFOs: FileType values are nfs_ftype4's).
+
 Every namespace change is one store call (RENAME included: atomic for files and whole
 directory trees) and is durable before the reply (`sync_namespace`).
 """
@@ -9,7 +12,7 @@ import stat
 
 import structlog
 
-from cache.api import FileType, StoreError
+from cache.api import DEVICE_TYPES, SPECIAL_TYPES, FileType, StoreError
 from nfsd import attrs as fattr
 from nfsd.errors import NfsError
 from nfsd.exports import MAY_WRITE, EffectiveCred, sticky_allows_delete
@@ -55,8 +58,8 @@ async def op_create(ctx, args) -> CREATE4res:
     parent = current(ctx)
     objtype = args.objtype.tag
     name = check_name(args.objname)
-    if objtype not in (NF4DIR, NF4LNK):
-        # Regular files are made by OPEN; devices, sockets and FIFOs are not stored.
+    if objtype not in (NF4DIR, NF4LNK, *SPECIAL_TYPES):
+        # Regular files are made by OPEN (NF4REG, NF4ATTRDIR, NF4NAMEDATTR: BADTYPE).
         raise NfsError(NFS4ERR_BADTYPE, f"cannot create objects of type {objtype}")
     cred = require_dir_modify(ctx, parent)
     values = fattr.decode(args.createattrs, allowed=CREATE_ATTRS)
@@ -66,6 +69,11 @@ async def op_create(ctx, args) -> CREATE4res:
         if objtype == NF4DIR:
             mode = values.get(FATTR4_MODE, 0o755) | (parent.attr.mode & stat.S_ISGID)
             attr, ci = store.mkdir(parent.ino, name, mode, uid, gid)
+        elif objtype in SPECIAL_TYPES:
+            dev = args.objtype.value if objtype in DEVICE_TYPES else None
+            rdev = (dev.specdata1, dev.specdata2) if dev is not None else (0, 0)
+            attr, ci = store.mknod(parent.ino, name, FileType(objtype),
+                                   values.get(FATTR4_MODE, 0o644), uid, gid, rdev)
         else:
             target = bytes(args.objtype.value)
             if not target or b"\0" in target:

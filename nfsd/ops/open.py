@@ -20,7 +20,7 @@ from nfsd.exports import MAY_EXEC, MAY_READ, MAY_WRITE
 from nfsd.openstate import SHARE_ACCESS_READ, SHARE_ACCESS_WRITE, OpenState, invalid_stateid
 from nfsd.ops._common import (Obj, change_info, check_name, clientid_of, current, export_obj,
                               expire_lapsed_holders, find_state, nfs_error, require_dir, require_dir_modify,
-                              require_perm, resolve_stateid_arg, seqid_op, set_current,
+                              require_perm, require_regular, resolve_stateid_arg, seqid_op, set_current,
                               store_errors, sync_namespace, v40_client, who)
 from nfsd.owners import OPEN_OWNER, sequenced
 from nfsd.ops.attrs import apply_setattr, setattr_request
@@ -63,13 +63,6 @@ def _verifier_times(verf: bytes) -> tuple[int, int]:
 def _holds_verifier(attr, verf: bytes) -> bool:
     mtime, atime = _verifier_times(verf)
     return attr.mtime_ns == mtime and attr.atime_ns == atime
-
-
-def _require_openable(obj: Obj) -> None:
-    if obj.is_pseudo or obj.attr.type == FileType.DIR:
-        raise NfsError(NFS4ERR_ISDIR)
-    if obj.attr.type == FileType.LNK:
-        raise NfsError(NFS4ERR_SYMLINK)
 
 
 def _check_open_access(ctx, obj: Obj, access: int) -> None:
@@ -149,7 +142,7 @@ def _create(ctx, parent: Obj, name: bytes, how) -> _Created:
         return _Created(obj, cinfo, False, sorted(set(values) | _VERIFIER_BITS))
     # UNCHECKED4 on an existing file opens it; createattrs are ignored except that a
     # size of zero truncates it (O_TRUNC; RFC 8881 18.16.3).
-    _require_openable(obj)
+    require_regular(ctx, obj, v40_other=NFS4ERR_SYMLINK)
     attrset = []
     if values.get(FATTR4_SIZE) == 0:
         with store_errors():
@@ -236,7 +229,7 @@ async def _open(ctx, args, owner) -> OPEN4res:
         attrset = []
     else:
         raise NfsError(NFS4ERR_INVAL, f"open claim {claim}")
-    _require_openable(obj)
+    require_regular(ctx, obj, v40_other=NFS4ERR_SYMLINK)
     if not created:
         _check_open_access(ctx, obj, access)
     expire_lapsed_holders(ctx, obj.ino)

@@ -22,9 +22,9 @@ from cache.api import FileType
 from nfsd import attrs as fattr
 from nfsd.errors import NfsError
 from nfsd.exports import MAY_READ, MAY_WRITE
-from nfsd.ops._common import (blocking, current, io_state, require_writable_fs, same_export,
-                              saved, store_errors)
-from nfsd.ops.io import check_anonymous_io, data_room, require_regular, with_read_through
+from nfsd.ops._common import (blocking, current, io_state, require_regular, require_writable_fs,
+                              same_export, saved, store_errors)
+from nfsd.ops.io import check_anonymous_io, data_room, with_read_through
 from nfsd.xdr.nfs4 import (
     FILE_SYNC4, NFS4_CONTENT_DATA, NFS4_CONTENT_HOLE, NFS4_OK, NFS4ERR_BAD_STATEID,
     NFS4ERR_FBIG, NFS4ERR_INVAL, NFS4ERR_NOTSUPP, NFS4ERR_UNION_NOTSUPP, NFS4ERR_WRONG_TYPE,
@@ -121,7 +121,7 @@ async def op_deallocate(ctx, args) -> DEALLOCATE4res:
 # ---- 15.10 READ_PLUS ------------------------------------------------------------------
 async def op_read_plus(ctx, args) -> READ_PLUS4res:
     obj = current(ctx)
-    require_regular(obj)                     # as READ: ISDIR / SYMLINK / WRONG_TYPE
+    require_regular(ctx, obj)                   # as READ: ISDIR / SYMLINK / WRONG_TYPE
     _io_checks(ctx, obj, args.rpa_stateid, write=False)
     store = ctx.server.store
     offset = args.rpa_offset

@@ -87,6 +87,8 @@ def test_setattr_mode_owner_times_size(fs):
         # errors
         assert await fs.status(setattr_ops(f, {FATTR4_OWNER: b"no-such-user@nowhere"})) == NFS4ERR_BADOWNER
         assert await fs.status(setattr_ops(f, {FATTR4_OWNER: b"nosuchuser-xyz"})) == NFS4ERR_BADOWNER
+        assert await fs.status(setattr_ops(f, {FATTR4_OWNER: b""})) == NFS4ERR_INVAL
+        assert await fs.status(setattr_ops(f, {FATTR4_OWNER_GROUP: b""})) == NFS4ERR_INVAL
         assert await fs.status(setattr_ops(f, {FATTR4_FILEID: 3})) == NFS4ERR_INVAL
         bad = fattr4(attrmask=bitmap_of([FATTR4_ACL]), attr_vals=b"\0\0\0\0")
         assert await fs.status([(OP_PUTFH, PUTFH4args(f)), (OP_SETATTR, SETATTR4args(ANON, bad))]) == NFS4ERR_ATTRNOTSUPP

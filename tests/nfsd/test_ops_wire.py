@@ -62,7 +62,7 @@ def test_error_results_of_every_shape_encode(nfs_client):
             ([op(OP_PUTFH, PUTFH4args(exp)), op(OP_RENAME, RENAME4args(b"f", b"g"))], NFS4ERR_NOFILEHANDLE),
             ([op(OP_PUTFH, PUTFH4args(fh)), op(OP_VERIFY, VERIFY4args(encode_attrs({FATTR4_SIZE: 9})))],
              NFS4ERR_NOT_SAME),
-            ([op(OP_PUTFH, PUTFH4args(exp)), op(OP_CREATE, CREATE4args(createtype4(NF4FIFO), b"p",
+            ([op(OP_PUTFH, PUTFH4args(exp)), op(OP_CREATE, CREATE4args(createtype4(NF4REG), b"p",
                                                                        encode_attrs({})))], NFS4ERR_BADTYPE),
         ]
         for ops, status in cases:
