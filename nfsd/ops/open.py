@@ -20,8 +20,8 @@ from nfsd.exports import MAY_EXEC, MAY_READ, MAY_WRITE
 from nfsd.openstate import SHARE_ACCESS_READ, SHARE_ACCESS_WRITE, OpenState, invalid_stateid
 from nfsd.ops._common import (Obj, change_info, check_name, clientid_of, current, export_obj,
                               expire_lapsed_holders, find_state, nfs_error, require_dir, require_dir_modify,
-                              require_perm, resolve_stateid_arg, seqid_op, set_current,
-                              store_errors, sync_namespace, v40_client, who)
+                              namespace_op, require_perm, resolve_stateid_arg, seqid_op,
+                              set_current, store_errors, sync_namespace, v40_client, who)
 from nfsd.owners import OPEN_OWNER, sequenced
 from nfsd.ops.attrs import apply_setattr, setattr_request
 from nfsd.ops.filehandle import lookup_child
@@ -85,12 +85,14 @@ def _check_open_access(ctx, obj: Obj, access: int) -> None:
 
 
 class _Created:
-    """What the create part of OPEN did."""
-    def __init__(self, obj: Obj, cinfo, created: bool, attrset: list[int]):
+    """What the create part of OPEN did. `wrote`: a SETATTR after the (durable) create
+    changed the file, so the reply waits for a sync."""
+    def __init__(self, obj: Obj, cinfo, created: bool, attrset: list[int], wrote: bool):
         self.obj, self.cinfo, self.created, self.attrset = obj, cinfo, created, attrset
+        self.wrote = wrote
 
 
-def _create(ctx, parent: Obj, name: bytes, how) -> _Created:
+async def _create(ctx, parent: Obj, name: bytes, how) -> _Created:
     """OPEN4_CREATE in a directory (RFC 8881 18.16.3 createmode4 semantics)."""
     mode = how.tag
     verf = None
@@ -120,9 +122,9 @@ def _create(ctx, parent: Obj, name: bytes, how) -> _Created:
         cred = require_dir_modify(ctx, parent)
         uid, gid = new_owner(cred, parent)
         try:
-            attr, ci, created = store.create(parent.ino, name,
-                                             values.get(FATTR4_MODE, _DEFAULT_FILE_MODE),
-                                             uid, gid, exclusive=mode != UNCHECKED4)
+            attr, ci, created = await namespace_op(
+                ctx, "create", parent.ino, name, values.get(FATTR4_MODE, _DEFAULT_FILE_MODE),
+                uid, gid, mode != UNCHECKED4)
         except StoreError as e:
             if e.errno != errno.EEXIST:       # lost a race: judge the winner below
                 raise nfs_error(e) from e
@@ -132,8 +134,8 @@ def _create(ctx, parent: Obj, name: bytes, how) -> _Created:
             if created:
                 obj = export_obj(ctx, parent.export, attr)
                 with store_errors():
-                    attrset = _initialise(ctx, obj, values, verf)
-                return _Created(obj, ci, True, attrset)
+                    attrset, wrote = _initialise(ctx, obj, values, verf)
+                return _Created(obj, ci, True, attrset, wrote)
             existing = attr               # UNCHECKED4 lost a race: open the winner's file
     # The name exists.
     obj = export_obj(ctx, parent.export, existing)
@@ -146,7 +148,7 @@ def _create(ctx, parent: Obj, name: bytes, how) -> _Created:
         if existing.type != FileType.REG or not _holds_verifier(existing, verf):
             raise NfsError(NFS4ERR_EXIST)
         # A retransmission of our own exclusive create: succeed as before.
-        return _Created(obj, cinfo, False, sorted(set(values) | _VERIFIER_BITS))
+        return _Created(obj, cinfo, False, sorted(set(values) | _VERIFIER_BITS), True)
     # UNCHECKED4 on an existing file opens it; createattrs are ignored except that a
     # size of zero truncates it (O_TRUNC; RFC 8881 18.16.3).
     _require_openable(obj)
@@ -155,14 +157,15 @@ def _create(ctx, parent: Obj, name: bytes, how) -> _Created:
         with store_errors():
             apply_setattr(ctx, obj, setattr_request(ctx, obj, {FATTR4_SIZE: values[FATTR4_SIZE]}))
         attrset = [FATTR4_SIZE]
-    return _Created(obj, cinfo, False, attrset)
+    return _Created(obj, cinfo, False, attrset, bool(attrset))
 
 
 _VERIFIER_BITS = frozenset({FATTR4_TIME_ACCESS_SET, FATTR4_TIME_MODIFY_SET})
 
 
-def _initialise(ctx, obj: Obj, values: dict, verf: bytes | None) -> list[int]:
-    """Apply createattrs (mode went to store.create) and the exclusive verifier."""
+def _initialise(ctx, obj: Obj, values: dict, verf: bytes | None) -> tuple[list[int], bool]:
+    """Apply createattrs (mode went to store.create) and the exclusive verifier; the set
+    bits, and whether a SETATTR was written."""
     rest = {b: v for b, v in values.items() if b != FATTR4_MODE}
     sa = setattr_request(ctx, obj, rest, creating=True) if rest else SetAttr()
     bits = set(values)
@@ -170,7 +173,7 @@ def _initialise(ctx, obj: Obj, values: dict, verf: bytes | None) -> list[int]:
         sa.mtime_ns, sa.atime_ns = _verifier_times(verf)
         bits |= _VERIFIER_BITS
     apply_setattr(ctx, obj, sa)
-    return sorted(bits)
+    return sorted(bits), sa != SetAttr()
 
 
 def _delegation(ctx, share_access: int):
@@ -217,13 +220,14 @@ async def _open(ctx, args, owner) -> OPEN4res:
     if claim in (CLAIM_DELEGATE_PREV, CLAIM_DELEG_PREV_FH):
         raise NfsError(NFS4ERR_NOTSUPP, "delegation reclaim")
     base = current(ctx)
-    created = False
+    created = wrote = False
     if claim == CLAIM_NULL:
         require_dir(base)
         name = check_name(args.claim.value)
         if creating:
-            res = _create(ctx, base, name, args.openhow.value)
+            res = await _create(ctx, base, name, args.openhow.value)
             obj, cinfo, created, attrset = res.obj, res.cinfo, res.created, res.attrset
+            wrote = res.wrote
         else:
             obj = lookup_child(ctx, base, name)
             cinfo = change_info4(atomic=True, before=base.attr.change, after=base.attr.change)
@@ -249,7 +253,7 @@ async def _open(ctx, args, owner) -> OPEN4res:
         rflags |= OPEN4_RESULT_CONFIRM
     set_current(ctx, obj)
     ctx.current_stateid = st.stateid()
-    if created or attrset:
+    if wrote:                 # the create itself was durable when namespace_op returned
         await sync_namespace(ctx)
     log.debug("open", client=ctx.peer[0] if ctx.peer else None, ino=obj.ino,
               access=access, deny=deny, created=created)
