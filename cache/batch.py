@@ -17,10 +17,13 @@ this thread, which needs that lock: its op runs inline in its own txn and is syn
 from __future__ import annotations
 
 import collections
+import errno
 import threading
 from concurrent.futures import Future
 
 import structlog
+
+from .api import StoreError
 
 log = structlog.get_logger(__name__)
 
@@ -50,7 +53,7 @@ class BatchCommitter:
             return fut
         with self._cv:
             if self._closing:
-                raise RuntimeError("store is closed")
+                raise StoreError(errno.ESHUTDOWN, "store is closing")
             self._queue.append((fut, fn, args))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="ckptgw-nsbatch",

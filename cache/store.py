@@ -443,8 +443,10 @@ class Store:
             return False
         return counts != [0, 0] if write is None else counts[1 if write else 0] > 0
 
-    def close_file(self, ino: int, write: bool) -> None:
-        """Drop an open; reclaims an unlinked inode at its last close."""
+    def close_file(self, ino: int, write: bool, *, wait: bool = True) -> None:
+        """Drop an open; reclaims an unlinked inode at its last close. wait=False (asyncio
+        callers): the last writer's settle stamp is queued to the namespace batch instead of
+        committed here (a commit fdatasyncs); ops submitted after it still come after it."""
         with self._olock:
             counts = self._opens.get(ino)
             if counts is None or counts[1 if write else 0] == 0:
@@ -456,20 +458,23 @@ class Store:
                 del self._opens[ino]
             last_writer = write and counts[1] == 0
         if last_writer:
-            self._stamp_if_dirty(ino)
+            if wait:
+                with self.ix.write() as w:
+                    self._stamp_if_dirty(w, ino)
+            else:
+                self.batch.submit(self._stamp_if_dirty, ino).add_done_callback(_log_failure)
         if last:
             self._reclaim_if_unlinked(ino)
 
-    def _stamp_if_dirty(self, ino: int) -> None:
+    def _stamp_if_dirty(self, w: Writer, ino: int) -> None:
         """The last writer closed: the settle window restarts (a temp file renamed right
-        after its close is never uploaded under the temp name). Not synced: the stamp only
-        schedules; recovery re-stamps every file it visits."""
-        with self.ix.write() as w:
-            rec = w.inode(ino)
-            if rec is not None and rec.is_dirty:
-                new = rec.copy()
-                w.stamp(new)
-                w.put_inode(new, rec)
+        after its close is never uploaded under the temp name). Need not be durable: the
+        stamp only schedules; recovery re-stamps every file it visits."""
+        rec = w.inode(ino)
+        if rec is not None and rec.is_dirty:
+            new = rec.copy()
+            w.stamp(new)
+            w.put_inode(new, rec)
 
     def read(self, ino: int, offset: int, count: int) -> tuple[bytes | memoryview, bool]:
         """Up to `count` bytes at `offset` (holes read as zeros), and eof. Raises
@@ -1036,6 +1041,12 @@ class Store:
         A full scan: for tests and the admin CLI, not the request path."""
         from .check import check
         return check(self)
+
+
+def _log_failure(fut) -> None:
+    """Done-callback of a queued op nobody waits for."""
+    if fut.exception() is not None:
+        log.warning("store.queued_op_failed", error=str(fut.exception()))
 
 
 def _keep_replaces(stored: RemoteInfo, new: RemoteInfo, overwritten: str | None = None) -> RemoteInfo:

@@ -220,7 +220,8 @@ class OpenStateTable:
             self._forget_lock(lk)
         self._forget(st)
         try:
-            self.store.close_file(st.ino, st.write_open)
+            # the event loop's call: the settle stamp is queued, never committed here
+            self.store.close_file(st.ino, st.write_open, wait=False)
         except StoreError as e:
             log.warning("close_file_failed", ino=st.ino, error=str(e))
 

@@ -154,3 +154,19 @@ def test_kill_between_apply_and_commit_leaves_nothing_of_the_batch_and_replies_n
         assert s.check() == []
     finally:
         s.close()
+
+
+def test_a_queued_close_stamp_lands_before_ops_submitted_after_it(store):
+    """close_file(wait=False) (nfsd's CLOSE, on the event loop) queues the last writer's
+    settle stamp to the batch instead of committing it; a RENAME sent after the CLOSE is
+    applied after it, so a temp file's settle window still restarts at its close."""
+    f = store.create(ROOT_INO, b"t.tmp", 0o644, 0, 0)[0].ino
+    store.open_file(f, True)
+    store.write(f, 0, b"x" * 10)
+    store.commit(f)
+    before = store.ix.read_inode(f).activity_ns
+    commits = store.ix.write_seq
+    store.close_file(f, True, wait=False)
+    store.rename(ROOT_INO, b"t.tmp", ROOT_INO, b"t")
+    assert store.ix.read_inode(f).activity_ns > before
+    assert store.ix.write_seq - commits <= 2        # stamp and rename: one or two batches
