@@ -44,10 +44,12 @@ class BatchCommitter:
         self.hook = None                    # tests: hook(point) at "batch.applied"
 
     # ---- callers ------------------------------------------------------------------
-    def submit(self, fn, *args) -> Future:
+    def submit(self, fn, *args, durable: bool = True) -> Future:
         """Run fn(writer, *args) in the next batch; the future holds its result (or the
-        StoreError it raised) once the batch is durable."""
+        StoreError it raised) once the batch is durable. durable=False (bookkeeping nobody
+        waits for): set at the commit, and never the reason for a sync."""
         fut: Future = Future()
+        fut.durable = durable
         if self.ix.lock._is_owned() or threading.current_thread() is self._thread:
             self._inline(fut, fn, args)
             return fut
@@ -94,7 +96,10 @@ class BatchCommitter:
             if batch:
                 outcomes = self._apply(batch)
                 if outcomes is not None:
-                    pending.append((self.ix.txnid, outcomes))
+                    _complete([o for o in outcomes if not o[0].durable])
+                    waiting = [o for o in outcomes if o[0].durable]
+                    if waiting:
+                        pending.append((self.ix.txnid, waiting))
             with self._cv:
                 more = bool(self._queue)
             if pending and not more:
@@ -111,11 +116,7 @@ class BatchCommitter:
             if covered and self.after_durable is not None:
                 self.after_durable()
             for _, outs in covered:
-                for fut, ok, value in outs:
-                    if ok:
-                        fut.set_result(value)
-                    else:
-                        fut.set_exception(value)
+                _complete(outs)
 
     def _apply(self, batch: list) -> list | None:
         """One write txn, one nested txn per op; commit. Returns (future, ok, value) per op,
@@ -142,3 +143,11 @@ class BatchCommitter:
         self.batches += 1
         self.ops += len(batch)
         return outcomes
+
+
+def _complete(outcomes: list) -> None:
+    for fut, ok, value in outcomes:
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)

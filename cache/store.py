@@ -178,9 +178,12 @@ class Store:
 
     def _reclaim_if_unlinked(self, ino: int) -> None:
         with self.ix.write() as w:
-            rec = w.inode(ino)
-            if rec is not None and rec.nlink == 0 and not self._is_open(ino):
-                self._reclaim(w, rec, rec)
+            self._reclaim_unlinked(w, ino)
+
+    def _reclaim_unlinked(self, w: Writer, ino: int) -> None:
+        rec = w.inode(ino)
+        if rec is not None and rec.nlink == 0 and not self._is_open(ino):
+            self._reclaim(w, rec, rec)
 
     def _hook(self, point: str, ino: int) -> None:
         if self.race_hook is not None:
@@ -443,10 +446,12 @@ class Store:
             return False
         return counts != [0, 0] if write is None else counts[1 if write else 0] > 0
 
-    def close_file(self, ino: int, write: bool, *, wait: bool = True) -> None:
+    def close_file(self, ino: int, write: bool, *, wait: bool = True):
         """Drop an open; reclaims an unlinked inode at its last close. wait=False (asyncio
-        callers): the last writer's settle stamp is queued to the namespace batch instead of
-        committed here (a commit fdatasyncs); ops submitted after it still come after it."""
+        callers): the last writer's settle stamp and the reclaim are queued to the namespace
+        batch instead of run here (a commit fdatasyncs, and the index lock may be held by a
+        batch across its fdatasync); ops submitted after it still come after it. Returns the
+        queued op's future (set at its commit; failures are logged), or None."""
         with self._olock:
             counts = self._opens.get(ino)
             if counts is None or counts[1 if write else 0] == 0:
@@ -457,14 +462,21 @@ class Store:
             if last:
                 del self._opens[ino]
             last_writer = write and counts[1] == 0
+        if not (last_writer or last):
+            return None
+        if wait:
+            with self.ix.write() as w:
+                self._after_close(w, ino, last_writer, last)
+            return None
+        fut = self.batch.submit(self._after_close, ino, last_writer, last, durable=False)
+        fut.add_done_callback(_log_failure)
+        return fut
+
+    def _after_close(self, w: Writer, ino: int, last_writer: bool, last: bool) -> None:
         if last_writer:
-            if wait:
-                with self.ix.write() as w:
-                    self._stamp_if_dirty(w, ino)
-            else:
-                self.batch.submit(self._stamp_if_dirty, ino).add_done_callback(_log_failure)
+            self._stamp_if_dirty(w, ino)
         if last:
-            self._reclaim_if_unlinked(ino)
+            self._reclaim_unlinked(w, ino)
 
     def _stamp_if_dirty(self, w: Writer, ino: int) -> None:
         """The last writer closed: the settle window restarts (a temp file renamed right

@@ -8,6 +8,7 @@ Exclusive creates keep the client's verifier in the new file's mtime/atime secon
 """
 from __future__ import annotations
 
+import asyncio
 import errno
 import struct
 
@@ -299,7 +300,12 @@ async def op_close(ctx, args) -> CLOSE4res:
 async def _close(ctx, args) -> CLOSE4res:
     st = _state_for(ctx, args.open_stateid)
     opens = ctx.server.opens
-    opens.close(st)
+    queued = opens.close(st)
+    if queued is not None:
+        try:
+            await asyncio.wrap_future(queued)
+        except StoreError:
+            pass                    # logged by the store; the open is gone either way
     if ctx.minorversion >= 1:
         # The returned stateid is useless: RFC 8881 18.2.4 says send the invalid one.
         result = invalid_stateid()
