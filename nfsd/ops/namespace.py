@@ -44,11 +44,11 @@ def new_owner(cred: EffectiveCred, parent: Obj) -> tuple[int, int]:
     return cred.uid, gid
 
 
-def finish_create(ctx, obj: Obj, values: dict) -> list[int]:
+async def finish_create(ctx, obj: Obj, values: dict) -> list[int]:
     """Apply the createattrs other than mode (already given to the store); the set bits."""
     rest = {b: v for b, v in values.items() if b != FATTR4_MODE}
     if rest:
-        apply_setattr(ctx, obj, setattr_request(ctx, obj, rest, creating=True))
+        await apply_setattr(ctx, obj, setattr_request(ctx, obj, rest, creating=True))
     return sorted(values)
 
 
@@ -73,7 +73,7 @@ async def op_create(ctx, args) -> CREATE4res:
             attr, ci = await namespace_op(ctx, "symlink", parent.ino, name, target,
                                           values.get(FATTR4_MODE, 0o777), uid, gid)
         obj = export_obj(ctx, parent.export, attr)
-        attrset = finish_create(ctx, obj, values)
+        attrset = await finish_create(ctx, obj, values)
     set_current(ctx, obj)
     if set(values) - {FATTR4_MODE}:          # finish_create wrote a SETATTR
         await sync_namespace(ctx)

@@ -135,7 +135,7 @@ async def _create(ctx, parent: Obj, name: bytes, how) -> _Created:
             if created:
                 obj = export_obj(ctx, parent.export, attr)
                 with store_errors():
-                    attrset, wrote = _initialise(ctx, obj, values, verf)
+                    attrset, wrote = await _initialise(ctx, obj, values, verf)
                 return _Created(obj, ci, True, attrset, wrote)
             existing = attr               # UNCHECKED4 lost a race: open the winner's file
     # The name exists.
@@ -156,7 +156,8 @@ async def _create(ctx, parent: Obj, name: bytes, how) -> _Created:
     attrset = []
     if values.get(FATTR4_SIZE) == 0:
         with store_errors():
-            apply_setattr(ctx, obj, setattr_request(ctx, obj, {FATTR4_SIZE: values[FATTR4_SIZE]}))
+            await apply_setattr(ctx, obj,
+                                setattr_request(ctx, obj, {FATTR4_SIZE: values[FATTR4_SIZE]}))
         attrset = [FATTR4_SIZE]
     return _Created(obj, cinfo, False, attrset, bool(attrset))
 
@@ -164,7 +165,7 @@ async def _create(ctx, parent: Obj, name: bytes, how) -> _Created:
 _VERIFIER_BITS = frozenset({FATTR4_TIME_ACCESS_SET, FATTR4_TIME_MODIFY_SET})
 
 
-def _initialise(ctx, obj: Obj, values: dict, verf: bytes | None) -> tuple[list[int], bool]:
+async def _initialise(ctx, obj: Obj, values: dict, verf: bytes | None) -> tuple[list[int], bool]:
     """Apply createattrs (mode went to store.create) and the exclusive verifier; the set
     bits, and whether a SETATTR was written."""
     rest = {b: v for b, v in values.items() if b != FATTR4_MODE}
@@ -173,7 +174,7 @@ def _initialise(ctx, obj: Obj, values: dict, verf: bytes | None) -> tuple[list[i
     if verf is not None:
         sa.mtime_ns, sa.atime_ns = _verifier_times(verf)
         bits |= _VERIFIER_BITS
-    apply_setattr(ctx, obj, sa)
+    await apply_setattr(ctx, obj, sa)
     return sorted(bits), sa != SetAttr()
 
 
