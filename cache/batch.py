@@ -111,8 +111,10 @@ class BatchCommitter:
                             fut.set_exception(e)
                     pending = []
                     continue
-            covered = [p for p in pending if self.committer.covered(p[0])]
-            pending = [p for p in pending if not self.committer.covered(p[0])]
+            covered, left = [], []               # one test per batch: coverage only grows
+            for p in pending:
+                (covered if self.committer.covered(p[0]) else left).append(p)
+            pending = left
             if covered and self.after_durable is not None:
                 self.after_durable()
             for _, outs in covered:
