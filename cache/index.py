@@ -313,6 +313,15 @@ class Writer(View):
         self.d_dirty = 0
         self.after_commit: list = []     # callables run once the txn committed
         self.max_stamp = 0               # newest activity_ns stored by this txn
+        self.map_full = False            # a nested txn hit MapFullError: grow after commit
+
+    def absorb(self, child: "Writer") -> None:
+        """A nested txn of this one committed (into this one): take over what the outer
+        commit must account for and run."""
+        self.d_used += child.d_used
+        self.d_dirty += child.d_dirty
+        self.max_stamp = max(self.max_stamp, child.max_stamp)
+        self.after_commit.extend(child.after_commit)
 
     def stamp(self, rec: Inode) -> None:
         """Record activity on `rec` now, on the store's clock (restarts its settle window)."""
@@ -575,6 +584,8 @@ class Index:
                 self.clock_high_water = hw
             self.write_seq += 1
             del self.orphans_done[:len(cleared)]
+            if w.map_full:
+                self._grow_map()
             self._since_check += 1
             if self._since_check >= 16:
                 self.ensure_headroom()
@@ -583,6 +594,29 @@ class Index:
         finally:
             self._end_txn()
             self._wlock.release()
+
+    @contextmanager
+    def nested(self, outer: Writer):
+        """A child txn of `outer` (LMDB nested transaction): its changes join `outer` if the
+        body returns, and vanish - outer untouched - if it raises. Used by the namespace
+        batch (batch.py): one op's error aborts only its own changes."""
+        txn = self.env.begin(write=True, parent=outer.txn)
+        w = Writer(self, txn)
+        try:
+            yield w
+            txn.commit()
+        except lmdb.MapFullError:
+            txn.abort()
+            outer.map_full = True
+            raise StoreError(errno.EAGAIN, "store index map full; grown after this batch, retry") from None
+        except lmdb.Error as e:
+            txn.abort()
+            log.error("index.error", path=self.path, error=str(e))
+            raise StoreError(errno.EIO, f"store index: {e}") from None
+        except BaseException:
+            txn.abort()
+            raise
+        outer.absorb(w)
 
     def _end_txn(self) -> None:
         with self._txn_ended:

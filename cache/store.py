@@ -4,10 +4,11 @@ Threading: every method is thread-safe. Methods marked *blocking* may wait for d
 sync (fdatasync / LMDB sync) and must be called from a worker thread by asyncio code;
 all others are quick (an LMDB txn without sync, page-cache I/O) and may run on the loop.
 
-Durability: namespace mutations (create, mkdir, symlink, link, unlink, rmdir, rename,
-setattr) are applied at once (visible to every reader) and become durable at the next
-`sync()`; callers that must reply "durable" call `sync()` (group-committed: one LMDB sync
-covers every caller waiting at that moment). Data `write()` goes to the page cache and
+Durability: namespace mutations (create, mkdir, symlink, link, unlink, rmdir, remove,
+rename) are batched (batch.py: every op queued at that moment in one LMDB write txn) and
+are durable when the call returns (`submit()`: when its future completes). setattr and the
+other quick writes are applied at once and become durable at the next `sync()`
+(group-committed: one LMDB sync covers every caller waiting at that moment). Data `write()` goes to the page cache and
 is visible at once (read-after-write); `commit(ino)` makes the file's data and its size /
 extent index durable. Bytes written past the last committed size are dropped by crash
 recovery (they were unstable writes; the new write verifier tells clients to resend).
@@ -54,6 +55,7 @@ import structlog
 from . import extents
 from .api import (Attr, ChangeInfo, DataState, DirEntry, Extent, FileType, RemoteInfo,
                   SetAttr, StatFS, StoreError, ROOT_INO)
+from .batch import BatchCommitter
 from .commit import GroupCommit
 from .data import DataFiles
 from .index import (F_PINNED, F_TRUNCATED, F_UNCOMMITTED, FIRST_COOKIE, U64, U64x2, Index,
@@ -124,6 +126,7 @@ class Store:
         self._drops_lock = threading.Lock()
         self._pending_drops: list[tuple[int, int]] = []    # (txnid, ino): remove when durable
         self.committer.after_sync = self._drop_durable
+        self.batch = BatchCommitter(self.ix, self.committer, after_durable=self._drop_durable)
         self.race_hook = None      # tests: called as race_hook(point, ino) at race windows
         self._ensure_root()
         self.recovery_stats = recover(self.ix, self.data)
@@ -148,6 +151,7 @@ class Store:
         """Make everything durable (all live inodes committed, LMDB synced) and close."""
         if self._closed:
             return
+        self.batch.close()
         with self.ix.read() as v:
             live = [ino for ino in v.keys(self.ix.unsettled)
                     if (r := v.inode(ino)) and (r.flags & (F_UNCOMMITTED | F_TRUNCATED)
@@ -175,9 +179,12 @@ class Store:
 
     def _reclaim_if_unlinked(self, ino: int) -> None:
         with self.ix.write() as w:
-            rec = w.inode(ino)
-            if rec is not None and rec.nlink == 0 and not self._is_open(ino):
-                self._reclaim(w, rec, rec)
+            self._reclaim_unlinked(w, ino)
+
+    def _reclaim_unlinked(self, w: Writer, ino: int) -> None:
+        rec = w.inode(ino)
+        if rec is not None and rec.nlink == 0 and not self._is_open(ino):
+            self._reclaim(w, rec, rec)
 
     def _hook(self, point: str, ino: int) -> None:
         if self.race_hook is not None:
@@ -303,31 +310,53 @@ class Store:
             w.put_inode(new, rec)
         return rec, new
 
+    # Namespace mutations go through the batch committer (batch.py): applied in one write
+    # txn with every other op queued at that moment, each in its own nested txn, and durable
+    # when the call returns. submit() is the same without waiting (asyncio callers).
+    NAMESPACE_OPS = ("create", "mkdir", "symlink", "mknod", "link", "unlink", "rmdir", "remove",
+                     "rename")
+
+    def submit(self, op: str, *args):
+        """Queue namespace op `op` (one of NAMESPACE_OPS, same arguments as the method of
+        that name, positional); a concurrent.futures.Future of its result, set once the
+        op is durable (or of the StoreError it raised; a failed op changed nothing)."""
+        if op not in self.NAMESPACE_OPS:
+            raise ValueError(f"not a namespace op: {op!r}")
+        return self.batch.submit(getattr(self, "_ns_" + op), *args)
+
     def create(self, parent: int, name: bytes, mode: int, uid: int, gid: int,
                *, exclusive: bool = False) -> tuple[Attr, ChangeInfo, bool]:
         """Create a regular file. If the name exists: exclusive -> EEXIST; a file -> return
         it unchanged with created=False; a directory -> EISDIR. Returns (attr, cinfo, created)."""
-        with self.ix.write() as w:
-            rec, cinfo, created = self.ns.create(w, parent, name, mode, uid, gid, exclusive)
+        return self.submit("create", parent, name, mode, uid, gid, exclusive).result()
+
+    def _ns_create(self, w, parent, name, mode, uid, gid, exclusive=False):
+        rec, cinfo, created = self.ns.create(w, parent, name, mode, uid, gid, exclusive)
         return rec.attr(), cinfo, created
 
     def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> tuple[Attr, ChangeInfo]:
-        with self.ix.write() as w:
-            rec, cinfo = self.ns.mkdir(w, parent, name, mode, uid, gid)
+        return self.submit("mkdir", parent, name, mode, uid, gid).result()
+
+    def _ns_mkdir(self, w, parent, name, mode, uid, gid):
+        rec, cinfo = self.ns.mkdir(w, parent, name, mode, uid, gid)
         return rec.attr(), cinfo
 
     def symlink(self, parent: int, name: bytes, target: bytes, mode: int, uid: int, gid: int
                 ) -> tuple[Attr, ChangeInfo]:
-        with self.ix.write() as w:
-            rec, cinfo = self.ns.symlink(w, parent, name, target, mode, uid, gid)
+        return self.submit("symlink", parent, name, target, mode, uid, gid).result()
+
+    def _ns_symlink(self, w, parent, name, target, mode, uid, gid):
+        rec, cinfo = self.ns.symlink(w, parent, name, target, mode, uid, gid)
         return rec.attr(), cinfo
 
     def mknod(self, parent: int, name: bytes, typ: FileType, mode: int, uid: int, gid: int,
               rdev: tuple[int, int] = (0, 0)) -> tuple[Attr, ChangeInfo]:
         """A block/character device (with rdev), socket or FIFO: never opened for I/O by the
         store (read/write/truncate of it fail like a directory's). EINVAL for other types."""
-        with self.ix.write() as w:
-            rec, cinfo = self.ns.mknod(w, parent, name, typ, mode, uid, gid, rdev)
+        return self.submit("mknod", parent, name, typ, mode, uid, gid, rdev).result()
+
+    def _ns_mknod(self, w, parent, name, typ, mode, uid, gid, rdev=(0, 0)):
+        rec, cinfo = self.ns.mknod(w, parent, name, typ, mode, uid, gid, rdev)
         return rec.attr(), cinfo
 
     def readlink(self, ino: int) -> bytes:
@@ -340,25 +369,24 @@ class Store:
 
     def link(self, ino: int, new_parent: int, new_name: bytes) -> tuple[Attr, ChangeInfo]:
         """Hard link (files only: EISDIR for directories). EEXIST if the name exists."""
-        with self.ix.write() as w:
-            rec, cinfo = self.ns.link(w, ino, new_parent, new_name)
+        return self.submit("link", ino, new_parent, new_name).result()
+
+    def _ns_link(self, w, ino, new_parent, new_name):
+        rec, cinfo = self.ns.link(w, ino, new_parent, new_name)
         return rec.attr(), cinfo
 
     def unlink(self, parent: int, name: bytes) -> ChangeInfo:
         """Remove a non-directory name (EISDIR for a directory: use rmdir). The inode's data is
         reclaimed when nlink reaches 0 and no open remains (see open_file/close_file)."""
-        with self.ix.write() as w:
-            return self.ns.unlink(w, parent, name)
+        return self.submit("unlink", parent, name).result()
 
     def rmdir(self, parent: int, name: bytes) -> ChangeInfo:
         """ENOTEMPTY, ENOTDIR."""
-        with self.ix.write() as w:
-            return self.ns.rmdir(w, parent, name)
+        return self.submit("rmdir", parent, name).result()
 
     def remove(self, parent: int, name: bytes) -> ChangeInfo:
         """unlink or rmdir, whichever the name is (NFS REMOVE)."""
-        with self.ix.write() as w:
-            return self.ns.remove(w, parent, name)
+        return self.submit("remove", parent, name).result()
 
     def rename(self, src_parent: int, src_name: bytes, dst_parent: int, dst_name: bytes
                ) -> tuple[ChangeInfo, ChangeInfo]:
@@ -366,8 +394,19 @@ class Store:
         dir over empty dir; EISDIR/ENOTDIR/ENOTEMPTY as POSIX; EINVAL when moving a dir into
         its own subtree). Same name in the same dir: no-op. O(1) for directories.
         Returns (source dir cinfo, target dir cinfo)."""
-        with self.ix.write() as w:
-            return self.ns.rename(w, src_parent, src_name, dst_parent, dst_name)
+        return self.submit("rename", src_parent, src_name, dst_parent, dst_name).result()
+
+    def _ns_unlink(self, w, parent, name):
+        return self.ns.unlink(w, parent, name)
+
+    def _ns_rmdir(self, w, parent, name):
+        return self.ns.rmdir(w, parent, name)
+
+    def _ns_remove(self, w, parent, name):
+        return self.ns.remove(w, parent, name)
+
+    def _ns_rename(self, w, src_parent, src_name, dst_parent, dst_name):
+        return self.ns.rename(w, src_parent, src_name, dst_parent, dst_name)
 
     def readdir(self, ino: int, cookie: int = 0) -> Iterator[DirEntry]:
         """Entries after `cookie` (0 = from the start), in cookie order, without . and ..
@@ -418,8 +457,12 @@ class Store:
             return False
         return counts != [0, 0] if write is None else counts[1 if write else 0] > 0
 
-    def close_file(self, ino: int, write: bool) -> None:
-        """Drop an open; reclaims an unlinked inode at its last close."""
+    def close_file(self, ino: int, write: bool, *, wait: bool = True):
+        """Drop an open; reclaims an unlinked inode at its last close. wait=False (asyncio
+        callers): the last writer's settle stamp and the reclaim are queued to the namespace
+        batch instead of run here (a commit fdatasyncs, and the index lock may be held by a
+        batch across its fdatasync); ops submitted after it still come after it. Returns the
+        queued op's future (set at its commit; failures are logged), or None."""
         with self._olock:
             counts = self._opens.get(ino)
             if counts is None or counts[1 if write else 0] == 0:
@@ -430,21 +473,31 @@ class Store:
             if last:
                 del self._opens[ino]
             last_writer = write and counts[1] == 0
-        if last_writer:
-            self._stamp_if_dirty(ino)
-        if last:
-            self._reclaim_if_unlinked(ino)
+        if not (last_writer or last):
+            return None
+        if wait:
+            with self.ix.write() as w:
+                self._after_close(w, ino, last_writer, last)
+            return None
+        fut = self.batch.submit(self._after_close, ino, last_writer, last, durable=False)
+        fut.add_done_callback(_log_failure)
+        return fut
 
-    def _stamp_if_dirty(self, ino: int) -> None:
+    def _after_close(self, w: Writer, ino: int, last_writer: bool, last: bool) -> None:
+        if last_writer:
+            self._stamp_if_dirty(w, ino)
+        if last:
+            self._reclaim_unlinked(w, ino)
+
+    def _stamp_if_dirty(self, w: Writer, ino: int) -> None:
         """The last writer closed: the settle window restarts (a temp file renamed right
-        after its close is never uploaded under the temp name). Not synced: the stamp only
-        schedules; recovery re-stamps every file it visits."""
-        with self.ix.write() as w:
-            rec = w.inode(ino)
-            if rec is not None and rec.is_dirty:
-                new = rec.copy()
-                w.stamp(new)
-                w.put_inode(new, rec)
+        after its close is never uploaded under the temp name). Need not be durable: the
+        stamp only schedules; recovery re-stamps every file it visits."""
+        rec = w.inode(ino)
+        if rec is not None and rec.is_dirty:
+            new = rec.copy()
+            w.stamp(new)
+            w.put_inode(new, rec)
 
     def read(self, ino: int, offset: int, count: int) -> tuple[bytes | memoryview, bool]:
         """Up to `count` bytes at `offset` (holes read as zeros), and eof. Raises
@@ -1211,6 +1264,12 @@ def _not_local(ino: int, missing: list[tuple[int, int]]) -> StoreError:
     err = StoreError(errno.EAGAIN, f"inode {ino}: range not present locally")
     err.missing = missing
     return err
+
+
+def _log_failure(fut) -> None:
+    """Done-callback of a queued op nobody waits for."""
+    if fut.exception() is not None:
+        log.warning("store.queued_op_failed", error=str(fut.exception()))
 
 
 def _keep_replaces(stored: RemoteInfo, new: RemoteInfo, overwritten: str | None = None) -> RemoteInfo:

@@ -214,15 +214,19 @@ class OpenStateTable:
         st.deny = deny
         st.bump()
 
-    def close(self, st: OpenState) -> None:
+    def close(self, st: OpenState):
+        """Forget the open; the store's queued after-close work (a Future, or None), which
+        CLOSE awaits so that the reply follows it (a removed file is gone by then)."""
         # The client unlocks before CLOSE; whatever remains goes with the open.
         for lk in list(self._locks_of_open.get(st.other, ())):
             self._forget_lock(lk)
         self._forget(st)
         try:
-            self.store.close_file(st.ino, st.write_open)
+            # the event loop's call: the settle stamp and reclaim are queued, never run here
+            return self.store.close_file(st.ino, st.write_open, wait=False)
         except StoreError as e:
             log.warning("close_file_failed", ino=st.ino, error=str(e))
+            return None
 
     def _reopen_store(self, st: OpenState, new_access: int) -> None:
         write = bool(new_access & SHARE_ACCESS_WRITE)

@@ -258,6 +258,13 @@ async def blocking(ctx, fn, *args):
     return result
 
 
+async def namespace_op(ctx, op: str, *args):
+    """A store namespace op (Store.NAMESPACE_OPS) through the store's batch committer:
+    returns once it is durable, and the loop never waits on a sync meanwhile. StoreErrors
+    propagate (callers map them with store_errors())."""
+    return await asyncio.wrap_future(ctx.server.store.submit(op, *args))
+
+
 async def sync_namespace(ctx) -> None:
     """Namespace ops reply only once their change is durable (group commit in the store)."""
     with store_errors():

@@ -7,7 +7,7 @@ from cache.api import FileType, SetAttr, StoreError
 from nfsd import attrs as fattr
 from nfsd.errors import NfsError
 from nfsd.exports import MAY_EXEC, MAY_READ, MAY_WRITE, permitted
-from nfsd.ops._common import (Obj, current, io_state, nfs_error, require_perm,
+from nfsd.ops._common import (Obj, blocking, current, io_state, nfs_error, require_perm,
                               require_writable_fs, store_errors, sync_namespace, who)
 from nfsd.xdr.nfs4 import (
     ACCESS4_DELETE, ACCESS4_EXECUTE, ACCESS4_EXTEND, ACCESS4_LOOKUP, ACCESS4_MODIFY,
@@ -52,7 +52,7 @@ async def op_setattr(ctx, args) -> SETATTR4res:
     values = fattr.decode(args.obj_attributes)
     require_writable_fs(obj)
     sa = setattr_request(ctx, obj, values, stateid=args.stateid)
-    apply_setattr(ctx, obj, sa)
+    await apply_setattr(ctx, obj, sa)
     await sync_namespace(ctx)
     return SETATTR4res(status=NFS4_OK, attrsset=fattr.bitmap_of(sorted(values)))
 
@@ -123,11 +123,13 @@ def setattr_request(ctx, obj: Obj, values: dict, *, stateid=None, creating: bool
     return sa
 
 
-def apply_setattr(ctx, obj: Obj, sa: SetAttr):
+async def apply_setattr(ctx, obj: Obj, sa: SetAttr):
+    """store.setattr on a worker thread: its index txn fdatasyncs, a truncate also waits
+    for a group sync (I3). The caller makes it durable (sync_namespace) before replying."""
     if sa == SetAttr():
         return obj.attr
     try:
-        obj.attr = ctx.server.store.setattr(obj.ino, sa)
+        obj.attr = await blocking(ctx, ctx.server.store.setattr, obj.ino, sa)
     except StoreError as e:
         raise nfs_error(e) from e
     log.debug("setattr", ino=obj.ino, attrs=repr(sa))

@@ -30,10 +30,6 @@ log = structlog.get_logger(__name__)
 _FETCH_ATTEMPTS = 3
 # how long one READ waits for a read-through fetch before answering NFS4ERR_DELAY
 READ_FETCH_WAIT = 10.0
-# Writes at least this large are copied into the page cache from a worker thread
-# (pwrite releases the GIL: ~10 ms per MiB that the loop spends receiving instead).
-# Safe because every RPC record has its own buffer (nfsd.rpc), which the data views.
-_OFFLOAD_WRITE_BYTES = 64 * 1024
 
 
 def check_anonymous_io(ctx, obj, want: int) -> None:
@@ -122,10 +118,11 @@ async def op_write(ctx, args) -> WRITE4res:
         raise NfsError(NFS4ERR_FBIG)
     store = ctx.server.store
     with store_errors():
-        if len(data) >= _OFFLOAD_WRITE_BYTES:
-            await blocking(ctx, store.write, obj.ino, args.offset, data)
-        else:
-            store.write(obj.ino, args.offset, data)
+        # Every write runs on a worker thread: its index txn fdatasyncs data.mdb (LMDB
+        # sync=True), the first of a commit cycle also waits for a group sync (I2), and a
+        # large pwrite takes ~10 ms per MiB (it releases the GIL). Safe because every RPC
+        # record has its own buffer (nfsd.rpc), which the data views.
+        await blocking(ctx, store.write, obj.ino, args.offset, data)
         committed = UNSTABLE4
         if args.stable != UNSTABLE4:
             await blocking(ctx, store.commit, obj.ino)

@@ -3,8 +3,9 @@
 CREATE makes directories, symlinks and special files (block and character devices with
 their specdata4 rdev, sockets, FIFOs: FileType values are nfs_ftype4's).
 
-Every namespace change is one store call (RENAME included: atomic for files and whole
-directory trees) and is durable before the reply (`sync_namespace`).
+Every namespace change is one store op (RENAME included: atomic for files and whole
+directory trees), run by the store's batch committer and durable before the reply
+(`namespace_op`); createattrs other than the mode are a SETATTR after it (`sync_namespace`).
 """
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from nfsd import attrs as fattr
 from nfsd.errors import NfsError
 from nfsd.exports import MAY_WRITE, EffectiveCred, sticky_allows_delete
 from nfsd.ops._common import (Obj, change_info, check_name, current, export_obj, require_dir,
-                              require_dir_modify, require_perm, saved, set_current,
-                              store_errors, sync_namespace)
+                              namespace_op, require_dir_modify, require_perm, saved,
+                              set_current, store_errors, sync_namespace)
 from nfsd.ops.attrs import apply_setattr, setattr_request
 from nfsd.xdr.nfs4 import (
     FATTR4_MODE, FATTR4_OWNER, FATTR4_OWNER_GROUP, FATTR4_TIME_ACCESS_SET,
@@ -46,11 +47,11 @@ def new_owner(cred: EffectiveCred, parent: Obj) -> tuple[int, int]:
     return cred.uid, gid
 
 
-def finish_create(ctx, obj: Obj, values: dict) -> list[int]:
+async def finish_create(ctx, obj: Obj, values: dict) -> list[int]:
     """Apply the createattrs other than mode (already given to the store); the set bits."""
     rest = {b: v for b, v in values.items() if b != FATTR4_MODE}
     if rest:
-        apply_setattr(ctx, obj, setattr_request(ctx, obj, rest, creating=True))
+        await apply_setattr(ctx, obj, setattr_request(ctx, obj, rest, creating=True))
     return sorted(values)
 
 
@@ -64,26 +65,26 @@ async def op_create(ctx, args) -> CREATE4res:
     cred = require_dir_modify(ctx, parent)
     values = fattr.decode(args.createattrs, allowed=CREATE_ATTRS)
     uid, gid = new_owner(cred, parent)
-    store = ctx.server.store
     with store_errors():
         if objtype == NF4DIR:
             mode = values.get(FATTR4_MODE, 0o755) | (parent.attr.mode & stat.S_ISGID)
-            attr, ci = store.mkdir(parent.ino, name, mode, uid, gid)
+            attr, ci = await namespace_op(ctx, "mkdir", parent.ino, name, mode, uid, gid)
         elif objtype in SPECIAL_TYPES:
             dev = args.objtype.value if objtype in DEVICE_TYPES else None
             rdev = (dev.specdata1, dev.specdata2) if dev is not None else (0, 0)
-            attr, ci = store.mknod(parent.ino, name, FileType(objtype),
-                                   values.get(FATTR4_MODE, 0o644), uid, gid, rdev)
+            attr, ci = await namespace_op(ctx, "mknod", parent.ino, name, FileType(objtype),
+                                          values.get(FATTR4_MODE, 0o644), uid, gid, rdev)
         else:
             target = bytes(args.objtype.value)
             if not target or b"\0" in target:
                 raise NfsError(NFS4ERR_INVAL, "empty symlink target or NUL in it")
-            attr, ci = store.symlink(parent.ino, name, target, values.get(FATTR4_MODE, 0o777),
-                                     uid, gid)
+            attr, ci = await namespace_op(ctx, "symlink", parent.ino, name, target,
+                                          values.get(FATTR4_MODE, 0o777), uid, gid)
         obj = export_obj(ctx, parent.export, attr)
-        attrset = finish_create(ctx, obj, values)
+        attrset = await finish_create(ctx, obj, values)
     set_current(ctx, obj)
-    await sync_namespace(ctx)
+    if set(values) - {FATTR4_MODE}:          # finish_create wrote a SETATTR
+        await sync_namespace(ctx)
     log.info("create", client=ctx.peer[0] if ctx.peer else None, parent=parent.ino,
              name=_text(name), ino=attr.ino, type=int(attr.type))
     return CREATE4res(NFS4_OK, CREATE4resok(cinfo=change_info(ci),
@@ -107,8 +108,7 @@ async def op_link(ctx, args) -> LINK4res:
         raise NfsError(NFS4ERR_ISDIR, "hard links to directories")
     require_dir_modify(ctx, dst)
     with store_errors():
-        _attr, ci = ctx.server.store.link(src.ino, dst.ino, name)
-    await sync_namespace(ctx)
+        _attr, ci = await namespace_op(ctx, "link", src.ino, dst.ino, name)
     return LINK4res(NFS4_OK, LINK4resok(cinfo=change_info(ci)))
 
 
@@ -127,8 +127,7 @@ async def op_remove(ctx, args) -> REMOVE4res:
     cred = require_dir_modify(ctx, d)
     _check_sticky(ctx, d, name, cred)
     with store_errors():
-        ci = ctx.server.store.remove(d.ino, name)
-    await sync_namespace(ctx)
+        ci = await namespace_op(ctx, "remove", d.ino, name)
     log.info("remove", client=ctx.peer[0] if ctx.peer else None, parent=d.ino, name=_text(name))
     return REMOVE4res(NFS4_OK, REMOVE4resok(cinfo=change_info(ci)))
 
@@ -155,8 +154,8 @@ async def op_rename(ctx, args) -> RENAME4res:
         # Moving a directory rewrites its "..": needs write permission on it (as Linux).
         require_perm(Obj(src_dir.fh, src_dir.export, None, victim), cred, MAY_WRITE)
     with store_errors():
-        ci_src, ci_dst = store.rename(src_dir.ino, oldname, dst_dir.ino, newname)
-    await sync_namespace(ctx)
+        ci_src, ci_dst = await namespace_op(ctx, "rename", src_dir.ino, oldname, dst_dir.ino,
+                                            newname)
     log.info("rename", client=ctx.peer[0] if ctx.peer else None, src_dir=src_dir.ino,
              old=_text(oldname), dst_dir=dst_dir.ino, new=_text(newname), ino=victim.ino)
     return RENAME4res(NFS4_OK, RENAME4resok(source_cinfo=change_info(ci_src),

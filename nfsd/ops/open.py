@@ -8,6 +8,7 @@ Exclusive creates keep the client's verifier in the new file's mtime/atime secon
 """
 from __future__ import annotations
 
+import asyncio
 import errno
 import struct
 
@@ -20,8 +21,8 @@ from nfsd.exports import MAY_EXEC, MAY_READ, MAY_WRITE
 from nfsd.openstate import SHARE_ACCESS_READ, SHARE_ACCESS_WRITE, OpenState, invalid_stateid
 from nfsd.ops._common import (Obj, change_info, check_name, clientid_of, current, export_obj,
                               expire_lapsed_holders, find_state, nfs_error, require_dir, require_dir_modify,
-                              require_perm, require_regular, resolve_stateid_arg, seqid_op, set_current,
-                              store_errors, sync_namespace, v40_client, who)
+                              namespace_op, require_perm, require_regular, resolve_stateid_arg, seqid_op,
+                              set_current, store_errors, sync_namespace, v40_client, who)
 from nfsd.owners import OPEN_OWNER, sequenced
 from nfsd.ops.attrs import apply_setattr, setattr_request
 from nfsd.ops.filehandle import lookup_child
@@ -78,12 +79,14 @@ def _check_open_access(ctx, obj: Obj, access: int) -> None:
 
 
 class _Created:
-    """What the create part of OPEN did."""
-    def __init__(self, obj: Obj, cinfo, created: bool, attrset: list[int]):
+    """What the create part of OPEN did. `wrote`: a SETATTR after the (durable) create
+    changed the file, so the reply waits for a sync."""
+    def __init__(self, obj: Obj, cinfo, created: bool, attrset: list[int], wrote: bool):
         self.obj, self.cinfo, self.created, self.attrset = obj, cinfo, created, attrset
+        self.wrote = wrote
 
 
-def _create(ctx, parent: Obj, name: bytes, how) -> _Created:
+async def _create(ctx, parent: Obj, name: bytes, how) -> _Created:
     """OPEN4_CREATE in a directory (RFC 8881 18.16.3 createmode4 semantics)."""
     mode = how.tag
     verf = None
@@ -113,9 +116,9 @@ def _create(ctx, parent: Obj, name: bytes, how) -> _Created:
         cred = require_dir_modify(ctx, parent)
         uid, gid = new_owner(cred, parent)
         try:
-            attr, ci, created = store.create(parent.ino, name,
-                                             values.get(FATTR4_MODE, _DEFAULT_FILE_MODE),
-                                             uid, gid, exclusive=mode != UNCHECKED4)
+            attr, ci, created = await namespace_op(
+                ctx, "create", parent.ino, name, values.get(FATTR4_MODE, _DEFAULT_FILE_MODE),
+                uid, gid, mode != UNCHECKED4)
         except StoreError as e:
             if e.errno != errno.EEXIST:       # lost a race: judge the winner below
                 raise nfs_error(e) from e
@@ -125,8 +128,8 @@ def _create(ctx, parent: Obj, name: bytes, how) -> _Created:
             if created:
                 obj = export_obj(ctx, parent.export, attr)
                 with store_errors():
-                    attrset = _initialise(ctx, obj, values, verf)
-                return _Created(obj, ci, True, attrset)
+                    attrset, wrote = await _initialise(ctx, obj, values, verf)
+                return _Created(obj, ci, True, attrset, wrote)
             existing = attr               # UNCHECKED4 lost a race: open the winner's file
     # The name exists.
     obj = export_obj(ctx, parent.export, existing)
@@ -139,31 +142,33 @@ def _create(ctx, parent: Obj, name: bytes, how) -> _Created:
         if existing.type != FileType.REG or not _holds_verifier(existing, verf):
             raise NfsError(NFS4ERR_EXIST)
         # A retransmission of our own exclusive create: succeed as before.
-        return _Created(obj, cinfo, False, sorted(set(values) | _VERIFIER_BITS))
+        return _Created(obj, cinfo, False, sorted(set(values) | _VERIFIER_BITS), True)
     # UNCHECKED4 on an existing file opens it; createattrs are ignored except that a
     # size of zero truncates it (O_TRUNC; RFC 8881 18.16.3).
     require_regular(ctx, obj, v40_other=NFS4ERR_SYMLINK)
     attrset = []
     if values.get(FATTR4_SIZE) == 0:
         with store_errors():
-            apply_setattr(ctx, obj, setattr_request(ctx, obj, {FATTR4_SIZE: values[FATTR4_SIZE]}))
+            await apply_setattr(ctx, obj,
+                                setattr_request(ctx, obj, {FATTR4_SIZE: values[FATTR4_SIZE]}))
         attrset = [FATTR4_SIZE]
-    return _Created(obj, cinfo, False, attrset)
+    return _Created(obj, cinfo, False, attrset, bool(attrset))
 
 
 _VERIFIER_BITS = frozenset({FATTR4_TIME_ACCESS_SET, FATTR4_TIME_MODIFY_SET})
 
 
-def _initialise(ctx, obj: Obj, values: dict, verf: bytes | None) -> list[int]:
-    """Apply createattrs (mode went to store.create) and the exclusive verifier."""
+async def _initialise(ctx, obj: Obj, values: dict, verf: bytes | None) -> tuple[list[int], bool]:
+    """Apply createattrs (mode went to store.create) and the exclusive verifier; the set
+    bits, and whether a SETATTR was written."""
     rest = {b: v for b, v in values.items() if b != FATTR4_MODE}
     sa = setattr_request(ctx, obj, rest, creating=True) if rest else SetAttr()
     bits = set(values)
     if verf is not None:
         sa.mtime_ns, sa.atime_ns = _verifier_times(verf)
         bits |= _VERIFIER_BITS
-    apply_setattr(ctx, obj, sa)
-    return sorted(bits)
+    await apply_setattr(ctx, obj, sa)
+    return sorted(bits), sa != SetAttr()
 
 
 def _delegation(ctx, share_access: int):
@@ -210,13 +215,14 @@ async def _open(ctx, args, owner) -> OPEN4res:
     if claim in (CLAIM_DELEGATE_PREV, CLAIM_DELEG_PREV_FH):
         raise NfsError(NFS4ERR_NOTSUPP, "delegation reclaim")
     base = current(ctx)
-    created = False
+    created = wrote = False
     if claim == CLAIM_NULL:
         require_dir(base)
         name = check_name(args.claim.value)
         if creating:
-            res = _create(ctx, base, name, args.openhow.value)
+            res = await _create(ctx, base, name, args.openhow.value)
             obj, cinfo, created, attrset = res.obj, res.cinfo, res.created, res.attrset
+            wrote = res.wrote
         else:
             obj = lookup_child(ctx, base, name)
             cinfo = change_info4(atomic=True, before=base.attr.change, after=base.attr.change)
@@ -242,7 +248,7 @@ async def _open(ctx, args, owner) -> OPEN4res:
         rflags |= OPEN4_RESULT_CONFIRM
     set_current(ctx, obj)
     ctx.current_stateid = st.stateid()
-    if created or attrset:
+    if wrote:                 # the create itself was durable when namespace_op returned
         await sync_namespace(ctx)
     log.debug("open", client=ctx.peer[0] if ctx.peer else None, ino=obj.ino,
               access=access, deny=deny, created=created)
@@ -288,7 +294,12 @@ async def op_close(ctx, args) -> CLOSE4res:
 async def _close(ctx, args) -> CLOSE4res:
     st = _state_for(ctx, args.open_stateid)
     opens = ctx.server.opens
-    opens.close(st)
+    queued = opens.close(st)
+    if queued is not None:
+        try:
+            await asyncio.wrap_future(queued)
+        except StoreError:
+            pass                    # logged by the store; the open is gone either way
     if ctx.minorversion >= 1:
         # The returned stateid is useless: RFC 8881 18.2.4 says send the invalid one.
         result = invalid_stateid()

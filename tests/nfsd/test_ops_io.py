@@ -37,6 +37,7 @@ def test_write_stability_is_reported_truthfully(fs):
             ok = await fs.write(f, sid, 4096, b"b" * 10, how)
             assert ok.committed == FILE_SYNC4
             assert fs.server.blocking_calls.pop() == "commit"
+        fs.server.blocking_calls.clear()
         res = await fs.run([(OP_PUTFH, PUTFH4args(f)), (OP_COMMIT, COMMIT4args(0, 0))])
         assert res[1].value.writeverf == fs.server.store.write_verifier
         assert fs.server.blocking_calls == ["commit"]

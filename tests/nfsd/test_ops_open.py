@@ -184,7 +184,8 @@ def test_store_open_accounting_and_client_expiry(fs, monkeypatch):
         calls = []
         real_open, real_close = store.open_file, store.close_file
         monkeypatch.setattr(store, "open_file", lambda ino, w: (calls.append(("open", w)), real_open(ino, w)))
-        monkeypatch.setattr(store, "close_file", lambda ino, w: (calls.append(("close", w)), real_close(ino, w)))
+        monkeypatch.setattr(store, "close_file",
+                            lambda ino, w, **kw: (calls.append(("close", w)), real_close(ino, w, **kw)))
         exp = await fs.root_fh()
         f, s, _ = await fs.open(exp, "f", access=OPEN4_SHARE_ACCESS_READ)
         await fs.open(exp, "f", access=OPEN4_SHARE_ACCESS_WRITE)

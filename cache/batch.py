@@ -1,0 +1,155 @@
+"""Namespace batch committer: many concurrent namespace ops, one LMDB write transaction.
+
+Every index commit fdatasyncs data.mdb (sync=True, see index.py) and the single LMDB writer
+serializes them, so one transaction per op caps namespace ops at one fdatasync each. Here
+one thread takes every queued op, applies each in its own nested txn of ONE write txn (an
+op that raises aborts only its own changes; the others stay), commits once, and completes
+the ops' futures only when that commit is durable:
+  * if more ops are queued, the next batch's commit covers it for free (its data sync also
+    flushes this commit's meta page: commit.py), so under load a batch costs one fdatasync;
+  * if nothing is queued, one GroupCommit.sync() (env.sync) makes it durable.
+So a future's result means "applied and durable"; nobody learns of an op before its commit,
+and readers (other threads' read txns) only ever see committed batches.
+
+A caller already inside the index lock (a race hook, this thread itself) cannot wait for
+this thread, which needs that lock: its op runs inline in its own txn and is synced.
+"""
+from __future__ import annotations
+
+import collections
+import errno
+import threading
+from concurrent.futures import Future
+
+import structlog
+
+from .api import StoreError
+
+log = structlog.get_logger(__name__)
+
+MAX_BATCH = 512          # ops in one write txn (bounds the txn's dirty pages and latency)
+
+
+class BatchCommitter:
+    def __init__(self, index, committer, after_durable=None):
+        self.ix = index
+        self.committer = committer
+        self.after_durable = after_durable  # run after each durable group (drops of I3)
+        self._cv = threading.Condition(threading.Lock())
+        self._queue: collections.deque = collections.deque()
+        self._thread: threading.Thread | None = None
+        self._closing = False
+        self.batches = 0                    # write txns committed (metrics/tests)
+        self.ops = 0                        # ops applied through them
+        self.hook = None                    # tests: hook(point) at "batch.applied"
+
+    # ---- callers ------------------------------------------------------------------
+    def submit(self, fn, *args, durable: bool = True) -> Future:
+        """Run fn(writer, *args) in the next batch; the future holds its result (or the
+        StoreError it raised) once the batch is durable. durable=False (bookkeeping nobody
+        waits for): set at the commit, and never the reason for a sync."""
+        fut: Future = Future()
+        fut.durable = durable
+        if self.ix.lock._is_owned() or threading.current_thread() is self._thread:
+            self._inline(fut, fn, args)
+            return fut
+        with self._cv:
+            if self._closing:
+                raise StoreError(errno.ESHUTDOWN, "store is closing")
+            self._queue.append((fut, fn, args))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="ckptgw-nsbatch",
+                                                daemon=True)
+                self._thread.start()
+            self._cv.notify()
+        return fut
+
+    def _inline(self, fut: Future, fn, args) -> None:
+        try:
+            with self.ix.write() as w:
+                result = fn(w, *args)
+            self.committer.sync()
+        except BaseException as e:            # noqa: BLE001 - handed to the caller
+            fut.set_exception(e)
+        else:
+            fut.set_result(result)
+
+    def close(self) -> None:
+        """Finish every queued op (durably) and stop the thread."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+
+    # ---- the committer thread -----------------------------------------------------
+    def _run(self) -> None:
+        pending: list[tuple[int, list]] = []     # (txnid, outcomes): committed, not yet durable
+        while True:
+            with self._cv:
+                while not self._queue and not pending and not self._closing:
+                    self._cv.wait()
+                batch = [self._queue.popleft() for _ in range(min(len(self._queue), MAX_BATCH))]
+                if not batch and not pending:
+                    return                           # closing, all done
+            if batch:
+                outcomes = self._apply(batch)
+                if outcomes is not None:
+                    _complete([o for o in outcomes if not o[0].durable])
+                    waiting = [o for o in outcomes if o[0].durable]
+                    if waiting:
+                        pending.append((self.ix.txnid, waiting))
+            with self._cv:
+                more = bool(self._queue)
+            if pending and not more:
+                try:
+                    self.committer.sync()            # nobody else will cover the newest
+                except BaseException as e:           # noqa: BLE001 - EIO for every op waiting
+                    for _, outs in pending:
+                        for fut, _ok, _value in outs:
+                            fut.set_exception(e)
+                    pending = []
+                    continue
+            covered, left = [], []               # one test per batch: coverage only grows
+            for p in pending:
+                (covered if self.committer.covered(p[0]) else left).append(p)
+            pending = left
+            if covered and self.after_durable is not None:
+                self.after_durable()
+            for _, outs in covered:
+                _complete(outs)
+
+    def _apply(self, batch: list) -> list | None:
+        """One write txn, one nested txn per op; commit. Returns (future, ok, value) per op,
+        or None when the commit itself failed (every op then gets that error: nothing of
+        the batch was applied)."""
+        outcomes = []
+        try:
+            with self.ix.write() as w:
+                for fut, fn, args in batch:
+                    try:
+                        with self.ix.nested(w) as child:
+                            value = fn(child, *args)
+                    except BaseException as e:       # noqa: BLE001 - this op's answer
+                        outcomes.append((fut, False, e))
+                    else:
+                        outcomes.append((fut, True, value))
+                if self.hook is not None:
+                    self.hook("batch.applied")
+        except BaseException as e:                   # noqa: BLE001 - the batch's answer
+            log.error("batch.commit_failed", ops=len(batch), error=str(e))
+            for fut, _fn, _args in batch:
+                fut.set_exception(e)
+            return None
+        self.batches += 1
+        self.ops += len(batch)
+        return outcomes
+
+
+def _complete(outcomes: list) -> None:
+    for fut, ok, value in outcomes:
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)

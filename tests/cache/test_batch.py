@@ -1,0 +1,180 @@
+"""The namespace batch committer (cache/batch.py): many ops, one LMDB write transaction, each
+op in its own nested txn; futures complete only once the batch is durable."""
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from cache.api import ROOT_INO, StoreError
+from cache.store import Store
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _names(store: Store, parent: int = ROOT_INO) -> set[bytes]:
+    return {e.name for e in store.readdir(parent)}
+
+
+def _hold_writer(store: Store):
+    """Queue an op that blocks the committer thread inside its batch until released, so
+    ops submitted meanwhile all land in the NEXT batch."""
+    started, go = threading.Event(), threading.Event()
+
+    def blocker(w):
+        started.set()
+        assert go.wait(10)
+        return "blocker"
+
+    fut = store.batch.submit(blocker)
+    assert started.wait(10)
+    return fut, go
+
+
+def test_a_failing_op_in_a_batch_leaves_the_others_applied_and_itself_absent(store):
+    d = store.mkdir(ROOT_INO, b"d", 0o755, 0, 0)[0].ino
+    store.create(d, b"victim", 0o644, 0, 0)
+    batches0 = store.batch.batches
+    held, go = _hold_writer(store)
+
+    def half_then_fail(w):
+        # changes made before the error must vanish with it (its nested txn aborts)
+        store.ns.create(w, ROOT_INO, b"half", 0o644, 0, 0, False)
+        store.ns.rename(w, d, b"victim", ROOT_INO, b"moved")
+        raise StoreError(errno.EIO, "injected")
+
+    a = store.submit("create", ROOT_INO, b"a", 0o644, 0, 0, False)
+    bad = store.batch.submit(half_then_fail)
+    clash = store.submit("mkdir", ROOT_INO, b"d", 0o755, 0, 0)     # EEXIST
+    b = store.submit("rename", ROOT_INO, b"a", d, b"b")             # sees a's change
+    go.set()
+    assert held.result(10) == "blocker"
+    assert a.result(10)[2] is True
+    b.result(10)
+    with pytest.raises(StoreError) as e:
+        bad.result(10)
+    assert e.value.errno == errno.EIO
+    with pytest.raises(StoreError) as e:
+        clash.result(10)
+    assert e.value.errno == errno.EEXIST
+    assert store.batch.batches - batches0 == 2      # the blocker's, then all four in one
+    assert _names(store) == {b"d"}
+    assert _names(store, d) == {b"victim", b"b"}
+    # the store's counters and derived indexes agree with what was kept
+    assert store.check() == []
+    store.close()
+    reopened = Store.open(store.path)
+    try:
+        assert _names(reopened) == {b"d"}
+        assert _names(reopened, d) == {b"victim", b"b"}
+        assert reopened.check() == []
+    finally:
+        reopened.close()
+
+
+def test_an_op_returns_only_once_its_batch_is_durable(store):
+    """The future is set after a later commit or an env.sync covered the batch's commit."""
+    store.create(ROOT_INO, b"f", 0o644, 0, 0)
+    # the op's commit is the newest one; returning means it is covered (synced)
+    assert store.committer.covered(store.ix.txnid)
+
+
+def test_concurrent_ops_share_batches(store):
+    held, go = _hold_writer(store)
+    futs = [store.submit("mkdir", ROOT_INO, b"m%d" % i, 0o755, 0, 0) for i in range(20)]
+    go.set()
+    held.result(10)
+    for f in futs:
+        f.result(10)
+    assert store.batch.batches <= 3 and store.batch.ops >= 21
+    assert _names(store) == {b"m%d" % i for i in range(20)}
+
+
+CHILD = textwrap.dedent("""
+    import os, sys, threading, time
+    from cache.api import ROOT_INO
+    from cache.store import Store
+
+    path, replied = sys.argv[1], sys.argv[2]
+    s = Store.open(path)
+    d = s.mkdir(ROOT_INO, b"d", 0o755, 0, 0)[0].ino
+    s.create(d, b"old", 0o644, 0, 0)
+    started, go = threading.Event(), threading.Event()
+
+    def blocker(w):
+        started.set()
+        go.wait(10)
+    s.batch.submit(blocker)
+    started.wait(10)
+
+    def on_applied(point):
+        # every op of the batch is applied in the write txn, none committed: die here
+        with open(replied + ".hook", "w") as f:
+            f.write(point)
+            f.flush()
+            os.fsync(f.fileno())
+        os._exit(9)
+
+    def client(i):
+        s.submit("create", ROOT_INO, b"new%d" % i, 0o644, 0, 0, False).result()
+        with open(replied, "a") as f:       # the "reply": never reached
+            f.write("new%d\\n" % i)
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    rename = s.submit("rename", d, b"old", ROOT_INO, b"renamed")
+    while len(s.batch._queue) < 9:
+        time.sleep(0.001)
+    calls = []          # the first "applied" is the blocker's own batch: the next one dies
+    s.batch.hook = lambda point: calls.append(point) or (len(calls) > 1 and on_applied(point))
+    go.set()
+    rename.result()
+    open(replied, "a").write("rename\\n")
+""")
+
+
+def test_kill_between_apply_and_commit_leaves_nothing_of_the_batch_and_replies_nothing(tmp_path):
+    path, replied = str(tmp_path / "store"), str(tmp_path / "replied")
+    proc = subprocess.run([sys.executable, "-c", CHILD, path, replied], cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": REPO}, timeout=60,
+                          capture_output=True)
+    assert proc.returncode == 9, proc.stderr.decode()[-2000:]
+    assert open(replied + ".hook").read() == "batch.applied"
+    assert not os.path.exists(replied)              # no op was answered
+    s = Store.open(path)
+    try:
+        assert _names(s) == {b"d"}                  # nothing of the batch is visible
+        d = s.lookup(ROOT_INO, b"d").ino
+        assert _names(s, d) == {b"old"}
+        assert s.check() == []
+    finally:
+        s.close()
+
+
+def test_a_queued_close_stamp_lands_before_ops_submitted_after_it(store):
+    """close_file(wait=False) (nfsd's CLOSE, on the event loop) queues the last writer's
+    settle stamp to the batch instead of committing it; a RENAME sent after the CLOSE is
+    applied after it, so a temp file's settle window still restarts at its close."""
+    f = store.create(ROOT_INO, b"t.tmp", 0o644, 0, 0)[0].ino
+    store.open_file(f, True)
+    store.write(f, 0, b"x" * 10)
+    store.commit(f)
+    before = store.ix.read_inode(f).activity_ns
+    store.close_file(f, True, wait=False)
+    store.rename(ROOT_INO, b"t.tmp", ROOT_INO, b"t")
+    assert store.ix.read_inode(f).activity_ns > before
+
+
+def test_bookkeeping_nobody_waits_for_never_costs_a_sync(store):
+    """durable=False (the queued close stamp): set at its commit, no env.sync for it."""
+    store.mkdir(ROOT_INO, b"d", 0o755, 0, 0)
+    syncs = store.committer.syncs
+    fut = store.batch.submit(lambda w: w.queue_put({"kind": "test"}),
+                             durable=False)
+    assert fut.result(10) > 0
+    assert store.committer.syncs == syncs
