@@ -60,18 +60,23 @@ def test_settings_validate():
 def test_keymap_and_metadata_roundtrip():
     from types import SimpleNamespace
 
-    from uploader.keys import KeyMap, attrs_from_metadata, object_metadata
+    from cache.api import FileType
+    from uploader.keys import KeyMap, attrs_from_metadata, object_metadata, special_of_metadata
     km = KeyMap("ckpt/")
     assert km.file_key("run/a.pt") == "ckpt/run/a.pt" and km.dir_key("run") == "ckpt/run/"
     assert km.path_of_key("ckpt/run/a.pt") == "run/a.pt"
     assert km.path_of_key("ckpt/run/") == "run/"
     for bad in ("other/a", "ckpt/", "ckpt/a//b", "ckpt/../x", "ckpt/./x", "ckpt/" + "n" * 256):
         assert km.path_of_key(bad) is None, bad
-    attr = SimpleNamespace(ino=7, gen=3, data_seq=9, mode=0o640, uid=1000, gid=100, mtime_ns=1_700_000_000_123_456_789)
+    attr = SimpleNamespace(type=FileType.REG, ino=7, gen=3, data_seq=9, mode=0o640, uid=1000, gid=100, mtime_ns=1_700_000_000_123_456_789)
     meta = object_metadata(attr, is_dir=False)
     assert meta["mode"] == str(0o100640) and meta["mtime"] == "1700000000.123456789"
     assert (meta["ckptgw-ino"], meta["ckptgw-gen"], meta["ckptgw-seq"]) == ("7", "3", "9")   # identity
     assert attrs_from_metadata(meta, default_mtime_ns=0) == (0o640, 1000, 100, attr.mtime_ns)
+    assert special_of_metadata(meta) is None
+    dev = SimpleNamespace(**{**vars(attr), "type": FileType.CHR, "rdev": (4, 64)})
+    dev_meta = object_metadata(dev, is_dir=False)                 # s3fs records a device this way
+    assert dev_meta["mode"] == str(0o020640) and special_of_metadata(dev_meta) == (FileType.CHR, (4, 64))
     assert attrs_from_metadata({"mtime": "12"}, default_mtime_ns=5) == (0o644, 0, 0, 12_000_000_000)
     assert attrs_from_metadata({"mode": "junk"}, default_mtime_ns=5) == (0o644, 0, 0, 5)
 
