@@ -93,6 +93,7 @@ class Client:
     cs_seqid: int = 0
     cs_reply: object = None
     reclaim_complete: bool = False
+    recorded: bool = False          # its record is on stable storage (nfsd/grace.py)
     last_renew: float = field(default_factory=time.monotonic)
     expired: bool = False
     sessions: dict = field(default_factory=dict)    # sessionid -> Session

@@ -290,13 +290,14 @@ async def op_bind_conn_to_session(ctx, args) -> BIND_CONN_TO_SESSION4res:
 # ---- RECLAIM_COMPLETE (18.51) ----------------------------------------------------
 
 async def op_reclaim_complete(ctx, args) -> RECLAIM_COMPLETE4res:
-    # We keep no reclaimable state across restarts, so there is never a grace period:
-    # the first global RECLAIM_COMPLETE is accepted, a second is an error.
+    # The first global RECLAIM_COMPLETE records the client (it may get state from now
+    # on, nfsd/grace.py) and may end the grace period; a second is an error.
     if args.rca_one_fs:
         return RECLAIM_COMPLETE4res(NFS4_OK)
     client = ctx.client
     if client.reclaim_complete:
         raise NfsError(NFS4ERR_COMPLETE_ALREADY)
+    await ctx.server.grace.reclaim_complete(client)
     client.reclaim_complete = True
     return RECLAIM_COMPLETE4res(NFS4_OK)
 
