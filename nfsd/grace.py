@@ -13,7 +13,9 @@ store, `store.put_client_record`):
   period at all. During grace, only those clients' reclaims are served; any other OPEN,
   LOCK, LOCKT, REMOVE, RENAME or truncating SETATTR gets NFS4ERR_GRACE;
 - grace ends after `grace_time`, or early once every such client has sent
-  RECLAIM_COMPLETE (4.0 clients have none, so a 4.0 record keeps the full period);
+  RECLAIM_COMPLETE (4.0 clients have none, so a 4.0 record keeps the full period); a
+  client still reclaiming when the time is up gets a second more, again and again, up to
+  twice the period (as knfsd does), so a late but busy reclaim is not cut off halfway;
 - at its end the records of clients that neither reclaimed nor completed are deleted
   (durably) before any new state is granted: a client that did not reclaim in one grace
   period cannot reclaim after a second restart, when another client may meanwhile have
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import time
 
 import structlog
 
@@ -34,6 +37,8 @@ log = structlog.get_logger(__name__)
 # The record's own bytes: a format byte and the client's minor version.
 _RECORD = struct.Struct(">BB")
 _RECORD_FORMAT = 1
+# A reclaim this recent when the period is up keeps it going this much longer.
+EXTEND_STEP = 1.0
 
 
 def encode_record(minorversion: int) -> bytes:
@@ -64,6 +69,8 @@ class Grace:
         self.on_disk: set[bytes] = set()          # owners whose record is in the store
         self._end_timer: asyncio.TimerHandle | None = None
         self._ending: asyncio.Task | None = None
+        self._started = 0.0
+        self._last_reclaim = float("-inf")
 
     # ---- lifecycle --------------------------------------------------------------------
     def start(self) -> None:
@@ -76,8 +83,8 @@ class Grace:
                 self._ending = asyncio.get_running_loop().create_task(self._end("no grace time"))
             return
         self.in_grace = True
-        self._end_timer = asyncio.get_running_loop().call_later(
-            self.grace_time, self._end_soon, "grace time over")
+        self._started = time.monotonic()
+        self._end_timer = asyncio.get_running_loop().call_later(self.grace_time, self._time_up)
         log.info("grace_started", clients=len(self.reclaimable), seconds=self.grace_time)
 
     async def stop(self) -> None:
@@ -91,6 +98,13 @@ class Grace:
                 await task
             except asyncio.CancelledError:
                 pass
+
+    def _time_up(self) -> None:
+        now = time.monotonic()
+        if now - self._last_reclaim < EXTEND_STEP and now < self._started + 2 * self.grace_time:
+            self._end_timer = asyncio.get_running_loop().call_later(EXTEND_STEP, self._time_up)
+            return
+        self._end_soon("grace time over")
 
     def _end_soon(self, reason: str) -> None:
         if self._ending is None and self.in_grace:
@@ -128,6 +142,7 @@ class Grace:
 
     async def reclaimed(self, client) -> None:
         """A reclaim succeeded: the client's record stays beyond this grace period."""
+        self._last_reclaim = time.monotonic()
         self.kept.add(client.owner)
         await self.record(client)
 

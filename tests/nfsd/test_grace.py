@@ -334,3 +334,32 @@ def test_grace_ends_early_when_every_known_client_completed(gateway):
         for c in clients:
             await c.close()
     run(back())
+
+
+def test_grace_is_extended_while_a_client_keeps_reclaiming(gateway):
+    """A client still reclaiming when the period is up is not cut off (up to twice the period)."""
+    owner, verifier = _identity()
+    files = 10
+
+    async def before():
+        c = await connect(gateway, owner=owner, verifier=verifier)
+        d = await c.lookup_path(EXPORT)
+        fhs = [(await c.open_create(d, f"f{i}"))[0] for i in range(files)]
+        await c.close()
+        return fhs
+    fhs = run(before())
+    gateway.restart(grace_time=1.0)
+
+    async def late():
+        c = await connect(gateway, owner=owner, verifier=verifier, reclaim_complete=False)
+        t0 = time.monotonic()
+        for fh in fhs:                      # 2 s of reclaims, one every 0.2 s
+            status, _ = await reclaim_open(c, fh)
+            assert status == NFS4_OK, f"reclaim {time.monotonic() - t0:.1f} s into a 1 s grace period"
+            await asyncio.sleep(0.2)
+        assert time.monotonic() - t0 > 1.0
+        await asyncio.to_thread(gateway.wait_grace_over)   # ends without RECLAIM_COMPLETE
+        status, _ = await reclaim_open(c, fhs[0])
+        assert status == NFS4ERR_NO_GRACE
+        await c.close()
+    run(late())
