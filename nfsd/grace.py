@@ -70,6 +70,7 @@ class Grace:
         self._end_timer: asyncio.TimerHandle | None = None
         self._ending: asyncio.Task | None = None
         self._started = 0.0
+        self.extend_step = EXTEND_STEP
         self._last_reclaim = float("-inf")
 
     # ---- lifecycle --------------------------------------------------------------------
@@ -101,8 +102,8 @@ class Grace:
 
     def _time_up(self) -> None:
         now = time.monotonic()
-        if now - self._last_reclaim < EXTEND_STEP and now < self._started + 2 * self.grace_time:
-            self._end_timer = asyncio.get_running_loop().call_later(EXTEND_STEP, self._time_up)
+        if now - self._last_reclaim < self.extend_step and now < self._started + 2 * self.grace_time:
+            self._end_timer = asyncio.get_running_loop().call_later(self.extend_step, self._time_up)
             return
         self._end_soon("grace time over")
 

@@ -254,14 +254,14 @@ async def _open(ctx, args, owner) -> OPEN4res:
         _check_open_access(ctx, obj, access)
     expire_lapsed_holders(ctx, obj.ino)
     with store_errors():
+        if claim != CLAIM_PREVIOUS:
+            await grace.record(ctx.client)      # durable before the client gets state
         st = ctx.server.opens.open(clientid, args.owner.owner, obj.ino,
                                    obj.export.export_id, access, deny)
     if claim == CLAIM_PREVIOUS:
         await grace.reclaimed(ctx.client)
         if owner is not None:
             owner.confirmed = True     # a reclaim needs no OPEN_CONFIRM (as knfsd)
-    else:
-        await grace.record(ctx.client)
     rflags = OPEN4_RESULT_LOCKTYPE_POSIX
     if owner is not None and not owner.confirmed:
         st.confirmed = False

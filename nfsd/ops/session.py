@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import structlog
 
 from nfsd.errors import NfsError
+from nfsd.ops._common import store_errors
 from nfsd.state import ChannelAttrs, Client, Session, Slot, next_seqid
 from nfsd.xdr.nfs4 import (
     BIND_CONN_TO_SESSION4res, BIND_CONN_TO_SESSION4resok, CDFC4_BACK, CDFC4_BACK_OR_BOTH,
@@ -297,7 +298,8 @@ async def op_reclaim_complete(ctx, args) -> RECLAIM_COMPLETE4res:
     client = ctx.client
     if client.reclaim_complete:
         raise NfsError(NFS4ERR_COMPLETE_ALREADY)
-    await ctx.server.grace.reclaim_complete(client)
+    with store_errors():
+        await ctx.server.grace.reclaim_complete(client)
     client.reclaim_complete = True
     return RECLAIM_COMPLETE4res(NFS4_OK)
 
