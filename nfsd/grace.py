@@ -13,9 +13,10 @@ store, `store.put_client_record`):
   period at all. During grace, only those clients' reclaims are served; any other OPEN,
   LOCK, LOCKT, REMOVE, RENAME or truncating SETATTR gets NFS4ERR_GRACE;
 - grace ends after `grace_time`, or early once every such client has sent
-  RECLAIM_COMPLETE (4.0 clients have none, so a 4.0 record keeps the full period); a
-  client still reclaiming when the time is up gets a second more, again and again, up to
-  twice the period (as knfsd does), so a late but busy reclaim is not cut off halfway;
+  RECLAIM_COMPLETE (4.0 clients have none, so a 4.0 record keeps the full period); while
+  known clients are still reclaiming (a reclaim or RECLAIM_COMPLETE in the last second)
+  when the time is up, it goes on a second at a time, up to twice the period (as knfsd
+  does), so a late but busy reclaim is not cut off halfway;
 - at its end the records of clients that neither reclaimed nor completed are deleted
   (durably) before any new state is granted: a client that did not reclaim in one grace
   period cannot reclaim after a second restart, when another client may meanwhile have
@@ -162,6 +163,7 @@ class Grace:
         """RECLAIM_COMPLETE (4.1): recorded; grace ends once every known client sent it."""
         await self.record(client)
         if client.owner in self.reclaimable:
+            self._last_reclaim = time.monotonic()     # clients are still coming back
             self.kept.add(client.owner)
             self.completed.add(client.owner)
             if self.in_grace and all(o in self.completed for o in self.reclaimable):

@@ -366,3 +366,37 @@ def test_grace_is_extended_while_a_client_keeps_reclaiming(gateway):
         assert status == NFS4ERR_NO_GRACE
         await c.close()
     run(late())
+
+
+def test_clients_completing_their_reclaim_also_keep_grace_going(gateway):
+    """RECLAIM_COMPLETEs of known clients count as reclaiming: a late reclaim after a stream of
+    them, past the period, still succeeds (one known client never returns, so grace does not
+    end early)."""
+    grace_time = 2.0
+    late, gone = _identity(), _identity()
+    returning = [_identity() for _ in range(40)]
+
+    async def before():
+        c = await connect(gateway, owner=late[0], verifier=late[1])
+        fh, _ = await c.open_create(await c.lookup_path(EXPORT), "late")
+        await c.close()
+        for owner, verifier in returning + [gone]:
+            await (await connect(gateway, owner=owner, verifier=verifier)).close()
+        return fh
+    fh = run(before())
+    gateway.restart(grace_time=grace_time)
+    started = time.monotonic()
+    gateway.st.call(lambda: setattr(gateway.st.server.grace, "extend_step", 2 * grace_time))
+
+    async def back():
+        for owner, verifier in returning:           # each comes back with nothing to reclaim
+            await (await connect(gateway, owner=owner, verifier=verifier)).close()
+            if time.monotonic() - started > grace_time + 0.5:
+                break
+            await asyncio.sleep(0.1)
+        assert time.monotonic() - started > grace_time, "the clients came back too fast to tell"
+        c = await connect(gateway, owner=late[0], verifier=late[1], reclaim_complete=False)
+        status, _ = await reclaim_open(c, fh)
+        assert status == NFS4_OK
+        await c.close()
+    run(back())
