@@ -313,6 +313,11 @@ class ServerSettings:
     evict_interval: float = _opt(_UP["evict_interval"], _duration, "How often the watermarks are checked.",
                                  reload="eviction")
     lease_time: float = _opt(90.0, _duration, "NFSv4 lease time: clients silent longer lose their state.")
+    grace_time: float | None = _opt(None, _opt_duration, "Grace period after a start in which clients that "
+                                    "held opens and locks reclaim them and other new state waits (RFC 8881 "
+                                    "8.4). Empty: the lease time. Ends early once every such NFSv4.1 client "
+                                    "has sent RECLAIM_COMPLETE; there is none when no client held state.",
+                                    example='""')
     owner_domain: str | None = _opt(None, _opt_str, 'NFSv4 id-mapping domain. Empty: owners travel as numeric '
                                     "ids (what Linux sends with id mapping off). Set (e.g. \"example.org\"): "
                                     "owners are sent as name@domain from this host's users and groups, and both "

@@ -259,7 +259,8 @@ class Daemon:
     async def _start_nfs(self) -> None:
         from nfsd.server import NfsServer
         exports = await asyncio.to_thread(build_exports, self.config, self.store)
-        server = NfsServer(self.store, exports, lease_time=self.config.server.lease_time)
+        server = NfsServer(self.store, exports, lease_time=self.config.server.lease_time,
+                           grace_time=self.config.server.grace_time)
         server.observer = self.ops          # called as observer(op, status, seconds, nbytes)
         if self.uploader is not None:       # read-through: nfsd/ops/io.py asks for ABSENT ranges
             server.fetch_missing = self.uploader.fetch_missing

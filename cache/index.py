@@ -35,6 +35,9 @@ an older ckptgw, which cannot read those types, refuses it instead of misreading
   remote    ino -> JSON RemoteInfo
   pins      ino -> reason
   queue     job id -> JSON job
+  clients   blake2b(owner) -> u32 len + owner + record: opaque records of NFS clients that
+            hold state, for reclaim after a restart (the store does not interpret them;
+            the key is a digest because an owner may be longer than LMDB's 511-byte keys)
 Every index that depends on an inode's fields (dirty, lru, the used/dirty byte counters) is
 maintained in one place, `Writer.put_inode`, so they cannot drift apart.
 """
@@ -42,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import hashlib
 import json
 import os
 import struct
@@ -64,7 +68,7 @@ FORMAT_V2 = b"ckptgw-store/2"     # no special files, inode records without rdev
 MAP_SIZE = 64 << 30           # sparse; LMDB only uses what it writes
 DB_NAMES = (b"meta", b"inodes", b"dirents", b"cookies", b"links", b"extents", b"symlinks",
             b"dirty", b"unsettled", b"ready", b"lru", b"orphans", b"remote", b"pins",
-            b"queue", b"drops")
+            b"queue", b"drops", b"clients")
 
 U64 = struct.Struct(">Q")
 U64x2 = struct.Struct(">QQ")
@@ -186,6 +190,23 @@ def dirent_key(parent: int, name: bytes) -> bytes:
 
 def link_key(ino: int, parent: int, name: bytes) -> bytes:
     return U64x2.pack(ino, parent) + name
+
+
+_CLIENT_OWNER_LEN = struct.Struct(">I")
+
+
+def client_key(owner: bytes) -> bytes:
+    return hashlib.blake2b(owner, digest_size=32, person=b"ckptgw-client").digest()
+
+
+def pack_client(owner: bytes, record: bytes) -> bytes:
+    return _CLIENT_OWNER_LEN.pack(len(owner)) + owner + record
+
+
+def unpack_client(buf) -> tuple[bytes, bytes]:
+    buf = bytes(buf)
+    (n,) = _CLIENT_OWNER_LEN.unpack_from(buf)
+    return buf[4:4 + n], buf[4 + n:]
 
 
 def remote_to_json(r: RemoteInfo) -> bytes:

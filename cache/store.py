@@ -59,7 +59,7 @@ from .batch import BatchCommitter
 from .commit import GroupCommit
 from .data import DataFiles
 from .index import (F_PINNED, F_TRUNCATED, F_UNCOMMITTED, FIRST_COOKIE, U64, U64x2, Index,
-                    Inode, Writer)
+                    Inode, Writer, client_key, pack_client, unpack_client)
 from .namespace import Namespace, validate_name
 from .recovery import recover
 from .space import Space
@@ -1177,6 +1177,26 @@ class Store:
     def queue_done(self, job_id: int) -> None:
         with self.ix.write() as w:
             w.txn.delete(U64.pack(job_id), db=self.ix.queue)
+
+    # ---- client records (nfsd's stable storage for reclaim after a restart) ---------------
+    # Opaque to the store: `record` bytes keyed by a client owner string. Not synced by
+    # themselves: call sync() before promising anything that depends on one.
+    MAX_CLIENT_RECORD = 4096
+
+    def client_records(self) -> dict[bytes, bytes]:
+        """Every client record: {owner: record}."""
+        with self.ix.read() as v:
+            return dict(unpack_client(val) for _, val in v.txn.cursor(db=self.ix.clients))
+
+    def put_client_record(self, owner: bytes, record: bytes) -> None:
+        if len(owner) + len(record) > self.MAX_CLIENT_RECORD:
+            raise StoreError(errno.ENAMETOOLONG, "client record too large")
+        with self.ix.write() as w:
+            w.txn.put(client_key(owner), pack_client(owner, record), db=self.ix.clients)
+
+    def delete_client_record(self, owner: bytes) -> None:
+        with self.ix.write() as w:
+            w.txn.delete(client_key(owner), db=self.ix.clients)
 
     # ---- object records (uploader identity bookkeeping, issue 13) ------------------------
     def remote_records_under(self, prefix: str) -> list[tuple[int, RemoteInfo]]:

@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a connection limit of nfsd/limits.py (repeatable)")
     p.add_argument("--lease-time", type=float, default=DEFAULT_LEASE_TIME,
                    help="NFSv4 lease time in seconds (default 90)")
+    p.add_argument("--grace-time", type=float, default=None,
+                   help="grace period after a start, for clients to reclaim their state "
+                        "(seconds; default: the lease time)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -72,7 +75,8 @@ async def run(args) -> None:
     try:
         server = NfsServer(store, Exports.single(args.export, root_squash=args.root_squash,
                                                   secure=args.secure),
-                           args.lease_time, limits=Limits(**dict(args.limit)))
+                           args.lease_time, limits=Limits(**dict(args.limit)),
+                           grace_time=args.grace_time)
         try:
             await server.start(*args.listen)
         except OSError as exc:

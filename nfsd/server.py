@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import structlog
 
 from nfsd.compound import GarbageArgs, run_compound
+from nfsd.grace import Grace
 from nfsd.limits import Limits, RateLimitedLog
 from nfsd.rpc import (
     Program, auth_error_reply, finish_reply, garbage_args_reply,
@@ -44,7 +45,7 @@ class NfsServer:
     def __init__(self, store, exports, lease_time: float = DEFAULT_LEASE_TIME, *,
                  handlers: dict | None = None, opens=None, limits: Limits | None = None,
                  max_record: int | None = None, max_inflight: int | None = None,
-                 blocking_threads: int = 4):
+                 blocking_threads: int = 4, grace_time: float | None = None):
         self.store = store
         self.exports = exports
         self.lease_time = lease_time
@@ -56,6 +57,12 @@ class NfsServer:
         self.server_owner = identity
         self.server_scope = identity
         self.sessions = SessionManager(lease_time)
+        # Reclaim after a restart (nfsd/grace.py): as long as a lease by default, so every
+        # client that held state has renewed (and so noticed the restart) before it ends.
+        self.grace = Grace(store, lease_time if grace_time is None else grace_time,
+                           self.run_blocking)
+        self.sessions.on_client_expired.append(self.grace.forget)
+        self.sessions.reclaim_needed = self.grace.reclaim_needed
         if handlers is None:
             from nfsd.ops import HANDLERS as handlers
         self.handlers = handlers
@@ -89,6 +96,7 @@ class NfsServer:
     # ---- lifecycle --------------------------------------------------------------
     async def start(self, host: str = "127.0.0.1", port: int = 2049) -> None:
         loop = asyncio.get_running_loop()
+        self.grace.start()      # before the first call can arrive
         self._listener = await loop.create_server(
             lambda: NfsConnection(self, self.limits), host, port, reuse_address=True, backlog=256)
         self.address = self._listener.sockets[0].getsockname()[:2]
@@ -124,6 +132,7 @@ class NfsServer:
             await self._listener.wait_closed()
             self._listener = None
         await self.sessions.stop_reaper()
+        await self.grace.stop()
         await asyncio.get_running_loop().run_in_executor(
             None, functools.partial(self._executor.shutdown, wait=True))
         log.info("nfsd_stopped")
@@ -220,10 +229,11 @@ class NfsServer:
 
 
 async def serve(store, exports, host: str, port: int, *, stop_event: asyncio.Event | None = None,
-                lease_time: float = DEFAULT_LEASE_TIME, started=None) -> None:
+                lease_time: float = DEFAULT_LEASE_TIME, grace_time: float | None = None,
+                started=None) -> None:
     """Run an NFS server until `stop_event` is set (or the task is cancelled), then
     stop it cleanly. `started(server)` is called once it listens."""
-    server = NfsServer(store, exports, lease_time)
+    server = NfsServer(store, exports, lease_time, grace_time=grace_time)
     await server.start(host, port)
     if started is not None:
         started(server)

@@ -94,6 +94,7 @@ class Client:
     cs_seqid: int = 0
     cs_reply: object = None
     reclaim_complete: bool = False
+    recorded: bool = False          # its record is on stable storage (nfsd/grace.py)
     last_renew: float = field(default_factory=time.monotonic)
     expired: bool = False
     sessions: dict = field(default_factory=dict)    # sessionid -> Session
@@ -142,10 +143,9 @@ class SessionManager:
         # than STALE_CLIENTID (bounded: oldest forgotten first).
         self.expired_ids: OrderedDict = OrderedDict()
         self._reaper: asyncio.Task | None = None
-        # Grace period hook (RFC 8881 8.4.2): whoever runs grace sets this while it lasts;
-        # SEQUENCE then reports SEQ4_STATUS_RESTART_RECLAIM_NEEDED to clients that have
-        # not sent RECLAIM_COMPLETE.
-        self.in_grace = False
+        # Grace period hook (RFC 8881 8.4.2, set by the server to nfsd/grace.py): whether a
+        # client must still reclaim, reported by SEQUENCE as SEQ4_STATUS_RESTART_RECLAIM_NEEDED.
+        self.reclaim_needed: Callable[[Client], bool] = lambda client: False
 
     # ---- clients ----------------------------------------------------------------
     def new_client(self, owner: bytes, verifier: bytes, principal: tuple, minorversion: int,

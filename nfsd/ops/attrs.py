@@ -6,6 +6,7 @@ import structlog
 from cache.api import FileType, SetAttr, StoreError
 from nfsd import attrs as fattr
 from nfsd.errors import NfsError
+from nfsd.openstate import ANONYMOUS, BYPASS, special_kind
 from nfsd.exports import MAY_EXEC, MAY_READ, MAY_WRITE, permitted
 from nfsd.ops._common import (Obj, blocking, current, io_state, nfs_error, require_perm,
                               require_writable_fs, store_errors, sync_namespace, who)
@@ -51,6 +52,9 @@ async def op_setattr(ctx, args) -> SETATTR4res:
     obj = current(ctx)
     values = fattr.decode(args.obj_attributes)
     require_writable_fs(obj)
+    if FATTR4_SIZE in values and special_kind(args.stateid) in (ANONYMOUS, BYPASS):
+        # A truncate outside any (reclaimed) open could destroy locked data.
+        ctx.server.grace.refuse_in_grace("SETATTR of size without an open")
     sa = setattr_request(ctx, obj, values, stateid=args.stateid)
     await apply_setattr(ctx, obj, sa)
     await sync_namespace(ctx)

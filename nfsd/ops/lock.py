@@ -1,7 +1,8 @@
 """LOCK LOCKT LOCKU (RFC 8881 sections 18.10-18.12): advisory POSIX byte-range locks.
 
 Locks live in memory with the open state (nfsd/openstate.py): a server restart loses
-them, and reclaims get NFS4ERR_NO_GRACE like open reclaims. Blocking lock types
+them; clients reclaim them during the grace period (nfsd/grace.py), when LOCK without
+`reclaim` and LOCKT get NFS4ERR_GRACE. Blocking lock types
 (READW_LT/WRITEW_LT) are answered like the plain ones; the client polls.
 """
 from __future__ import annotations
@@ -13,8 +14,8 @@ from nfsd.ops._common import (clientid_of, current, expire_lapsed_holders, find_
                               require_regular, seqid_op, v40_client)
 from nfsd.owners import LOCK_OWNER, OPEN_OWNER
 from nfsd.xdr.nfs4 import (
-    NFS4ERR_BAD_STATEID, NFS4ERR_DENIED, NFS4ERR_INVAL, NFS4ERR_NO_GRACE,
-    NFS4ERR_OPENMODE, NFS4_OK, NFS4_UINT64_MAX, OP_LOCK, OP_LOCKT, OP_LOCKU, READ_LT,
+    NFS4ERR_BAD_STATEID, NFS4ERR_DENIED, NFS4ERR_INVAL, NFS4ERR_OPENMODE, NFS4_OK, NFS4_UINT64_MAX,
+    OP_LOCK, OP_LOCKT, OP_LOCKU, READ_LT,
     READW_LT, WRITE_LT, WRITEW_LT,
     LOCK4denied, LOCK4res, LOCK4resok, LOCKT4res, LOCKU4res, lock_owner4,
 )
@@ -88,8 +89,6 @@ async def op_lock(ctx, args) -> LOCK4res:
 
 async def _lock(ctx, args) -> LOCK4res:
     obj = _regular_file(ctx)
-    if args.reclaim:
-        raise NfsError(NFS4ERR_NO_GRACE, "no locks to reclaim")
     kind = _kind(args.locktype)
     start, end = _range(args.offset, args.length)
     opens = ctx.server.opens
@@ -98,9 +97,16 @@ async def _lock(ctx, args) -> LOCK4res:
         open_st = _state(ctx, locker.value.open_stateid, OpenState, obj)
         if ctx.minorversion == 0 and locker.value.lock_owner.clientid != open_st.clientid:
             raise NfsError(NFS4ERR_BAD_STATEID, "lock-owner of another client")
-        lk = opens.lock_state(open_st, locker.value.lock_owner.owner)
     else:
         lk = _state(ctx, locker.value.lock_stateid, LockState, obj)
+    # After the stateid (in 4.0 it names the client, ctx.client), before any new state.
+    grace = ctx.server.grace
+    if args.reclaim:
+        grace.check_reclaim(ctx.client)
+    else:
+        grace.refuse_in_grace("LOCK")
+    if locker.tag:
+        lk = opens.lock_state(open_st, locker.value.lock_owner.owner)
     # The open must allow the lock's kind (as Linux knfsd: NFS4ERR_OPENMODE).
     need = SHARE_ACCESS_WRITE if kind == LOCK_WRITE else SHARE_ACCESS_READ
     if not lk.access & need:
@@ -110,12 +116,15 @@ async def _lock(ctx, args) -> LOCK4res:
         opens.lock(lk, start, end, kind)
     except LockConflict as c:
         return LOCK4res(NFS4ERR_DENIED, _denied(c))
+    if args.reclaim:
+        await grace.reclaimed(ctx.client)
     ctx.current_stateid = lk.stateid()
     return LOCK4res(NFS4_OK, LOCK4resok(lock_stateid=lk.stateid()))
 
 
 async def op_lockt(ctx, args) -> LOCKT4res:
     obj = _regular_file(ctx)
+    ctx.server.grace.refuse_in_grace("LOCKT")     # reclaimed locks may still be missing
     kind = _kind(args.locktype)
     start, end = _range(args.offset, args.length)
     if ctx.minorversion == 0:

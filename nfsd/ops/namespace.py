@@ -123,6 +123,7 @@ def _check_sticky(ctx, dir_obj: Obj, name: bytes, cred: EffectiveCred):
 
 async def op_remove(ctx, args) -> REMOVE4res:
     d = current(ctx)
+    ctx.server.grace.refuse_in_grace("REMOVE")   # the file may hold a lock being reclaimed
     name = check_name(args.target)
     cred = require_dir_modify(ctx, d)
     _check_sticky(ctx, d, name, cred)
@@ -135,6 +136,7 @@ async def op_remove(ctx, args) -> REMOVE4res:
 async def op_rename(ctx, args) -> RENAME4res:
     src_dir = saved(ctx)
     dst_dir = current(ctx)
+    ctx.server.grace.refuse_in_grace("RENAME")
     oldname = check_name(args.oldname)
     newname = check_name(args.newname)
     require_dir(src_dir)

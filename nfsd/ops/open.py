@@ -1,7 +1,8 @@
 """OPEN OPEN_DOWNGRADE CLOSE DELEGRETURN (RFC 8881 sections 18.16, 18.18, 18.2, 18.6).
 
-We never grant delegations and keep no state across restarts, so reclaims
-(CLAIM_PREVIOUS) get NFS4ERR_NO_GRACE and delegation claims are refused.
+We never grant delegations, so delegation claims are refused. Open state is lost at a
+restart; clients with a record (nfsd/grace.py) reclaim it with CLAIM_PREVIOUS during the
+grace period, when every other OPEN gets NFS4ERR_GRACE.
 Exclusive creates keep the client's verifier in the new file's mtime/atime seconds
 (as Linux knfsd does) so a retransmitted create finds "its" file and succeeds
 (RFC 8881 18.16.3); the reply's attrset names those times so the client resets them.
@@ -31,7 +32,7 @@ from nfsd.xdr.nfs4 import (
     NFS4ERR_GRACE, CLAIM_DELEG_CUR_FH, CLAIM_DELEG_PREV_FH, CLAIM_DELEGATE_CUR, CLAIM_DELEGATE_PREV,
     CLAIM_FH, CLAIM_NULL, CLAIM_PREVIOUS, EXCLUSIVE4, EXCLUSIVE4_1, FATTR4_MODE,
     FATTR4_SIZE, FATTR4_TIME_ACCESS_SET, FATTR4_TIME_MODIFY_SET, GUARDED4,
-    NFS4ERR_BAD_STATEID, NFS4ERR_EXIST, NFS4ERR_INVAL, NFS4ERR_ISDIR, NFS4ERR_NO_GRACE,
+    NFS4ERR_BAD_STATEID, NFS4ERR_EXIST, NFS4ERR_INVAL, NFS4ERR_ISDIR,
     NFS4ERR_NOTSUPP, NFS4ERR_ROFS, NFS4ERR_SYMLINK, NFS4_OK,
     OPEN4_CREATE, OPEN4_RESULT_CONFIRM, OPEN4_RESULT_LOCKTYPE_POSIX, OPEN4_SHARE_ACCESS_WANT_CANCEL,
     OPEN4_SHARE_ACCESS_WANT_DELEG_MASK, OPEN4_SHARE_ACCESS_WANT_NO_DELEG,
@@ -205,9 +206,15 @@ async def _open(ctx, args, owner) -> OPEN4res:
     clientid = clientid_of(ctx)
     claim = args.claim.tag
     creating = args.openhow.tag == OPEN4_CREATE
+    grace = ctx.server.grace
     if claim == CLAIM_PREVIOUS:
-        raise NfsError(NFS4ERR_NO_GRACE, "no state to reclaim")
-    if ctx.minorversion >= 1 and not getattr(ctx.client, "reclaim_complete", True):
+        if ctx.client is None:
+            raise NfsError(NFS4ERR_BAD_STATEID, "no client")
+        grace.check_reclaim(ctx.client)
+    else:
+        grace.refuse_in_grace("OPEN")
+    if claim != CLAIM_PREVIOUS and ctx.minorversion >= 1 \
+            and not getattr(ctx.client, "reclaim_complete", True):
         # RFC 8881 18.51.3: non-reclaim OPENs wait for the client's RECLAIM_COMPLETE.
         raise NfsError(NFS4ERR_GRACE, "OPEN before RECLAIM_COMPLETE")
     if claim in (CLAIM_DELEGATE_CUR, CLAIM_DELEG_CUR_FH):
@@ -227,6 +234,12 @@ async def _open(ctx, args, owner) -> OPEN4res:
             obj = lookup_child(ctx, base, name)
             cinfo = change_info4(atomic=True, before=base.attr.change, after=base.attr.change)
             attrset = []
+    elif claim == CLAIM_PREVIOUS:
+        # The file is the current filehandle; nothing is created (RFC 8881 18.16.3), and
+        # the delegation type asked for is moot since we never delegated.
+        obj = base
+        cinfo = change_info4(atomic=True, before=0, after=0)
+        attrset = []
     elif claim == CLAIM_FH:
         if creating or ctx.minorversion < 1:
             raise NfsError(NFS4ERR_INVAL, "CLAIM_FH cannot create (and needs 4.1)")
@@ -240,8 +253,14 @@ async def _open(ctx, args, owner) -> OPEN4res:
         _check_open_access(ctx, obj, access)
     expire_lapsed_holders(ctx, obj.ino)
     with store_errors():
+        if claim != CLAIM_PREVIOUS:
+            await grace.record(ctx.client)      # durable before the client gets state
         st = ctx.server.opens.open(clientid, args.owner.owner, obj.ino,
                                    obj.export.export_id, access, deny)
+    if claim == CLAIM_PREVIOUS:
+        await grace.reclaimed(ctx.client)
+        if owner is not None:
+            owner.confirmed = True     # a reclaim needs no OPEN_CONFIRM (as knfsd)
     rflags = OPEN4_RESULT_LOCKTYPE_POSIX
     if owner is not None and not owner.confirmed:
         st.confirmed = False

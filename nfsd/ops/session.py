@@ -16,6 +16,7 @@ import structlog
 
 from nfsd.callback import BackChannel
 from nfsd.errors import NfsError
+from nfsd.ops._common import store_errors
 from nfsd.state import ChannelAttrs, Client, Session, Slot, next_seqid
 from nfsd.xdr.nfs4 import (
     AUTH_NONE, AUTH_SYS,
@@ -324,13 +325,15 @@ async def op_backchannel_ctl(ctx, args) -> BACKCHANNEL_CTL4res:
 # ---- RECLAIM_COMPLETE (18.51) ----------------------------------------------------
 
 async def op_reclaim_complete(ctx, args) -> RECLAIM_COMPLETE4res:
-    # We keep no reclaimable state across restarts, so there is never a grace period:
-    # the first global RECLAIM_COMPLETE is accepted, a second is an error.
+    # The first global RECLAIM_COMPLETE records the client (it may get state from now
+    # on, nfsd/grace.py) and may end the grace period; a second is an error.
     if args.rca_one_fs:
         return RECLAIM_COMPLETE4res(NFS4_OK)
     client = ctx.client
     if client.reclaim_complete:
         raise NfsError(NFS4ERR_COMPLETE_ALREADY)
+    with store_errors():
+        await ctx.server.grace.reclaim_complete(client)
     client.reclaim_complete = True
     return RECLAIM_COMPLETE4res(NFS4_OK)
 
@@ -415,7 +418,7 @@ def status_flags(mgr, session: Session) -> int:
         if all(_back_down(s) for s in client.sessions.values()
                if s.backchannel is not None and s.backchannel.wanted):
             flags |= SEQ4_STATUS_CB_PATH_DOWN
-    if mgr.in_grace and not client.reclaim_complete:
+    if not client.reclaim_complete and mgr.reclaim_needed(client):
         flags |= SEQ4_STATUS_RESTART_RECLAIM_NEEDED
     return flags
 

@@ -22,6 +22,7 @@ CHANGES = {
     "server.low_watermark": {"server": {"low_watermark": 0.5}},
     "server.evict_interval": {"server": {"evict_interval": "7s"}},
     "server.lease_time": {"server": {"lease_time": "45s"}},
+    "server.grace_time": {"server": {"grace_time": "20s"}},
     "server.owner_domain": {"server": {"owner_domain": "example.org"}},
     "server.shutdown_timeout": {"server": {"shutdown_timeout": "40s"}},
     "admin.socket": {"admin": {"socket": "/nonexistent/other.sock"}},

@@ -37,6 +37,9 @@ class ServerProcess:
     def command(self, port: int = 0) -> list[str]:
         return [sys.executable, "-m", "nfsd", "--listen", f"127.0.0.1:{port}", "--cache-dir",
                 str(self.cache_dir), "--export", self.export,
+                # No grace period after a restart: the workload's clients start afresh
+                # rather than reclaim (tests/nfsd/test_grace.py covers reclaim).
+                "--grace-time", "0",
                 "--log-level", "info"]          # info: the port line
 
     def start(self, timeout: float = 60, *, same_port: bool = False, wait: bool = True) -> int:

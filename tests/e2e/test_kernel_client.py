@@ -5,9 +5,10 @@ Each VM boot runs one guest driver from tests/e2e/guest/ that checks several sce
 scenario each, so a failure names the scenario and carries the guest output, the guest kernel log
 and the server log.
 
-Default (CI): 6 boots (one of them the data path over vers=4.0, one the 4.2 sparse/copy ops), about 7-9 minutes of TCG time: semantics over vers=4.2 (tar in/out, links,
+Default (CI): 7 boots (one of them the data path over vers=4.0, one the 4.2 sparse/copy ops), about 8-11 minutes of TCG time: semantics over vers=4.2 (tar in/out, links,
 truncate, chmod, df, 2,000 entries), data over vers=4.1 (256 MiB dd + checksum, checkpoint
-pattern, `latest` rename race), a server restart between unmount and remount, a bad export.
+pattern, `latest` rename race), a server restart between unmount and remount, an flock and its
+open file held across a server restart (reclaimed in the grace period), a bad export.
 CKPTGW_KCLIENT_FULL=1: semantics over 4.1 as well, 10,000 entries, a 1 GiB dd, a bigger checkpoint.
 """
 
@@ -130,6 +131,46 @@ def test_unmount_restart_remount(fresh_nfs_server):
                host_calls={"restart": fresh_nfs_server.restart})
     for scenario in ("write-then-unmount", "server-restart", "remount-verify", "restart-checkpoint-readback",
                      "after-restart-new-checkpoint"):
+        run.assert_scenario(scenario)
+
+
+def _lock_denied_to_another_client(server, name: str, wait_s: float = 90) -> None:
+    """Host call: a second client (tests/nfsclient.py) asks LOCKT for the guest's locked file and
+    must be DENIED (GRACE while the guest still reclaims is waited out)."""
+    import asyncio
+    import time
+
+    from nfsd.xdr import nfs4 as x
+    from tests.nfsclient import NfsClient, op
+
+    async def probe() -> int:
+        c = await NfsClient.connect("127.0.0.1", server.port)
+        try:
+            await c.setup_session()
+            fh = await c.lookup_path(f"{EXPORT}/{name}")
+            deadline = time.monotonic() + wait_s
+            while True:
+                res = await c.compound([op(x.OP_PUTFH, x.PUTFH4args(fh)), op(x.OP_LOCKT, x.LOCKT4args(
+                    x.WRITE_LT, 0, 1, x.lock_owner4(c.clientid, b"host-probe")))])
+                if res.status != x.NFS4ERR_GRACE or time.monotonic() > deadline:
+                    return res.status
+                await asyncio.sleep(0.5)
+        finally:
+            await c.close()
+    status = asyncio.run(probe())
+    if status != x.NFS4ERR_DENIED:
+        raise AssertionError(f"LOCKT by another client answered {status}, not NFS4ERR_DENIED")
+
+
+@pytest.mark.timeout(900)
+def test_lock_and_open_file_survive_restart(fresh_nfs_server):
+    """An flock and the open file under it, held across a gateway restart: the client reclaims
+    both in the grace period (nfsd/grace.py) and the lock still excludes another process."""
+    run = boot(fresh_nfs_server, "lockrestart.sh", vers="4.1", mount=False, timeout=600,
+               host_calls={"restart": fresh_nfs_server.restart,
+                           "lock-probe": lambda: _lock_denied_to_another_client(fresh_nfs_server, "held-lock")})
+    for scenario in ("lock-held-before-restart", "server-restart", "lock-reclaimed", "held-fd-writes",
+                     "lock-released"):
         run.assert_scenario(scenario)
 
 

@@ -36,6 +36,21 @@ class FakeStore:
     write_verifier = b"wverf001"
     instance_id = b"fake-instance-id"
 
+    def __init__(self) -> None:
+        self.records: dict[bytes, bytes] = {}     # client records (nfsd/grace.py)
+
+    def client_records(self) -> dict[bytes, bytes]:
+        return dict(self.records)
+
+    def put_client_record(self, owner: bytes, record: bytes) -> None:
+        self.records[owner] = record
+
+    def delete_client_record(self, owner: bytes) -> None:
+        self.records.pop(owner, None)
+
+    def sync(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 

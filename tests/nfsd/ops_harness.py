@@ -13,6 +13,7 @@ from cache.store import Store
 from nfsd.context import CompoundContext, Cred
 from nfsd.errors import NfsError
 from nfsd.exports import AUTH_SYS, Export, Exports
+from nfsd.grace import Grace
 from nfsd.openstate import OpenStateTable
 from nfsd.ops import (attrs, filehandle, io, lock, namespace, open as open_ops, readdir, secinfo,
                       stateid, v42)
@@ -35,6 +36,7 @@ class FakeServer:
         self.write_verifier = store.write_verifier
         self.lease_time = 90
         self.blocking_calls = []
+        self.grace = Grace(store, 0, self.run_blocking)    # never started: no grace period
 
     async def run_blocking(self, fn, *args):
         self.blocking_calls.append(getattr(fn, "__name__", repr(fn)))
@@ -44,6 +46,17 @@ class FakeServer:
 @dataclass
 class FakeClient:
     clientid: int
+    minorversion: int = 1
+    reclaim_complete: bool = True
+    recorded: bool = False
+
+    @property
+    def owner(self) -> bytes:
+        return b"harness-client-%d" % self.clientid
+
+    @property
+    def name(self) -> str:
+        return f"{self.clientid:016x}"
 
 
 class Failed(Exception):

@@ -235,13 +235,13 @@ def test_pending_callbacks_are_bounded_per_connection(quick_server):
 
 def test_restart_reclaim_needed_while_in_grace_until_reclaim_complete(fake_server):
     async def body(c):
-        fake_server.call(lambda: setattr(fake_server.server.sessions, "in_grace", True))
+        fake_server.call(lambda: setattr(fake_server.server.sessions, "reclaim_needed", lambda client: True))
         try:
             assert await sequence_flags(c) & SEQ4_STATUS_RESTART_RECLAIM_NEEDED
             check(await c.compound([op(OP_RECLAIM_COMPLETE, RECLAIM_COMPLETE4args(False))]))
             assert not await sequence_flags(c) & SEQ4_STATUS_RESTART_RECLAIM_NEEDED
         finally:
-            fake_server.call(lambda: setattr(fake_server.server.sessions, "in_grace", False))
+            fake_server.call(lambda: setattr(fake_server.server.sessions, "reclaim_needed", lambda client: False))
 
     async def main():
         c = await NfsClient.connect("127.0.0.1", fake_server.port)
