@@ -326,3 +326,146 @@ def test_imported_object_deleted_through_nfs_is_deleted_in_s3_and_not_reimported
     assert "gw/imp/a.bin" not in bucket_keys(s3, bucket)
     assert object_bytes(s3, bucket, "gw/imp/b.bin") == b"b.bin" * 1000
     assert read_file(c, "imp/b.bin") == b"b.bin" * 1000
+
+
+# ---- a checkpoint save loop through S3 faults: figures for RELIABILITY.md --------------------
+
+REQUEST_LIMIT = 40            # --upload-requests-per-second
+BURST_SECONDS = 0.25          # --upload-burst (the token bucket's depth, as seconds of rate)
+LOOP = (dict(ranks=4, files=4, size=256 * 1024, before=10.0, fault=120.0, interval=1.0) if LONG else
+        dict(ranks=3, files=3, size=32 * 1024, before=1.5, fault=4.0, interval=0.2))
+
+
+class SaveLoop:
+    """`ranks` threads, each with its own nfs-rs client, saving a checkpoint every `interval`
+    seconds as a training job does: rank<r>/step_<n>/shard<i>.pt, then rank<r>/latest.pt.tmp
+    renamed over rank<r>/latest.pt. Every file whose write and rename returned is acknowledged:
+    `acked` maps its path to its bytes' digest (latest.pt: the last one acknowledged)."""
+
+    def __init__(self, daemon: LiveDaemon, ranks: int, files: int, size: int, interval: float):
+        self.daemon, self.ranks, self.files, self.size, self.interval = daemon, ranks, files, size, interval
+        self.acked: dict[str, str] = {}
+        self.attempted = self.failed = self.failed_in_fault = 0
+        self.errors: list[str] = []
+        self.durations: dict[bool, list[float]] = {False: [], True: []}    # in_fault -> save seconds
+        self.in_fault = False
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._rank, args=(r,), daemon=True) for r in range(ranks)]
+
+    def _save(self, c, rank: int, step: int) -> dict[str, str]:
+        done: dict[str, str] = {}
+        base = f"rank{rank}/step_{step:06d}"
+        retrying(c.mkdir, base)
+        for i in range(self.files):
+            data = payload(self.size, hash((rank, step, i)))
+            write_file(c, f"{base}/shard{i}.pt", data)
+            done[f"{base}/shard{i}.pt"] = sha(data)
+        latest = f"rank{rank}/step={step}".encode() * 64
+        write_file(c, f"rank{rank}/latest.pt.tmp", latest)
+        retrying(c.rename, f"rank{rank}/latest.pt.tmp", f"rank{rank}/latest.pt")
+        done[f"rank{rank}/latest.pt"] = sha(latest)
+        return done
+
+    def _rank(self, rank: int) -> None:
+        c = connect(self.daemon.nfs_port)
+        try:
+            retrying(c.mkdir, f"rank{rank}")
+            step = 0
+            while not self._stop.is_set():
+                t0 = time.monotonic()
+                in_fault = self.in_fault
+                with self._lock:
+                    self.attempted += 1
+                try:
+                    done = self._save(c, rank, step)
+                except Exception as e:          # a failed save is a finding, counted and reported
+                    with self._lock:
+                        self.failed += 1
+                        self.failed_in_fault += in_fault or self.in_fault
+                        self.errors.append(f"rank {rank} step {step}: {e!r}")
+                else:
+                    with self._lock:
+                        self.acked.update(done)
+                        self.durations[in_fault].append(time.monotonic() - t0)
+                step += 1
+                self._stop.wait(max(0.0, self.interval - (time.monotonic() - t0)))
+        finally:
+            c.close()
+
+    def __enter__(self):
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        for t in self._threads:
+            t.join(120)
+
+
+def slowest(durations: list[float]) -> str:
+    return f"{max(durations):.2f}s" if durations else "-"
+
+
+def peak_requests(proxy, window: float) -> int:
+    """The most requests the gateway sent in any `window` seconds (every outcome, 503s too)."""
+    times = sorted(r.t for r in proxy.requests(outcome=None))
+    peak, lo = 0, 0
+    for hi, t in enumerate(times):
+        while times[lo] < t - window:
+            lo += 1
+        peak = max(peak, hi - lo + 1)
+    return peak
+
+
+def lost_and_torn(s3, bucket: str, acked: dict[str, str]) -> tuple[list[str], list[str]]:
+    lost, torn = [], []
+    for path, digest in sorted(acked.items()):
+        body = object_bytes(s3, bucket, PREFIX + path)
+        if body is None:
+            lost.append(path)
+        elif sha(body) != digest:
+            torn.append(path)
+    return lost, torn
+
+
+@pytest.mark.parametrize("fault", ["503x30%", "outage"])
+def test_checkpoint_save_loop_through_s3_faults_loses_and_tears_nothing(
+        gateway, proxy, s3, bucket, fault, capsys):
+    gw = gateway("--upload-requests-per-second", str(REQUEST_LIMIT), "--upload-burst", str(BURST_SECONDS),
+                 "--upload-settle", "0.5")
+    p = LOOP
+    with SaveLoop(gw, p["ranks"], p["files"], p["size"], p["interval"]) as loop:
+        time.sleep(p["before"])
+        loop.in_fault = True
+        if fault == "outage":
+            s3_off(proxy)
+        else:
+            proxy.faults.error_rate = 0.3
+        time.sleep(p["fault"])
+    recovered = time.monotonic()
+    s3_on(proxy)
+    loop.in_fault = False
+    drain = flush_wait(gw, timeout=600)
+    drain_from_recovery = time.monotonic() - recovered
+    lost, torn = lost_and_torn(s3, bucket, loop.acked)
+    slowdowns = len(proxy.requests(outcome="slowdown"))
+    peak_1s, peak_5s = peak_requests(proxy, 1.0), peak_requests(proxy, 5.0)
+    line = (f"S3-FAULT-RUN fault={fault} duration={p['fault']:.0f}s ranks={p['ranks']} "
+            f"files/save={p['files']} file_size={p['size'] // 1024}KiB saves_attempted={loop.attempted} "
+            f"saves_failed={loop.failed} failed_during_fault={loop.failed_in_fault} "
+            f"acked_files={len(loop.acked)} s3_requests={len(proxy.requests(outcome=None))} "
+            f"503s={slowdowns} drain_after_recovery={drain_from_recovery:.1f}s (flush --wait {drain:.1f}s) "
+            f"peak_requests_1s={peak_1s} peak_requests_5s={peak_5s} "
+            f"limit={REQUEST_LIMIT}/s+burst {BURST_SECONDS}s "
+            f"slowest_save={slowest(loop.durations[False])} slowest_save_in_fault={slowest(loop.durations[True])} "
+            f"lost={len(lost)} torn={len(torn)}")
+    with capsys.disabled():
+        print("\n" + line)
+    assert slowdowns > 0, "the fault was never met"
+    assert loop.failed == 0, loop.errors[:5]
+    assert loop.attempted >= p["ranks"] * 2 and len(loop.acked) > 0
+    assert lost == [] and torn == [], (lost[:10], torn[:10])
+    # the token bucket holds over any 5 s (a 1 s window is at the mercy of scheduling jitter)
+    assert peak_5s <= 5 * REQUEST_LIMIT + REQUEST_LIMIT * BURST_SECONDS + 10, peak_5s
