@@ -211,7 +211,10 @@ class BucketSampler:
 @pytest.mark.parametrize("fault", ["off", "slow"])
 def test_tmp_renamed_over_uploaded_latest_never_leaves_bucket_without_a_checkpoint(
         gateway, client_of, proxy, s3, bucket, fault):
-    gw = gateway("--upload-settle", "1.0")
+    """off: S3 comes back inside the settle window (a delete of the old object would go
+    through at once, the new one waits out the window); slow: every request takes half a
+    second until the drain is over."""
+    gw = gateway("--upload-settle", "3")
     c = client_of(gw)
     old, new = payload(200_000, 2), payload(300_000, 3)
     retrying(c.mkdir, "run")
@@ -221,12 +224,15 @@ def test_tmp_renamed_over_uploaded_latest_never_leaves_bucket_without_a_checkpoi
         if fault == "off":
             s3_off(proxy)
         else:
-            proxy.faults.latency = 0.5      # every request half a second: a slow drain
+            proxy.faults.latency = 0.5
         write_file(c, "run/latest.pt.tmp", new)
         retrying(c.rename, "run/latest.pt.tmp", "run/latest.pt")
-        time.sleep(2.0)                     # past the settle window, S3 still off or slow
-        s3_on(proxy)
+        time.sleep(1.0)
+        if fault == "off":
+            s3_on(proxy)
+        time.sleep(3.0)                     # the settle window runs out
         flush_wait(gw)
+        s3_on(proxy)
         time.sleep(0.2)
     samples = sampler.samples
     assert len(samples) >= 20, samples
@@ -349,6 +355,7 @@ class SaveLoop:
         self.errors: list[str] = []
         self.durations: dict[bool, list[float]] = {False: [], True: []}    # in_fault -> save seconds
         self.in_fault = False
+        self.latest_written: set[str] = set()       # every latest.pt version a rank began to write
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._rank, args=(r,), daemon=True) for r in range(ranks)]
@@ -362,6 +369,8 @@ class SaveLoop:
             write_file(c, f"{base}/shard{i}.pt", data)
             done[f"{base}/shard{i}.pt"] = sha(data)
         latest = f"rank{rank}/step={step}".encode() * 64
+        with self._lock:
+            self.latest_written.add(sha(latest))
         write_file(c, f"rank{rank}/latest.pt.tmp", latest)
         retrying(c.rename, f"rank{rank}/latest.pt.tmp", f"rank{rank}/latest.pt")
         done[f"rank{rank}/latest.pt"] = sha(latest)
@@ -404,6 +413,46 @@ class SaveLoop:
             t.join(120)
 
 
+class LatestWatch:
+    """While the loop runs, reads every rank's latest.pt straight from moto, round after round:
+    once a key has held a checkpoint, finding it absent is a gap, and bytes of no version a
+    rank wrote are mixed (what a job resuming from the bucket at that moment would meet)."""
+
+    def __init__(self, s3, bucket: str, loop: SaveLoop):
+        self.s3, self.bucket, self.loop = s3, bucket, loop
+        self.reads = self.gaps = self.mixed = 0
+        self.examples: list[str] = []
+        self._seen: set[str] = set()
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        keys = [f"{PREFIX}rank{r}/latest.pt" for r in range(self.loop.ranks)]
+        while not self._stop.is_set():
+            for key in keys:
+                body = object_bytes(self.s3, self.bucket, key)
+                self.reads += 1
+                if body is None:
+                    self.gaps += key in self._seen
+                else:
+                    self._seen.add(key)
+                    with self.loop._lock:
+                        bad = sha(body) not in self.loop.latest_written
+                    if bad:
+                        self.mixed += 1
+                        if len(self.examples) < 5:
+                            self.examples.append(f"{key}: {len(body)} bytes {body[:40]!r}")
+            self._stop.wait(0.01)
+
+    def __enter__(self):
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join(10)
+
+
 def slowest(durations: list[float]) -> str:
     return f"{max(durations):.2f}s" if durations else "-"
 
@@ -436,19 +485,22 @@ def test_checkpoint_save_loop_through_s3_faults_loses_and_tears_nothing(
     gw = gateway("--upload-requests-per-second", str(REQUEST_LIMIT), "--upload-burst", str(BURST_SECONDS),
                  "--upload-settle", "0.5")
     p = LOOP
-    with SaveLoop(gw, p["ranks"], p["files"], p["size"], p["interval"]) as loop:
-        time.sleep(p["before"])
-        loop.in_fault = True
-        if fault == "outage":
-            s3_off(proxy)
-        else:
-            proxy.faults.error_rate = 0.3
-        time.sleep(p["fault"])
-    recovered = time.monotonic()
-    s3_on(proxy)
-    loop.in_fault = False
-    drain = flush_wait(gw, timeout=600)
-    drain_from_recovery = time.monotonic() - recovered
+    loop = SaveLoop(gw, p["ranks"], p["files"], p["size"], p["interval"])
+    with LatestWatch(s3, bucket, loop) as watch:
+        with loop:
+            time.sleep(p["before"])
+            loop.in_fault = True
+            if fault == "outage":
+                s3_off(proxy)
+            else:
+                proxy.faults.error_rate = 0.3
+            time.sleep(p["fault"])
+        recovered = time.monotonic()
+        s3_on(proxy)
+        loop.in_fault = False
+        drain = flush_wait(gw, timeout=600)
+        drain_from_recovery = time.monotonic() - recovered
+    temp_writes = writes_naming(proxy, ".tmp")
     lost, torn = lost_and_torn(s3, bucket, loop.acked)
     slowdowns = len(proxy.requests(outcome="slowdown"))
     peak_1s, peak_5s = peak_requests(proxy, 1.0), peak_requests(proxy, 5.0)
@@ -460,12 +512,15 @@ def test_checkpoint_save_loop_through_s3_faults_loses_and_tears_nothing(
             f"peak_requests_1s={peak_1s} peak_requests_5s={peak_5s} "
             f"limit={REQUEST_LIMIT}/s+burst {BURST_SECONDS}s "
             f"slowest_save={slowest(loop.durations[False])} slowest_save_in_fault={slowest(loop.durations[True])} "
-            f"lost={len(lost)} torn={len(torn)}")
+            f"latest_reads={watch.reads} latest_gaps={watch.gaps} latest_mixed={watch.mixed} "
+            f"temp_name_writes={len(temp_writes)} lost={len(lost)} torn={len(torn)}")
     with capsys.disabled():
         print("\n" + line)
     assert slowdowns > 0, "the fault was never met"
     assert loop.failed == 0, loop.errors[:5]
     assert loop.attempted >= p["ranks"] * 2 and len(loop.acked) > 0
     assert lost == [] and torn == [], (lost[:10], torn[:10])
+    assert watch.reads > 0 and watch.gaps == 0 and watch.mixed == 0, watch.examples
+    assert temp_writes == [], temp_writes[:5]
     # the token bucket holds over any 5 s (a 1 s window is at the mercy of scheduling jitter)
     assert peak_5s <= 5 * REQUEST_LIMIT + REQUEST_LIMIT * BURST_SECONDS + 10, peak_5s
