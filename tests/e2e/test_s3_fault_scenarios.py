@@ -10,8 +10,10 @@ CKPTGW_LONG=1 makes the save-loop runs longer (a 2-minute outage) and bigger.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import random
+import re
 import sys
 import threading
 import time
@@ -60,9 +62,15 @@ def s3(moto):
                         aws_access_key_id="testing", aws_secret_access_key="testing")
 
 
+_buckets = itertools.count()
+
+
 @pytest.fixture
 def bucket(s3, request):
-    name = "e2e-" + request.node.name.lower().replace("_", "-").replace("[", "-").replace("]", "")[:40]
+    """A new bucket per test (moto lives for the module; a reused name would show a
+    previous test's objects)."""
+    readable = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:40].strip("-")
+    name = f"e2e{next(_buckets)}-{readable}"
     s3.create_bucket(Bucket=name)
     return name
 
@@ -416,13 +424,15 @@ class SaveLoop:
 class LatestWatch:
     """While the loop runs, reads every rank's latest.pt straight from moto, round after round:
     once a key has held a checkpoint, finding it absent is a gap, and bytes of no version a
-    rank wrote are mixed (what a job resuming from the bucket at that moment would meet)."""
+    rank wrote are mixed, and an older step after a newer one went backwards (what a job
+    resuming from the bucket at that moment would meet)."""
 
     def __init__(self, s3, bucket: str, loop: SaveLoop):
         self.s3, self.bucket, self.loop = s3, bucket, loop
-        self.reads = self.gaps = self.mixed = 0
+        self.reads = self.gaps = self.mixed = self.backwards = 0
         self.examples: list[str] = []
         self._seen: set[str] = set()
+        self._step: dict[str, int] = {}         # key -> the latest step it has held
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
 
@@ -442,6 +452,10 @@ class LatestWatch:
                         self.mixed += 1
                         if len(self.examples) < 5:
                             self.examples.append(f"{key}: {len(body)} bytes {body[:40]!r}")
+                    else:
+                        step = int(body.split(b"/step=", 2)[1].split(b"rank")[0])
+                        self.backwards += step < self._step.get(key, -1)
+                        self._step[key] = max(step, self._step.get(key, -1))
             self._stop.wait(0.01)
 
     def __enter__(self):
@@ -513,6 +527,7 @@ def test_checkpoint_save_loop_through_s3_faults_loses_and_tears_nothing(
             f"limit={REQUEST_LIMIT}/s+burst {BURST_SECONDS}s "
             f"slowest_save={slowest(loop.durations[False])} slowest_save_in_fault={slowest(loop.durations[True])} "
             f"latest_reads={watch.reads} latest_gaps={watch.gaps} latest_mixed={watch.mixed} "
+            f"latest_backwards={watch.backwards} "
             f"temp_name_writes={len(temp_writes)} lost={len(lost)} torn={len(torn)}")
     with capsys.disabled():
         print("\n" + line)
@@ -521,6 +536,7 @@ def test_checkpoint_save_loop_through_s3_faults_loses_and_tears_nothing(
     assert loop.attempted >= p["ranks"] * 2 and len(loop.acked) > 0
     assert lost == [] and torn == [], (lost[:10], torn[:10])
     assert watch.reads > 0 and watch.gaps == 0 and watch.mixed == 0, watch.examples
+    assert watch.backwards == 0
     assert temp_writes == [], temp_writes[:5]
     # the token bucket holds over any 5 s (a 1 s window is at the mercy of scheduling jitter)
     assert peak_5s <= 5 * REQUEST_LIMIT + REQUEST_LIMIT * BURST_SECONDS + 10, peak_5s
