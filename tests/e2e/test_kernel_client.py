@@ -113,9 +113,11 @@ def v42_run(nfs_server):
     return boot(nfs_server, "v42.sh", vers="4.2", timeout=900)
 
 
-@pytest.mark.parametrize("scenario", ["mount-vers", "punch-hole", "seek-data-hole", "reflink", "copy"])
+@pytest.mark.parametrize("scenario", ["mount-vers", "punch-hole", "seek-data-hole", "reflink", "copy",
+                                      "special-files", "two-process-locks"])
 def test_v42_sparse_and_copy(v42_run, scenario):
-    """fallocate --punch-hole, lseek SEEK_DATA/SEEK_HOLE, cp --reflink=always, copy_file_range.
+    """fallocate --punch-hole, lseek SEEK_DATA/SEEK_HOLE, cp --reflink=always, copy_file_range;
+    mkfifo/mknod/a unix socket, flock and fcntl locks from two processes (all over vers=4.2).
     punch-hole and SEEK have no client-side fallback (a server without them fails the check);
     copy_file_range does, so the server's log must show the COPY (and the CLONE) it served."""
     v42_run.assert_scenario(scenario)

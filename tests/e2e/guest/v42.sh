@@ -2,6 +2,8 @@
 # NFSv4.2 sparse-file and server-side-copy ops through the kernel client (one VM boot, vers=4.2):
 # fallocate --punch-hole (DEALLOCATE), lseek SEEK_DATA/SEEK_HOLE (SEEK), cp --reflink=always
 # (CLONE), copy_file_range (COPY). Each result is compared with the same operation on a local file.
+# Also over 4.2: mkfifo, mknod and a bound unix socket (CREATE of every special type, as root), and
+# flock and fcntl locks from two processes.
 . "$(dirname "$0")/lib.sh"
 W=$M/v42.$$
 mkdir -p "$W"
@@ -66,9 +68,62 @@ PY
 	cmp /tmp/c "$W/c.copy"
 }
 
+special_files() {
+	mkfifo "$W/fifo"
+	mknod "$W/chr" c 1 3
+	mknod "$W/blk" b 7 0
+	python3 -c 'import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])' "$W/sock"
+	mv "$W/fifo" "$W/fifo.moved"
+	kc_drop_caches
+	expect "fifo" "$(stat -c %F "$W/fifo.moved")" "fifo"
+	expect "char device" "$(stat -c '%F %t:%T' "$W/chr")" "character special file 1:3"
+	expect "block device" "$(stat -c '%F %t:%T' "$W/blk")" "block special file 7:0"
+	expect "socket" "$(stat -c %F "$W/sock")" "socket"
+	rm "$W/fifo.moved" "$W/chr" "$W/blk" "$W/sock"
+	expect "after rm" "$(ls "$W" | grep -c -e fifo -e chr -e blk -e sock)" 0
+}
+
+# two processes, one lock: the second is refused while the first holds it, then gets it
+two_process_locks() {
+	F=$W/lockfile
+	: > "$F"
+	rm -f /tmp/lk.held
+	( flock -x 9; : > /tmp/lk.held; sleep 4 ) 9>"$F" &
+	holder=$!
+	while [ ! -e /tmp/lk.held ]; do sleep 0.1; done
+	if flock -n "$F" true; then echo "flock: a second process took a held lock" >&2; return 1; fi
+	wait $holder
+	flock -n "$F" true
+	python3 - "$F" <<'PY'
+import fcntl, os, sys, time
+path = sys.argv[1]
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:                                  # the holder: bytes 0-99, until told to let go
+    fd = os.open(path, os.O_RDWR)
+    fcntl.lockf(fd, fcntl.LOCK_EX, 100, 0)
+    os.write(w, b"x")
+    time.sleep(3)
+    os._exit(0)
+os.read(r, 1)
+fd = os.open(path, os.O_RDWR)
+try:
+    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 10, 50)
+    raise SystemExit("fcntl: an overlapping range was granted to a second process")
+except OSError:
+    pass
+fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 100, 100)   # a range beside it is free
+os.waitpid(pid, 0)
+fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 10, 50)     # the holder exited: granted
+print("fcntl ranges ok")
+PY
+}
+
 check mount-vers mount_vers
 check punch-hole punch_hole
 check seek-data-hole seek_data_hole
 check reflink reflink
 check copy copy_range
+check special-files special_files
+check two-process-locks two_process_locks
 finish
