@@ -65,12 +65,14 @@ class AsyncCopy:
     task: asyncio.Task | None = None
     done_at: float | None = None
     delivered: bool = False         # CB_OFFLOAD answered by the client
+    cancelled: bool = False         # OFFLOAD_CANCEL, client gone, server stopping
 
     def stateid(self):
         return stateid4(seqid=1, other=self.other)
 
 
-# run(copy) copies the bytes, advancing copy.copied; raises NfsError on failure.
+# run(copy) copies the bytes, advancing copy.copied and stopping between chunks once
+# copy.cancelled is set; raises NfsError on failure.
 CopyRunner = Callable[[AsyncCopy], Awaitable[None]]
 
 
@@ -118,15 +120,18 @@ class OffloadTable:
     async def _run(self, copy: AsyncCopy, run: CopyRunner) -> None:
         try:
             await run(copy)
-            copy.status = NFS4_OK
+            status = NFS4_OK
         except NfsError as e:
-            copy.status = e.status
+            status = e.status
         except asyncio.CancelledError:
             self._forget(copy)
             raise
         except Exception:
             log.exception("async_copy_failed", copy=copy.other.hex())
-            copy.status = NFS4ERR_SERVERFAULT
+            status = NFS4ERR_SERVERFAULT
+        if copy.cancelled:
+            return                              # forgotten already; no CB_OFFLOAD
+        copy.status = status
         copy.done_at = time.monotonic()
         log.info("async_copy_done", copy=copy.other.hex(), status=copy.status,
                  copied=copy.copied, count=copy.count)
@@ -189,10 +194,12 @@ class OffloadTable:
         return copy
 
     def cancel(self, copy: AsyncCopy) -> None:
-        """Stop the copy (the chunk in flight on a worker thread still finishes) and
-        forget it; no CB_OFFLOAD is sent for it."""
+        """Forget the copy and stop it: the chunk in flight on a worker thread finishes,
+        then the task ends (so once it is done no byte moves any more); no CB_OFFLOAD is
+        sent for it. A copy done and awaiting delivery stops waiting."""
         self._forget(copy)
-        if copy.task is not None and not copy.task.done():
+        copy.cancelled = True
+        if copy.task is not None and copy.status is not None:
             copy.task.cancel()
         log.info("async_copy_cancelled", copy=copy.other.hex(), copied=copy.copied)
 
@@ -203,10 +210,15 @@ class OffloadTable:
         for copy in self.of_client(client.clientid):
             self.cancel(copy)
 
-    async def stop(self) -> None:
-        """Cancel every copy and wait for their tasks (server shutdown)."""
+    async def stop(self, wait_seconds: float = 30.0) -> None:
+        """Cancel every copy and wait for their tasks (server shutdown): each ends after
+        its chunk in flight; one still waiting (a read-through fetch) after
+        `wait_seconds` is cancelled outright."""
         tasks = [c.task for c in self._copies.values() if c.task is not None]
         for copy in list(self._copies.values()):
             self.cancel(copy)
         if tasks:
+            _done, pending = await asyncio.wait(tasks, timeout=wait_seconds)
+            for task in pending:
+                task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

@@ -222,10 +222,14 @@ def _start_async_copy(ctx, src, dst, src_off: int, dst_off: int, count: int):
     async def run(copy) -> None:
         done = 0
         while done < count:
+            if copy.cancelled:
+                return
             n = min(offloads.chunk, count - done)
             await _copy_bytes(ctx, src.ino, dst.ino, src_off + done, dst_off + done, n)
             done += n
             copy.copied = done
+        if copy.cancelled:
+            return
         await _commit(ctx, dst.ino)
         log.info("server_side_copy", op="COPY", src=src.ino, dst=dst.ino, count=count,
                  asynchronous=True)
