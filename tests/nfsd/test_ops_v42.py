@@ -1,6 +1,6 @@
 """NFSv4.2 ops (RFC 7862) through tests/nfsclient.py in minor version 2 against a live server:
-SEEK, ALLOCATE, DEALLOCATE, READ_PLUS, COPY, CLONE, OFFLOAD_STATUS/CANCEL, the NOTSUPP
-answers for the rest, and the minor-version rule (a 4.2 op in a 4.0/4.1 COMPOUND is illegal)."""
+SEEK, ALLOCATE, DEALLOCATE, READ_PLUS, COPY, CLONE, OFFLOAD_STATUS/CANCEL (with a non-copy
+stateid; asynchronous COPY is in test_offload.py), the NOTSUPP answers for the rest, and the minor-version rule (a 4.2 op in a 4.0/4.1 COMPOUND is illegal)."""
 from __future__ import annotations
 
 import asyncio
