@@ -39,9 +39,10 @@ from nfsd.xdr.nfs4 import (
 
 log = structlog.get_logger(__name__)
 
-# Offsets and counts of CLONE must be multiples of this (RFC 7862 15.13.3; the count may
-# instead end at the source's end, as Linux's remap rules allow).
-CLONE_BLKSIZE = 4096
+# Offsets and counts of CLONE must be multiples of this, the clone_blksize attribute
+# (RFC 7862 12.2.1, 15.13.3; the count may instead end at the source's end, as Linux's
+# remap rules allow).
+CLONE_BLKSIZE = fattr.CLONE_BLKSIZE
 # One synchronous COPY copies at most this much; the client repeats for the rest (15.2.3:
 # wr_count may be less than ca_count). Bounds the time one op holds a worker thread.
 COPY_MAX_BYTES = 256 << 20

@@ -255,3 +255,38 @@ def test_byte_changing_42_ops_on_a_read_only_export_are_rofs(tmp_path):
         asyncio.run(main())
     finally:
         store.close()
+
+
+def test_clone_blksize_is_a_42_attribute(nfs_client):
+    from tests.nfsd.ops_harness import attrs_of, parse_attrs
+    want = [FATTR4_SUPPORTED_ATTRS, FATTR4_CLONE_BLKSIZE]
+
+    def getattr_op():
+        words = [0, 0, 0]
+        for b in want:
+            words[b // 32] |= 1 << (b % 32)
+        return op(OP_GETATTR, GETATTR4args(words))
+
+    def supported_bits(words):
+        return {w * 32 + b for w, word in enumerate(words) for b in range(32) if word >> b & 1}
+
+    async def body(c):
+        _, fh, sid = await setup(c)
+        res, (r,) = await on(c, fh, getattr_op())
+        check(res)
+        got = parse_attrs(r.value.value.obj_attributes)
+        if c.minorversion == 2:
+            assert got[FATTR4_CLONE_BLKSIZE] == 4096
+            assert FATTR4_CLONE_BLKSIZE in supported_bits(got[FATTR4_SUPPORTED_ATTRS])
+            # read-only
+            res, _ = await on(c, fh, op(OP_SETATTR, SETATTR4args(sid, attrs_of({FATTR4_CLONE_BLKSIZE: 1}))))
+            assert res.status == NFS4ERR_INVAL
+        else:
+            assert FATTR4_CLONE_BLKSIZE not in got
+            assert FATTR4_CLONE_BLKSIZE not in supported_bits(got[FATTR4_SUPPORTED_ATTRS])
+            for o in (op(OP_SETATTR, SETATTR4args(sid, attrs_of({FATTR4_CLONE_BLKSIZE: 1}))),
+                      op(OP_VERIFY, VERIFY4args(attrs_of({FATTR4_CLONE_BLKSIZE: 4096})))):
+                res, _ = await on(c, fh, o)
+                assert res.status == NFS4ERR_ATTRNOTSUPP
+        return True
+    assert nfs_client(body, minorversion=2) and nfs_client(body, minorversion=1)
