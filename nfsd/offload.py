@@ -47,6 +47,10 @@ ASYNC_COPY_MIN = 64 << 20
 ASYNC_COPY_CHUNK = 64 << 20
 # Asynchronous copies (running or awaiting their CB_OFFLOAD) one client may hold.
 MAX_COPIES_PER_CLIENT = 8
+# Chunks copying at once, server-wide: background copies never take more than this many
+# of the server's blocking threads (nfsd/server.py, 4 by default), so COMMITs, SETATTRs
+# and synchronous COPYs of every client keep the rest.
+MAX_CHUNKS_AT_ONCE = 2
 # CB_OFFLOAD attempts, `retry_seconds` apart, before the outcome is only kept for
 # OFFLOAD_STATUS (a back channel being repaired by BIND_CONN_TO_SESSION gets a chance).
 CB_OFFLOAD_ATTEMPTS = 3
@@ -91,6 +95,8 @@ class OffloadTable:
         self._epoch = os.urandom(4)
         self._counter = 0
         self._copies: dict[bytes, AsyncCopy] = {}
+        # Held by a runner around each chunk (`chunk_slot`).
+        self.chunk_slot = asyncio.Semaphore(MAX_CHUNKS_AT_ONCE)
 
     def attach(self, sessions) -> None:
         """Cancel and forget a client's copies when it expires or is destroyed."""

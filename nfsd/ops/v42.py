@@ -223,10 +223,11 @@ def _start_async_copy(ctx, src, dst, src_off: int, dst_off: int, count: int):
     async def run(copy) -> None:
         done = 0
         while done < count:
-            if copy.cancelled:
-                return
             n = min(offloads.chunk, count - done)
-            await _copy_bytes(ctx, src.ino, dst.ino, src_off + done, dst_off + done, n)
+            async with offloads.chunk_slot:
+                if copy.cancelled:              # also while it waited for the slot
+                    return
+                await _copy_bytes(ctx, src.ino, dst.ino, src_off + done, dst_off + done, n)
             done += n
             copy.copied = done
         if copy.cancelled:

@@ -229,3 +229,32 @@ def test_without_a_back_channel_a_large_copy_is_synchronous(nfs_client, nfs_serv
         assert (await c.read(dst, dsid, 0, len(DATA)))[0] == DATA
         assert nfs_server.call(lambda: len(nfs_server.server.offloads)) == 0
     nfs_client(body, minorversion=2, setup=False)
+
+
+def test_background_chunks_share_a_bounded_number_of_threads(nfs_client, nfs_server):
+    small_offloads(nfs_server, chunk_slot=asyncio.Semaphore(1))
+
+    async def body(c):
+        _, src, ssid = await setup(c, "src", DATA)
+        _, a, asid = await setup(c, "a")
+        _, b, bsid = await setup(c, "b")
+        gate = ChunkGate(await fileid(c, a), free=0)
+        nfs_server.store.race_hook = gate
+        try:
+            sid_a = await start_copy(c, src, ssid, a, asid)
+            assert await asyncio.to_thread(gate.held.wait, 10)       # a's first chunk holds the slot
+            sid_b = await start_copy(c, src, ssid, b, bsid)
+            for _ in range(10):
+                await asyncio.sleep(0.05)
+                assert await offload_status(c, b, sid_b) == (NFS4_OK, (0, []))
+        finally:
+            gate.release()
+        done = set()
+        while len(done) < 2:
+            args = await next_cb_offload(c)
+            cb = args.argarray[1].value
+            assert cb.coa_offload_info.value.wr_count == len(DATA)
+            done.add(bytes(cb.coa_stateid.other))
+        assert done == {bytes(sid_a.other), bytes(sid_b.other)}
+        assert (await c.read(b, bsid, 0, len(DATA)))[0] == DATA
+    run42(nfs_client, body)
