@@ -13,6 +13,7 @@ from cache.store import Store
 from nfsd.context import CompoundContext, Cred
 from nfsd.errors import NfsError
 from nfsd.exports import AUTH_SYS, Export, Exports
+from nfsd.offload import OffloadTable
 from nfsd.openstate import OpenStateTable
 from nfsd.ops import (attrs, filehandle, io, lock, namespace, open as open_ops, readdir, secinfo,
                       stateid, v42)
@@ -34,6 +35,7 @@ class FakeServer:
         self.opens = OpenStateTable(store)
         self.write_verifier = store.write_verifier
         self.lease_time = 90
+        self.offloads = OffloadTable(write_verifier=store.write_verifier, keep_seconds=90)
         self.blocking_calls = []
 
     async def run_blocking(self, fn, *args):

@@ -290,3 +290,28 @@ def test_clone_blksize_is_a_42_attribute(nfs_client):
                 assert res.status == NFS4ERR_ATTRNOTSUPP
         return True
     assert nfs_client(body, minorversion=2) and nfs_client(body, minorversion=1)
+
+
+def test_copy_asked_asynchronous_without_a_session_is_synchronous(tmp_path):
+    """The engine alone (no session, so no back channel): a copy above the asynchronous
+    threshold is still done before the reply."""
+    store = Store.open(str(tmp_path / "s"))
+    server = FakeServer(store, Exports([Export(1, "/checkpoints", root_squash=False)]))
+    server.offloads.async_min = 1
+    fs = Fs(server, minorversion=2)
+
+    async def main():
+        exp = await fs.root_fh()
+        src, ssid, _ = await fs.open(exp, "src")
+        await fs.write(src, ssid, 0, b"z" * 5000)
+        dst, dsid, _ = await fs.open(exp, "dst")
+        res = await fs.run([(OP_PUTFH, PUTFH4args(src)), (OP_SAVEFH, None),
+                            (OP_PUTFH, PUTFH4args(dst)),
+                            (OP_COPY, COPY4args(ssid, dsid, 0, 0, 0, False, False, []))])
+        ok = res[-1].value
+        assert ok.cr_response.wr_callback_id == [] and ok.cr_response.wr_count == 5000
+        assert len(server.offloads) == 0
+    try:
+        asyncio.run(main())
+    finally:
+        store.close()
