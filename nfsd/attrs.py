@@ -2,7 +2,10 @@
 
 One table maps each supported attribute number to its XDR type and a getter; GETATTR,
 READDIR and VERIFY encode by walking the requested bitmap in bit order, SETATTR, CREATE
-and OPEN decode `attr_vals` the same way.
+and OPEN decode `attr_vals` the same way. An attribute a later minor version added
+(`since`, e.g. RFC 7862's clone_blksize) exists only for COMPOUNDs of that minor version
+or later, as in knfsd's per-minor-version supported sets: a 4.1 client neither sees it in
+supported_attrs nor gets it, and naming it is NFS4ERR_ATTRNOTSUPP there.
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from typing import Callable
 from nfsd.errors import NfsError
 from nfsd.xdr import XdrError
 from nfsd.xdr.nfs4 import (
-    FATTR4_CANSETTIME, FATTR4_CASE_INSENSITIVE, FATTR4_CASE_PRESERVING, FATTR4_CHANGE,
+    FATTR4_CANSETTIME, FATTR4_CASE_INSENSITIVE, FATTR4_CLONE_BLKSIZE, FATTR4_CASE_PRESERVING, FATTR4_CHANGE,
     FATTR4_CHOWN_RESTRICTED, FATTR4_FH_EXPIRE_TYPE, FATTR4_FILEHANDLE, FATTR4_FILEID,
     FATTR4_FILES_AVAIL, FATTR4_FILES_FREE, FATTR4_FILES_TOTAL, FATTR4_FSID,
     FATTR4_HOMOGENEOUS, FATTR4_LEASE_TIME, FATTR4_LINK_SUPPORT, FATTR4_MAXFILESIZE,
@@ -25,7 +28,7 @@ from nfsd.xdr.nfs4 import (
     FATTR4_TIME_MODIFY, FATTR4_TIME_MODIFY_SET, FATTR4_TYPE, FATTR4_UNIQUE_HANDLES,
     FH4_PERSISTENT, MAX_BITMAP_WORDS, NFS4ERR_ATTRNOTSUPP, NFS4ERR_BADXDR, NFS4ERR_INVAL, NFS4_OK,
     fattr4, fsid4, nfstime4, specdata4,
-    fattr4_cansettime, fattr4_case_insensitive, fattr4_case_preserving, fattr4_change,
+    fattr4_cansettime, fattr4_case_insensitive, fattr4_clone_blksize, fattr4_case_preserving, fattr4_change,
     fattr4_chown_restricted, fattr4_fh_expire_type, fattr4_filehandle, fattr4_fileid,
     fattr4_files_avail, fattr4_files_free, fattr4_files_total, fattr4_fsid,
     fattr4_homogeneous, fattr4_lease_time, fattr4_link_support, fattr4_maxfilesize,
@@ -42,6 +45,10 @@ MAX_IO = 1 << 20                 # maxread / maxwrite: 1 MiB
 MAX_FILESIZE = (1 << 63) - 1
 MAX_LINK = 65000
 MAX_NAME = 255
+# CLONE's offsets and counts are multiples of this (RFC 7862 12.2.1, 15.13.3): the block
+# size of the file systems reflink works on; nfsd/ops/v42.py enforces it.
+CLONE_BLKSIZE = 4096
+LATEST_MINOR = 2                 # the newest NFSv4 minor version served
 
 
 # ---- bitmaps ---------------------------------------------------------------------------------
@@ -91,13 +98,15 @@ _FSIDS: dict[int, object] = {}
 class AttrEnv:
     """What the getters need about one object: it, its export, the server."""
 
-    __slots__ = ("server", "obj", "_statfs", "rdattr_error")
+    __slots__ = ("server", "obj", "_statfs", "rdattr_error", "minorversion")
 
-    def __init__(self, server, obj, statfs=None, rdattr_error: int = NFS4_OK):
+    def __init__(self, server, obj, statfs=None, rdattr_error: int = NFS4_OK,
+                 minorversion: int = LATEST_MINOR):
         self.server = server
         self.obj = obj
         self._statfs = statfs
         self.rdattr_error = rdattr_error
+        self.minorversion = minorversion
 
     @property
     def attr(self):
@@ -128,6 +137,7 @@ class AttrDef:
     xdr: object
     get: Callable[[AttrEnv], object] | None      # None: write-only
     writable: bool = False
+    since: int = 0                                # the first minor version that has it
 
 
 def _idmap(env):
@@ -135,7 +145,8 @@ def _idmap(env):
 
 
 ATTRS: dict[int, AttrDef] = {
-    FATTR4_SUPPORTED_ATTRS: AttrDef(fattr4_supported_attrs, lambda e: SUPPORTED_BITMAP),
+    FATTR4_SUPPORTED_ATTRS: AttrDef(fattr4_supported_attrs,
+                                    lambda e: SUPPORTED_BITMAPS[e.minorversion]),
     FATTR4_TYPE: AttrDef(fattr4_type, lambda e: int(e.attr.type)),
     FATTR4_FH_EXPIRE_TYPE: AttrDef(fattr4_fh_expire_type, lambda e: FH4_PERSISTENT),
     FATTR4_CHANGE: AttrDef(fattr4_change, lambda e: e.attr.change),
@@ -182,24 +193,31 @@ ATTRS: dict[int, AttrDef] = {
     FATTR4_TIME_MODIFY_SET: AttrDef(fattr4_time_modify_set, None, writable=True),
     FATTR4_MOUNTED_ON_FILEID: AttrDef(fattr4_mounted_on_fileid, lambda e: e.mounted_on_fileid()),
     FATTR4_SUPPATTR_EXCLCREAT: AttrDef(fattr4_suppattr_exclcreat, lambda e: EXCLCREAT_BITMAP),
+    FATTR4_CLONE_BLKSIZE: AttrDef(fattr4_clone_blksize, lambda e: CLONE_BLKSIZE, since=2),
 }
 
-SUPPORTED = frozenset(ATTRS)
-SUPPORTED_BITMAP = bitmap_of(sorted(SUPPORTED))
+# The attributes of each minor version (index), as a set and as a bitmap.
+SUPPORTED_BY_MINOR = tuple(frozenset(b for b, d in ATTRS.items() if d.since <= minor)
+                           for minor in range(LATEST_MINOR + 1))
+SUPPORTED_BITMAPS = tuple(bitmap_of(sorted(s)) for s in SUPPORTED_BY_MINOR)
 
 
-def unsupported(bitmap: list[int]) -> bool:
+def supported(minorversion: int = LATEST_MINOR) -> frozenset:
+    return SUPPORTED_BY_MINOR[minorversion]
+
+
+def unsupported(bitmap: list[int], minorversion: int = LATEST_MINOR) -> bool:
     """Whether the bitmap sets any attribute we do not support (word masks, no expansion)."""
-    known = len(SUPPORTED_BITMAP)
+    mine = SUPPORTED_BITMAPS[minorversion]
     for i, word in enumerate(bitmap):
-        if word & ~(SUPPORTED_BITMAP[i] if i < known else 0):
+        if word & ~(mine[i] if i < len(mine) else 0):
             return True
     return False
 
 
-def supported_part(bitmap: list[int]) -> tuple[int, ...]:
+def supported_part(bitmap: list[int], minorversion: int = LATEST_MINOR) -> tuple[int, ...]:
     """The bitmap with only supported attributes left (trailing zero words dropped)."""
-    words = [w & s for w, s in zip(bitmap, SUPPORTED_BITMAP)]
+    words = [w & s for w, s in zip(bitmap, SUPPORTED_BITMAPS[minorversion])]
     while words and not words[-1]:
         words.pop()
     return tuple(words)
@@ -217,14 +235,15 @@ _plans: dict[tuple, tuple] = {}
 _MAX_PLANS = 256
 
 
-def _plan(requested: list[int]) -> tuple:
+def _plan(requested: list[int], minorversion: int) -> tuple:
     """(returned bitmap, [(pack, getter)]) for a request bitmap, computed once: READDIR
     encodes the same request for thousands of entries."""
-    key = supported_part(requested)        # unknown bits are left out anyway: one plan
+    part = supported_part(requested, minorversion)   # unknown bits are left out: one plan
+    key = (minorversion, part)
     plan = _plans.get(key)
     if plan is None:
         steps, returned = [], []
-        for bit in bits_of(list(key)):
+        for bit in bits_of(list(part)):
             d = ATTRS.get(bit)
             if d is None or d.get is None:
                 continue
@@ -239,7 +258,7 @@ def _plan(requested: list[int]) -> tuple:
 
 def encode(env: AttrEnv, requested: list[int]):
     """fattr4 with every requested, supported, readable attribute (others left out)."""
-    mask, steps = _plan(requested)
+    mask, steps = _plan(requested, env.minorversion)
     out = bytearray()
     for pack, get in steps:
         pack(get(env), out)
@@ -253,11 +272,12 @@ def encode_rdattr_error(status: int):
 
 
 # ---- decode -------------------------------------------------------------------------------------
-def decode(fattr, *, allowed: frozenset = WRITABLE) -> dict[int, object]:
-    """{attribute number: value} from a client's fattr4. Unsupported attributes:
-    NFS4ERR_ATTRNOTSUPP; supported but not in `allowed`: NFS4ERR_INVAL (read-only);
-    malformed values: NFS4ERR_BADXDR."""
-    if unsupported(fattr.attrmask):
+def decode(fattr, *, allowed: frozenset = WRITABLE,
+           minorversion: int = LATEST_MINOR) -> dict[int, object]:
+    """{attribute number: value} from a client's fattr4. Unsupported attributes (in the
+    COMPOUND's minor version): NFS4ERR_ATTRNOTSUPP; supported but not in `allowed`:
+    NFS4ERR_INVAL (read-only); malformed values: NFS4ERR_BADXDR."""
+    if unsupported(fattr.attrmask, minorversion):
         raise NfsError(NFS4ERR_ATTRNOTSUPP, "an attribute in the mask is not supported")
     bits = bits_of(fattr.attrmask)
     for bit in bits:

@@ -6,7 +6,7 @@ program number and security. The server then calls the client on the client's ow
 connection: CB_NULL to learn whether the path works (`probe`), and CB_COMPOUND, whose
 first op is always CB_SEQUENCE on a slot of the back channel's own slot table
 (`cb_compound`). Nothing grants delegations, so no CB_RECALL is ever sent; CB_OFFLOAD
-and friends will go through `cb_compound`.
+(the end of an asynchronous COPY, nfsd/offload.py) goes through `cb_compound`.
 
 The state SEQUENCE reports (SEQ4_STATUS_CB_PATH_DOWN[_SESSION]) is `path_down`: the
 session wants a back channel and has no live connection for it, or its last callback

@@ -25,6 +25,7 @@ from nfsd.rpc import (
     Program, auth_error_reply, finish_reply, garbage_args_reply,
     start_success_reply, system_err_reply,
 )
+from nfsd.offload import OffloadTable
 from nfsd.state import DEFAULT_LEASE_TIME, SessionManager
 from nfsd.transport import NfsConnection
 from nfsd.xdr.rpc import AUTH_TOOWEAK
@@ -73,6 +74,10 @@ class NfsServer:
         attach = getattr(opens, "attach", None)
         if attach is not None:
             attach(self.sessions)
+        # Asynchronous COPYs (nfsd/offload.py); an undelivered outcome is kept a lease.
+        self.offloads = OffloadTable(write_verifier=store.write_verifier,
+                                     keep_seconds=lease_time)
+        self.offloads.attach(self.sessions)
         limits = limits or Limits()
         if max_record is not None:
             limits = dataclasses.replace(limits, max_record=max_record)
@@ -132,6 +137,7 @@ class NfsServer:
             await self._listener.wait_closed()
             self._listener = None
         await self.sessions.stop_reaper()
+        await self.offloads.stop()          # before the pool: a copy's chunk may be in it
         await self.grace.stop()
         await asyncio.get_running_loop().run_in_executor(
             None, functools.partial(self._executor.shutdown, wait=True))

@@ -13,7 +13,8 @@ seqid and confirm a new owner's first OPEN (RFC 7530).
 Calls are pipelined: any number may be in flight on one connection; replies are
 matched by xid. The server's callbacks (NFSv4.1 back channel: CALLs arriving on this
 connection) are recorded in `c.callbacks` as (prog, proc, CB_COMPOUND4args or None) and
-answered by `c.answer_callback` (CB_NULL: success; CB_COMPOUND: CB_SEQUENCE echoed);
+answered by `c.answer_callback` (CB_NULL: success; CB_COMPOUND: CB_SEQUENCE echoed,
+CB_OFFLOAD NFS4_OK);
 a test replaces it to answer late, wrongly or never. Low-level pieces (`call`, `compound_raw`, `send_raw`) let tests
 build exactly the bytes they want (retransmissions, bad slots, garbage).
 """
@@ -202,6 +203,8 @@ class NfsClient:
                         NFS4_OK, CB_SEQUENCE4resok(a.csa_sessionid, a.csa_sequenceid,
                                                    a.csa_slotid, a.csa_highest_slotid,
                                                    a.csa_highest_slotid))))
+                elif argop.tag == OP_CB_OFFLOAD:          # noted: the test reads `callbacks`
+                    results.append(nfs_cb_resop4(OP_CB_OFFLOAD, CB_OFFLOAD4res(NFS4_OK)))
                 else:
                     results.append(nfs_cb_resop4(OP_CB_ILLEGAL, CB_ILLEGAL4res(NFS4ERR_OP_ILLEGAL)))
                     break

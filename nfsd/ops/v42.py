@@ -5,12 +5,14 @@ SEEK (15.11), ALLOCATE (15.1), DEALLOCATE (15.4), READ_PLUS (15.10), COPY (15.2)
 and the COMPOUND loop answers it NFS4ERR_NOTSUPP; a 4.2 op in a 4.0/4.1 COMPOUND never gets
 here (NFS4ERR_OP_ILLEGAL, nfsd/compound.py).
 
-COPY is always intra-server and synchronous: RFC 7862 15.2.3 lets the server copy
-synchronously whatever ca_synchronous says, so no copy stateid is ever handed out (no
-CB_OFFLOAD needed) and OFFLOAD_STATUS/OFFLOAD_CANCEL know none (NFS4ERR_BAD_STATEID).
+COPY is intra-server. With ca_synchronous = false, at least `offloads.async_min` bytes
+and a working back channel it is asynchronous (nfsd/offload.py): the reply carries a copy
+stateid, the copy runs in the background and ends with CB_OFFLOAD; OFFLOAD_STATUS and
+OFFLOAD_CANCEL act on that stateid. Otherwise it is synchronous, as RFC 7862 15.2.3 lets
+the server choose whatever ca_synchronous says; a large synchronous COPY is answered
+with a short count (at most COPY_MAX_BYTES per op), the client asks for the rest.
 COPY and CLONE move no data through the client, nor through this process: the store
-reflinks the range where its file system can, else copy_file_range. A large COPY is
-answered with a short count (at most COPY_MAX_BYTES per op); the client asks for the rest.
+reflinks the range where its file system can, else copy_file_range.
 Changes of a file's bytes are committed before the reply (ALLOCATE, DEALLOCATE, CLONE;
 COPY says FILE_SYNC4), so none of them needs a client COMMIT.
 """
@@ -22,24 +24,25 @@ from cache.api import FileType
 from nfsd import attrs as fattr
 from nfsd.errors import NfsError
 from nfsd.exports import MAY_READ, MAY_WRITE
-from nfsd.ops._common import (blocking, current, io_state, require_regular, require_writable_fs,
-                              same_export, saved, store_errors)
+from nfsd.ops._common import (blocking, clientid_of, current, io_state, require_regular,
+                              require_writable_fs, same_export, saved, store_errors)
 from nfsd.ops.io import check_anonymous_io, data_room, with_read_through
 from nfsd.xdr.nfs4 import (
-    FILE_SYNC4, NFS4_CONTENT_DATA, NFS4_CONTENT_HOLE, NFS4_OK, NFS4ERR_BAD_STATEID,
-    NFS4ERR_FBIG, NFS4ERR_INVAL, NFS4ERR_NOTSUPP, NFS4ERR_UNION_NOTSUPP, NFS4ERR_WRONG_TYPE,
+    FILE_SYNC4, NFS4_CONTENT_DATA, NFS4_CONTENT_HOLE, NFS4_OK, NFS4ERR_FBIG, NFS4ERR_INVAL,
+    NFS4ERR_NOTSUPP, NFS4ERR_UNION_NOTSUPP, NFS4ERR_WRONG_TYPE, UNSTABLE4,
     OP_ALLOCATE, OP_CLONE, OP_COPY, OP_DEALLOCATE, OP_OFFLOAD_CANCEL, OP_OFFLOAD_STATUS,
     OP_READ_PLUS, OP_SEEK,
     ALLOCATE4res, CLONE4res, COPY4res, COPY4resok, DEALLOCATE4res, OFFLOAD_CANCEL4res,
-    OFFLOAD_STATUS4res, READ_PLUS4res, SEEK4res, copy_requirements4, data4, data_info4,
-    read_plus_content, read_plus_res4, seek_res4, write_response4,
+    OFFLOAD_STATUS4res, OFFLOAD_STATUS4resok, READ_PLUS4res, SEEK4res, copy_requirements4,
+    data4, data_info4, read_plus_content, read_plus_res4, seek_res4, write_response4,
 )
 
 log = structlog.get_logger(__name__)
 
-# Offsets and counts of CLONE must be multiples of this (RFC 7862 15.13.3; the count may
-# instead end at the source's end, as Linux's remap rules allow).
-CLONE_BLKSIZE = 4096
+# Offsets and counts of CLONE must be multiples of this, the clone_blksize attribute
+# (RFC 7862 12.2.1, 15.13.3; the count may instead end at the source's end, as Linux's
+# remap rules allow).
+CLONE_BLKSIZE = fattr.CLONE_BLKSIZE
 # One synchronous COPY copies at most this much; the client repeats for the rest (15.2.3:
 # wr_count may be less than ca_count). Bounds the time one op holds a worker thread.
 COPY_MAX_BYTES = 256 << 20
@@ -180,18 +183,59 @@ def _source_count(src, offset: int, count: int) -> int:
     return count or size - offset
 
 
+async def _copy_bytes(ctx, src_ino: int, dst_ino: int, src_off: int, dst_off: int,
+                      count: int) -> bool:
+    """One store copy_range on a worker thread (read-through first where the source is
+    not local); True when the file system shared the blocks (reflink)."""
+    _attr, reflinked = await with_read_through(ctx, src_ino, ctx.server.store.copy_range,
+                                               src_ino, dst_ino, src_off, dst_off, count,
+                                               blocking_call=True)
+    return reflinked
+
+
+async def _commit(ctx, ino: int) -> None:
+    with store_errors():
+        await blocking(ctx, ctx.server.store.commit, ino)
+
+
 async def _copy(ctx, what: str, src, dst, src_off: int, dst_off: int, count: int) -> None:
     if dst_off + count > fattr.MAX_FILESIZE:
         raise NfsError(NFS4ERR_FBIG)
-    store = ctx.server.store
-    _attr, reflinked = await with_read_through(ctx, src.ino, store.copy_range, src.ino,
-                                               dst.ino, src_off, dst_off, count,
-                                               blocking_call=True)
-    with store_errors():
-        await blocking(ctx, store.commit, dst.ino)
+    reflinked = await _copy_bytes(ctx, src.ino, dst.ino, src_off, dst_off, count)
+    await _commit(ctx, dst.ino)
     # rare and large: worth a line (which op, and whether the file system shared blocks)
     log.info("server_side_copy", op=what, src=src.ino, dst=dst.ino, count=count,
              reflinked=reflinked)
+
+
+def _back_channel_up(ctx) -> bool:
+    """The COPY's session has a back channel that may carry CB_OFFLOAD."""
+    bc = getattr(ctx.session, "backchannel", None)
+    return bc is not None and not bc.path_down
+
+
+def _start_async_copy(ctx, src, dst, src_off: int, dst_off: int, count: int):
+    """Start the copy in the background (nfsd/offload.py): in chunks of the table's
+    `chunk` bytes, then one commit, so CB_OFFLOAD says FILE_SYNC4. None when the
+    client holds its maximum of copies."""
+    offloads = ctx.server.offloads
+
+    async def run(copy) -> None:
+        done = 0
+        while done < count:
+            n = min(offloads.chunk, count - done)
+            async with offloads.chunk_slot:
+                if copy.cancelled:              # also while it waited for the slot
+                    return
+                await _copy_bytes(ctx, src.ino, dst.ino, src_off + done, dst_off + done, n)
+            done += n
+            copy.copied = done
+        if copy.cancelled:
+            return
+        await _commit(ctx, dst.ino)
+        log.info("server_side_copy", op="COPY", src=src.ino, dst=dst.ino, count=count,
+                 asynchronous=True)
+    return offloads.start(ctx.session, ctx.current_fh.raw, count, run)
 
 
 async def op_copy(ctx, args) -> COPY4res:
@@ -199,10 +243,29 @@ async def op_copy(ctx, args) -> COPY4res:
     if args.ca_source_server:
         # an inter-server copy (15.2.3, section 4.3): not offered
         raise NfsError(NFS4ERR_NOTSUPP, "inter-server copy")
-    count = min(_source_count(src, args.ca_src_offset, args.ca_count), COPY_MAX_BYTES)
+    count = _source_count(src, args.ca_src_offset, args.ca_count)
+    if args.ca_dst_offset + count > fattr.MAX_FILESIZE:
+        raise NfsError(NFS4ERR_FBIG)
+    # Asynchronous when the client allows it, the copy is large, and CB_OFFLOAD can
+    # reach the client. Otherwise synchronous, which 15.2.3 lets the server choose
+    # whatever ca_synchronous says, so NFS4ERR_OFFLOAD_NO_REQS never applies (the copy
+    # is always consecutive).
+    if (not args.ca_synchronous and count >= ctx.server.offloads.async_min
+            and _back_channel_up(ctx)):
+        copy = _start_async_copy(ctx, src, dst, args.ca_src_offset, args.ca_dst_offset,
+                                 count)
+        if copy is not None:
+            # knfsd's answer: the stateid, nothing copied yet; the count, durability and
+            # verifier come with CB_OFFLOAD.
+            return COPY4res(NFS4_OK, COPY4resok(
+                cr_response=write_response4(wr_callback_id=[copy.stateid()], wr_count=0,
+                                            wr_committed=UNSTABLE4,
+                                            wr_writeverf=ctx.server.write_verifier),
+                cr_requirements=copy_requirements4(cr_consecutive=True,
+                                                   cr_synchronous=False)))
+    count = min(count, COPY_MAX_BYTES)
     await _copy(ctx, "COPY", src, dst, args.ca_src_offset, args.ca_dst_offset, count)
-    # Synchronous and consecutive whatever was asked, so NFS4ERR_OFFLOAD_NO_REQS never
-    # applies; no callback id (wr_callback_id empty): nothing runs after the reply.
+    # Synchronous: no callback id, nothing runs after the reply.
     return COPY4res(NFS4_OK, COPY4resok(
         cr_response=write_response4(wr_callback_id=[], wr_count=count,
                                     wr_committed=FILE_SYNC4,
@@ -222,14 +285,25 @@ async def op_clone(ctx, args) -> CLONE4res:
 
 
 # ---- 15.9 OFFLOAD_STATUS, 15.8 OFFLOAD_CANCEL -----------------------------------------
-async def op_offload_status(ctx, args) -> OFFLOAD_STATUS4res:
+def _offload(ctx, sid):
+    """The asynchronous copy a stateid names (NFS4ERR_BAD_STATEID when unknown, done and
+    delivered, cancelled, or another client's). CURRENT_FH is the destination; knfsd
+    does not compare it, nor do we."""
     current(ctx)
-    raise NfsError(NFS4ERR_BAD_STATEID, "no asynchronous copy: every COPY is synchronous")
+    return ctx.server.offloads.find(clientid_of(ctx), sid)
+
+
+async def op_offload_status(ctx, args) -> OFFLOAD_STATUS4res:
+    copy = _offload(ctx, args.osa_stateid)
+    # osr_complete empty while the copy runs, else its outcome (15.9.3)
+    complete = [] if copy.status is None else [copy.status]
+    return OFFLOAD_STATUS4res(NFS4_OK, OFFLOAD_STATUS4resok(osr_count=copy.copied,
+                                                            osr_complete=complete))
 
 
 async def op_offload_cancel(ctx, args) -> OFFLOAD_CANCEL4res:
-    current(ctx)
-    raise NfsError(NFS4ERR_BAD_STATEID, "no asynchronous copy: every COPY is synchronous")
+    ctx.server.offloads.cancel(_offload(ctx, args.oca_stateid))
+    return OFFLOAD_CANCEL4res(NFS4_OK)
 
 
 HANDLERS = {

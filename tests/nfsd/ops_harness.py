@@ -14,6 +14,7 @@ from nfsd.context import CompoundContext, Cred
 from nfsd.errors import NfsError
 from nfsd.exports import AUTH_SYS, Export, Exports
 from nfsd.grace import Grace
+from nfsd.offload import OffloadTable
 from nfsd.openstate import OpenStateTable
 from nfsd.ops import (attrs, filehandle, io, lock, namespace, open as open_ops, readdir, secinfo,
                       stateid, v42)
@@ -35,6 +36,7 @@ class FakeServer:
         self.opens = OpenStateTable(store)
         self.write_verifier = store.write_verifier
         self.lease_time = 90
+        self.offloads = OffloadTable(write_verifier=store.write_verifier, keep_seconds=90)
         self.blocking_calls = []
         self.grace = Grace(store, 0, self.run_blocking)    # never started: no grace period
 

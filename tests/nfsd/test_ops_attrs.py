@@ -37,7 +37,7 @@ def test_getattr_all_supported(fs):
         exp = await fs.root_fh()
         f, sid, _ = await fs.open(exp, "f", mode=0o640)
         await fs.write(f, sid, 0, b"x" * 100)
-        a = await fs.getattr(f, *sorted(fattr.SUPPORTED - fattr.WRITE_ONLY))
+        a = await fs.getattr(f, *sorted(fattr.supported(fs.minorversion) - fattr.WRITE_ONLY))
         assert a[FATTR4_TYPE] == NF4REG and a[FATTR4_SIZE] == 100 and a[FATTR4_MODE] == 0o640
         assert a[FATTR4_FH_EXPIRE_TYPE] == FH4_PERSISTENT
         assert a[FATTR4_FILEHANDLE] == f
@@ -48,7 +48,7 @@ def test_getattr_all_supported(fs):
         assert a[FATTR4_NAMED_ATTR] is False and a[FATTR4_CASE_INSENSITIVE] is False
         assert a[FATTR4_SPACE_TOTAL] > 0 and a[FATTR4_FILES_TOTAL] > 0
         assert a[FATTR4_MOUNTED_ON_FILEID] == a[FATTR4_FILEID]
-        assert set(fattr.bits_of(a[FATTR4_SUPPORTED_ATTRS])) == set(fattr.SUPPORTED)
+        assert set(fattr.bits_of(a[FATTR4_SUPPORTED_ATTRS])) == set(fattr.supported(fs.minorversion))
         assert FATTR4_MODE in fattr.bits_of(a[FATTR4_SUPPATTR_EXCLCREAT])
         # change is monotonic
         c1 = a[FATTR4_CHANGE]

@@ -1,6 +1,6 @@
 """NFSv4.2 ops (RFC 7862) through tests/nfsclient.py in minor version 2 against a live server:
-SEEK, ALLOCATE, DEALLOCATE, READ_PLUS, COPY, CLONE, OFFLOAD_STATUS/CANCEL, the NOTSUPP
-answers for the rest, and the minor-version rule (a 4.2 op in a 4.0/4.1 COMPOUND is illegal)."""
+SEEK, ALLOCATE, DEALLOCATE, READ_PLUS, COPY, CLONE, OFFLOAD_STATUS/CANCEL (with a non-copy
+stateid; asynchronous COPY is in test_offload.py), the NOTSUPP answers for the rest, and the minor-version rule (a 4.2 op in a 4.0/4.1 COMPOUND is illegal)."""
 from __future__ import annotations
 
 import asyncio
@@ -251,6 +251,66 @@ def test_byte_changing_42_ops_on_a_read_only_export_are_rofs(tmp_path):
         assert (res[1].value.sr_eof, res[1].value.sr_offset) == (True, 8192)
         res = await fs.run([put, (OP_READ_PLUS, READ_PLUS4args(ANON, 0, 100))])
         assert [bytes(c.value.d_data) for c in res[1].value.rpr_contents] == [b"r" * 100]
+    try:
+        asyncio.run(main())
+    finally:
+        store.close()
+
+
+def test_clone_blksize_is_a_42_attribute(nfs_client):
+    from tests.nfsd.ops_harness import attrs_of, parse_attrs
+    want = [FATTR4_SUPPORTED_ATTRS, FATTR4_CLONE_BLKSIZE]
+
+    def getattr_op():
+        words = [0, 0, 0]
+        for b in want:
+            words[b // 32] |= 1 << (b % 32)
+        return op(OP_GETATTR, GETATTR4args(words))
+
+    def supported_bits(words):
+        return {w * 32 + b for w, word in enumerate(words) for b in range(32) if word >> b & 1}
+
+    async def body(c):
+        _, fh, sid = await setup(c)
+        res, (r,) = await on(c, fh, getattr_op())
+        check(res)
+        got = parse_attrs(r.value.value.obj_attributes)
+        if c.minorversion == 2:
+            assert got[FATTR4_CLONE_BLKSIZE] == 4096
+            assert FATTR4_CLONE_BLKSIZE in supported_bits(got[FATTR4_SUPPORTED_ATTRS])
+            # read-only
+            res, _ = await on(c, fh, op(OP_SETATTR, SETATTR4args(sid, attrs_of({FATTR4_CLONE_BLKSIZE: 1}))))
+            assert res.status == NFS4ERR_INVAL
+        else:
+            assert FATTR4_CLONE_BLKSIZE not in got
+            assert FATTR4_CLONE_BLKSIZE not in supported_bits(got[FATTR4_SUPPORTED_ATTRS])
+            for o in (op(OP_SETATTR, SETATTR4args(sid, attrs_of({FATTR4_CLONE_BLKSIZE: 1}))),
+                      op(OP_VERIFY, VERIFY4args(attrs_of({FATTR4_CLONE_BLKSIZE: 4096})))):
+                res, _ = await on(c, fh, o)
+                assert res.status == NFS4ERR_ATTRNOTSUPP
+        return True
+    assert nfs_client(body, minorversion=2) and nfs_client(body, minorversion=1)
+
+
+def test_copy_asked_asynchronous_without_a_session_is_synchronous(tmp_path):
+    """The engine alone (no session, so no back channel): a copy above the asynchronous
+    threshold is still done before the reply."""
+    store = Store.open(str(tmp_path / "s"))
+    server = FakeServer(store, Exports([Export(1, "/checkpoints", root_squash=False)]))
+    server.offloads.async_min = 1
+    fs = Fs(server, minorversion=2)
+
+    async def main():
+        exp = await fs.root_fh()
+        src, ssid, _ = await fs.open(exp, "src")
+        await fs.write(src, ssid, 0, b"z" * 5000)
+        dst, dsid, _ = await fs.open(exp, "dst")
+        res = await fs.run([(OP_PUTFH, PUTFH4args(src)), (OP_SAVEFH, None),
+                            (OP_PUTFH, PUTFH4args(dst)),
+                            (OP_COPY, COPY4args(ssid, dsid, 0, 0, 0, False, False, []))])
+        ok = res[-1].value
+        assert ok.cr_response.wr_callback_id == [] and ok.cr_response.wr_count == 5000
+        assert len(server.offloads) == 0
     try:
         asyncio.run(main())
     finally:
