@@ -91,11 +91,12 @@ _FSIDS: dict[int, object] = {}
 class AttrEnv:
     """What the getters need about one object: it, its export, the server."""
 
-    __slots__ = ("server", "obj", "_statfs", "rdattr_error")
+    __slots__ = ("server", "obj", "minorversion", "_statfs", "rdattr_error")
 
-    def __init__(self, server, obj, statfs=None, rdattr_error: int = NFS4_OK):
+    def __init__(self, server, obj, minorversion: int, statfs=None, rdattr_error: int = NFS4_OK):
         self.server = server
         self.obj = obj
+        self.minorversion = minorversion
         self._statfs = statfs
         self.rdattr_error = rdattr_error
 
@@ -128,6 +129,7 @@ class AttrDef:
     xdr: object
     get: Callable[[AttrEnv], object] | None      # None: write-only
     writable: bool = False
+    since_minor: int = 0                          # the minor version that defined it
 
 
 def _idmap(env):
@@ -135,7 +137,8 @@ def _idmap(env):
 
 
 ATTRS: dict[int, AttrDef] = {
-    FATTR4_SUPPORTED_ATTRS: AttrDef(fattr4_supported_attrs, lambda e: SUPPORTED_BITMAP),
+    FATTR4_SUPPORTED_ATTRS: AttrDef(fattr4_supported_attrs,
+                                    lambda e: SUPPORTED_BITMAPS[e.minorversion]),
     FATTR4_TYPE: AttrDef(fattr4_type, lambda e: int(e.attr.type)),
     FATTR4_FH_EXPIRE_TYPE: AttrDef(fattr4_fh_expire_type, lambda e: FH4_PERSISTENT),
     FATTR4_CHANGE: AttrDef(fattr4_change, lambda e: e.attr.change),
@@ -181,25 +184,36 @@ ATTRS: dict[int, AttrDef] = {
     FATTR4_TIME_MODIFY: AttrDef(fattr4_time_modify, lambda e: ns_to_time(e.attr.mtime_ns)),
     FATTR4_TIME_MODIFY_SET: AttrDef(fattr4_time_modify_set, None, writable=True),
     FATTR4_MOUNTED_ON_FILEID: AttrDef(fattr4_mounted_on_fileid, lambda e: e.mounted_on_fileid()),
-    FATTR4_SUPPATTR_EXCLCREAT: AttrDef(fattr4_suppattr_exclcreat, lambda e: EXCLCREAT_BITMAP),
+    FATTR4_SUPPATTR_EXCLCREAT: AttrDef(fattr4_suppattr_exclcreat, lambda e: EXCLCREAT_BITMAP,
+                                       since_minor=1),
 }
 
-SUPPORTED = frozenset(ATTRS)
-SUPPORTED_BITMAP = bitmap_of(sorted(SUPPORTED))
+# Per minor version: a client sees (in supported_attrs) and may use only the attributes
+# its minor version defines. RFC 7530 5 lists the NFSv4.0 ones (0-55); an attribute a
+# later minor version added is, to a 4.0 client, an attribute the server does not support
+# (GETATTR leaves it out, SETATTR/VERIFY answer NFS4ERR_ATTRNOTSUPP), as knfsd does.
+MINOR_VERSIONS = (0, 1, 2)
+SUPPORTED_IN = {minor: frozenset(b for b, d in ATTRS.items() if d.since_minor <= minor)
+                for minor in MINOR_VERSIONS}
+SUPPORTED_BITMAPS = {minor: bitmap_of(sorted(bits)) for minor, bits in SUPPORTED_IN.items()}
+SUPPORTED = SUPPORTED_IN[MINOR_VERSIONS[-1]]          # every attribute of the table
 
 
-def unsupported(bitmap: list[int]) -> bool:
-    """Whether the bitmap sets any attribute we do not support (word masks, no expansion)."""
-    known = len(SUPPORTED_BITMAP)
+def unsupported(bitmap: list[int], minorversion: int) -> bool:
+    """Whether the bitmap sets any attribute `minorversion` does not support (word masks,
+    no expansion)."""
+    supported = SUPPORTED_BITMAPS[minorversion]
+    known = len(supported)
     for i, word in enumerate(bitmap):
-        if word & ~(SUPPORTED_BITMAP[i] if i < known else 0):
+        if word & ~(supported[i] if i < known else 0):
             return True
     return False
 
 
-def supported_part(bitmap: list[int]) -> tuple[int, ...]:
-    """The bitmap with only supported attributes left (trailing zero words dropped)."""
-    words = [w & s for w, s in zip(bitmap, SUPPORTED_BITMAP)]
+def supported_part(bitmap: list[int], minorversion: int) -> tuple[int, ...]:
+    """The bitmap with only `minorversion`'s supported attributes left (trailing zero
+    words dropped)."""
+    words = [w & s for w, s in zip(bitmap, SUPPORTED_BITMAPS[minorversion])]
     while words and not words[-1]:
         words.pop()
     return tuple(words)
@@ -217,14 +231,15 @@ _plans: dict[tuple, tuple] = {}
 _MAX_PLANS = 256
 
 
-def _plan(requested: list[int]) -> tuple:
+def _plan(requested: list[int], minorversion: int) -> tuple:
     """(returned bitmap, [(pack, getter)]) for a request bitmap, computed once: READDIR
     encodes the same request for thousands of entries."""
-    key = supported_part(requested)        # unknown bits are left out anyway: one plan
+    words = supported_part(requested, minorversion)   # unknown bits are left out: one plan
+    key = (minorversion, words)
     plan = _plans.get(key)
     if plan is None:
         steps, returned = [], []
-        for bit in bits_of(list(key)):
+        for bit in bits_of(list(words)):
             d = ATTRS.get(bit)
             if d is None or d.get is None:
                 continue
@@ -239,7 +254,7 @@ def _plan(requested: list[int]) -> tuple:
 
 def encode(env: AttrEnv, requested: list[int]):
     """fattr4 with every requested, supported, readable attribute (others left out)."""
-    mask, steps = _plan(requested)
+    mask, steps = _plan(requested, env.minorversion)
     out = bytearray()
     for pack, get in steps:
         pack(get(env), out)
@@ -253,11 +268,11 @@ def encode_rdattr_error(status: int):
 
 
 # ---- decode -------------------------------------------------------------------------------------
-def decode(fattr, *, allowed: frozenset = WRITABLE) -> dict[int, object]:
-    """{attribute number: value} from a client's fattr4. Unsupported attributes:
-    NFS4ERR_ATTRNOTSUPP; supported but not in `allowed`: NFS4ERR_INVAL (read-only);
-    malformed values: NFS4ERR_BADXDR."""
-    if unsupported(fattr.attrmask):
+def decode(fattr, minorversion: int, *, allowed: frozenset = WRITABLE) -> dict[int, object]:
+    """{attribute number: value} from a client's fattr4. Attributes `minorversion` does
+    not support: NFS4ERR_ATTRNOTSUPP; supported but not in `allowed`: NFS4ERR_INVAL
+    (read-only); malformed values: NFS4ERR_BADXDR."""
+    if unsupported(fattr.attrmask, minorversion):
         raise NfsError(NFS4ERR_ATTRNOTSUPP, "an attribute in the mask is not supported")
     bits = bits_of(fattr.attrmask)
     for bit in bits:

@@ -35,7 +35,7 @@ _WRITE_LIKE = ACCESS4_MODIFY | ACCESS4_EXTEND | ACCESS4_DELETE
 
 
 def attr_env(ctx, obj: Obj, **kw) -> fattr.AttrEnv:
-    return fattr.AttrEnv(ctx.server, obj, **kw)
+    return fattr.AttrEnv(ctx.server, obj, ctx.minorversion, **kw)
 
 
 async def op_getattr(ctx, args) -> GETATTR4res:
@@ -50,7 +50,7 @@ async def op_getattr(ctx, args) -> GETATTR4res:
 
 async def op_setattr(ctx, args) -> SETATTR4res:
     obj = current(ctx)
-    values = fattr.decode(args.obj_attributes)
+    values = fattr.decode(args.obj_attributes, ctx.minorversion)
     require_writable_fs(obj)
     if FATTR4_SIZE in values and special_kind(args.stateid) in (ANONYMOUS, BYPASS):
         # A truncate outside any (reclaimed) open could destroy locked data.
@@ -164,7 +164,7 @@ def _matches(ctx, fa) -> bool:
     """Whether the server's values of `fa`'s attributes equal `fa`'s (RFC 8881 18.31.3)."""
     bits = fattr.bits_of(fa.attrmask)
     for bit in bits:
-        if bit not in fattr.SUPPORTED:
+        if bit not in fattr.SUPPORTED_IN[ctx.minorversion]:
             raise NfsError(NFS4ERR_ATTRNOTSUPP)
         if bit == FATTR4_RDATTR_ERROR or bit in fattr.WRITE_ONLY:
             raise NfsError(NFS4ERR_INVAL, f"attribute {bit} cannot be verified")

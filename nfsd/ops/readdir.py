@@ -72,7 +72,8 @@ def _entry_attrs(ctx, item, requested, statfs):
             return fattr.encode_rdattr_error(item.status)
         raise item
     try:
-        return fattr.encode(fattr.AttrEnv(ctx.server, item, statfs=statfs), requested)
+        return fattr.encode(fattr.AttrEnv(ctx.server, item, ctx.minorversion, statfs=statfs),
+                            requested)
     except (NfsError, StoreError) as e:
         status = e.status if isinstance(e, NfsError) else nfs_error(e).status
         if want_error:
@@ -91,7 +92,7 @@ async def op_readdir(ctx, args) -> READDIR4res:
     bits = set(fattr.bits_of(args.attr_request))
     if bits & fattr.WRITE_ONLY:
         raise NfsError(NFS4ERR_INVAL, "write-only attribute requested")
-    requested = fattr.bitmap_of(sorted(bits & fattr.SUPPORTED))
+    requested = fattr.bitmap_of(sorted(bits & fattr.SUPPORTED_IN[ctx.minorversion]))
     if not d.is_pseudo:
         require_perm(d, who(ctx, d), MAY_READ)
     statfs = None

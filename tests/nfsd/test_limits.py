@@ -51,11 +51,12 @@ def test_huge_all_ones_bitmap_in_a_compound_costs_nothing():
 
 def test_unknown_bits_are_found_without_expanding():
     every = [0xFFFFFFFF] * n.MAX_BITMAP_WORDS
-    assert attrs.unsupported(every) and not attrs.unsupported(attrs.SUPPORTED_BITMAP)
+    supported = attrs.SUPPORTED_BITMAPS[1]
+    assert attrs.unsupported(every, 1) and not attrs.unsupported(supported, 1)
     assert len(attrs.bits_of(every)) == 32 * n.MAX_BITMAP_WORDS
-    assert attrs.supported_part(every) == tuple(attrs.SUPPORTED_BITMAP)
+    assert attrs.supported_part(every, 1) == tuple(supported)
     with pytest.raises(NfsError) as e:
-        attrs.decode(n.fattr4(attrmask=[0, 0, 0, 0, 0, 0, 0, 1], attr_vals=b""))
+        attrs.decode(n.fattr4(attrmask=[0, 0, 0, 0, 0, 0, 0, 1], attr_vals=b""), 1)
     assert e.value.status == n.NFS4ERR_ATTRNOTSUPP
 
 
