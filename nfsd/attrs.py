@@ -46,9 +46,9 @@ MAX_NAME = 255
 
 # ---- bitmaps ---------------------------------------------------------------------------------
 # A client controls a bitmap's length: decoding refuses more than MAX_BITMAP_WORDS words
-# (nfsd/xdr/nfs4.py), and nothing here expands more than that, so a bitmap costs at most
-# 32 * MAX_BITMAP_WORDS attribute numbers. Unsupported bits are found by masking words
-# (`unsupported`), never by expanding them.
+# (nfsd/xdr/nfs4.py). Unknown bits are found or dropped by masking words (`unsupported`,
+# `supported_part`, `known_bits`), never by expanding them, so what a request bitmap
+# expands to is bounded by the attributes we support, not by its length.
 def bits_of(bitmap: list[int]) -> list[int]:
     """Attribute numbers set in a bitmap4, ascending (words past MAX_BITMAP_WORDS,
     which decoding never lets through, are ignored)."""
@@ -217,6 +217,12 @@ def supported_part(bitmap: list[int], minorversion: int) -> tuple[int, ...]:
     while words and not words[-1]:
         words.pop()
     return tuple(words)
+
+def known_bits(bitmap: list[int], minorversion: int) -> list[int]:
+    """The attribute numbers of the bitmap that `minorversion` supports (the others,
+    unknown to us, are ignored as RFC 7530 5 / RFC 8881 5 want), ascending."""
+    return bits_of(list(supported_part(bitmap, minorversion)))
+
 
 WRITABLE = frozenset(b for b, d in ATTRS.items() if d.writable)
 WRITE_ONLY = frozenset(b for b, d in ATTRS.items() if d.get is None)

@@ -26,7 +26,7 @@ connection_refused (network no export admits, max_connections, max_per_address; 
 at accept), connection_slow_record (record_timeout), connection_not_reading (replies
 unread for idle_timeout), connection_idle_closed (info, not rate-limited: one per
 connection), rpc_stream_error (max_record, max_fragments), rpc_rejected (RPC-level
-errors), rpc_garbage_args (undecodable COMPOUND, e.g. a bitmap4 above 8 words),
+errors), rpc_garbage_args (undecodable COMPOUND, e.g. a bitmap4 above 64 words),
 insecure_port_refused (`secure` export, source port >= 1024), callback_reply_unmatched
 (a REPLY whose xid names no callback of ours), callback_failed (info).
 """

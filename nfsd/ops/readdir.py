@@ -89,10 +89,10 @@ async def op_readdir(ctx, args) -> READDIR4res:
         raise NfsError(NFS4ERR_BAD_COOKIE, "cookies 1 and 2 are reserved")
     if cookie != 0 and bytes(args.cookieverf) != COOKIE_VERF:
         raise NfsError(NFS4ERR_NOT_SAME, "cookie verifier")
-    bits = set(fattr.bits_of(args.attr_request))
+    bits = set(fattr.known_bits(args.attr_request, ctx.minorversion))
     if bits & fattr.WRITE_ONLY:
         raise NfsError(NFS4ERR_INVAL, "write-only attribute requested")
-    requested = fattr.bitmap_of(sorted(bits & fattr.SUPPORTED_IN[ctx.minorversion]))
+    requested = fattr.bitmap_of(sorted(bits))
     if not d.is_pseudo:
         require_perm(d, who(ctx, d), MAY_READ)
     statfs = None

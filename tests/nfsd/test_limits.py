@@ -28,10 +28,13 @@ def words(*ws: int) -> bytes:
 # ---- bitmap4: bounded at decode, never expanded past what we know --------------------------
 
 def test_bitmap_word_count_is_bounded_at_decode():
-    assert n.MAX_BITMAP_WORDS == 8 and n.bitmap4.maxlen == 8
-    assert decode(n.bitmap4, words(8, *[0xFFFFFFFF] * 8)) == [0xFFFFFFFF] * 8
-    with pytest.raises(XdrError, match="length 9 exceeds the declared maximum 8"):
-        decode(n.bitmap4, words(9, *[0xFFFFFFFF] * 9))
+    """64 words (2,048 attribute numbers): room for an unknown attribute such as pynfs's
+    1000 (32 words), which must be ignored, not refused; one word more is refused."""
+    assert n.MAX_BITMAP_WORDS == 64 and n.bitmap4.maxlen == 64
+    assert decode(n.bitmap4, words(64, *[0xFFFFFFFF] * 64)) == [0xFFFFFFFF] * 64
+    assert decode(n.GETATTR4args, words(32, *[0] * 31, 1 << (1000 % 32))).attr_request[31] == 1 << 8
+    with pytest.raises(XdrError, match="length 65 exceeds the declared maximum 64"):
+        decode(n.bitmap4, words(65, *[0xFFFFFFFF] * 65))
 
 
 def test_huge_all_ones_bitmap_in_a_compound_costs_nothing():
@@ -41,7 +44,7 @@ def test_huge_all_ones_bitmap_in_a_compound_costs_nothing():
     body = words(nwords) + b"\xff" * (4 * nwords)
     tracemalloc.start()
     try:
-        with pytest.raises(XdrError, match="exceeds the declared maximum 8"):
+        with pytest.raises(XdrError, match="exceeds the declared maximum 64"):
             n.bitmap4.unpack(memoryview(body), 0)
         _, peak = tracemalloc.get_traced_memory()
     finally:
@@ -55,6 +58,7 @@ def test_unknown_bits_are_found_without_expanding():
     assert attrs.unsupported(every, 1) and not attrs.unsupported(supported, 1)
     assert len(attrs.bits_of(every)) == 32 * n.MAX_BITMAP_WORDS
     assert attrs.supported_part(every, 1) == tuple(supported)
+    assert attrs.known_bits(every, 1) == sorted(attrs.SUPPORTED_IN[1])
     with pytest.raises(NfsError) as e:
         attrs.decode(n.fattr4(attrmask=[0, 0, 0, 0, 0, 0, 0, 1], attr_vals=b""), 1)
     assert e.value.status == n.NFS4ERR_ATTRNOTSUPP
