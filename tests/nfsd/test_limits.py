@@ -121,7 +121,7 @@ def test_record_buffer_grows_with_the_bytes_and_still_completes():
 
 
 def test_fragments_per_record_limit():
-    assert DEFAULT_MAX_FRAGMENTS == 64
+    assert DEFAULT_MAX_FRAGMENTS == 2112          # a largest record in 1 KiB fragments
     c = RpcConnection(PROGS)
     ev = c.receive_data(struct.pack(">I", 0) * DEFAULT_MAX_FRAGMENTS)   # empty non-last fragments
     assert ev == []
@@ -135,3 +135,26 @@ def test_fragments_per_record_limit():
                     for i, p in enumerate(parts))
     ev = c.receive_data(data)
     assert len(ev) == 1 and ev[0].xid == 9
+
+
+def fragmented(call: bytes, size: int) -> bytes:
+    """A record cut into fragments of `size` bytes, as pynfs's 4.0 client sends (2 KiB)."""
+    body = call[4:]
+    parts = [body[i:i + size] for i in range(0, len(body), size)]
+    return b"".join(struct.pack(">I", len(p) | (LAST_FRAGMENT if i == len(parts) - 1 else 0)) + p
+                    for i, p in enumerate(parts))
+
+
+def test_a_maxwrite_call_in_small_fragments_goes_through():
+    """A 1 MiB WRITE in 2 KiB fragments (513 of them); a largest record in 1 KiB ones."""
+    c = RpcConnection(PROGS)
+    ev = c.receive_data(fragmented(encode_call(11, 100003, 4, 0, None, b"w" * (1 << 20)), 2048))
+    assert len(ev) == 1 and ev[0].xid == 11 and len(ev[0].args) == 1 << 20
+    big = encode_call(12, 100003, 4, 0, None, b"b" * (DEFAULT_MAX_RECORD - 200))
+    assert len(big) - 4 <= DEFAULT_MAX_RECORD
+    ev = c.receive_data(fragmented(big, 1024))
+    assert len(ev) == 1 and ev[0].xid == 12
+    # ...but the record size bound still holds whatever the fragments.
+    c = RpcConnection(PROGS)
+    ev = c.receive_data(fragmented(encode_call(13, 100003, 4, 0, None, b"x" * DEFAULT_MAX_RECORD), 2048))
+    assert len(ev) == 1 and isinstance(ev[0], RpcConnectionError) and "above the limit" in ev[0].reason
