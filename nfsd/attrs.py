@@ -3,9 +3,10 @@
 One table maps each supported attribute number to its XDR type and a getter; GETATTR,
 READDIR and VERIFY encode by walking the requested bitmap in bit order, SETATTR, CREATE
 and OPEN decode `attr_vals` the same way. An attribute a later minor version added
-(`since`, e.g. RFC 7862's clone_blksize) exists only for COMPOUNDs of that minor version
+(`since_minor`: 4.1's suppattr_exclcreat, RFC 7862's clone_blksize) exists only for COMPOUNDs of that minor version
 or later, as in knfsd's per-minor-version supported sets: a 4.1 client neither sees it in
-supported_attrs nor gets it, and naming it is NFS4ERR_ATTRNOTSUPP there.
+supported_attrs nor gets it, and naming it is NFS4ERR_ATTRNOTSUPP there (a 4.0 client
+sees the RFC 7530 attributes only).
 """
 from __future__ import annotations
 
@@ -53,9 +54,9 @@ LATEST_MINOR = 2                 # the newest NFSv4 minor version served
 
 # ---- bitmaps ---------------------------------------------------------------------------------
 # A client controls a bitmap's length: decoding refuses more than MAX_BITMAP_WORDS words
-# (nfsd/xdr/nfs4.py), and nothing here expands more than that, so a bitmap costs at most
-# 32 * MAX_BITMAP_WORDS attribute numbers. Unsupported bits are found by masking words
-# (`unsupported`), never by expanding them.
+# (nfsd/xdr/nfs4.py). Unknown bits are found or dropped by masking words (`unsupported`,
+# `supported_part`, `known_bits`), never by expanding them, so what a request bitmap
+# expands to is bounded by the attributes we support, not by its length.
 def bits_of(bitmap: list[int]) -> list[int]:
     """Attribute numbers set in a bitmap4, ascending (words past MAX_BITMAP_WORDS,
     which decoding never lets through, are ignored)."""
@@ -98,15 +99,14 @@ _FSIDS: dict[int, object] = {}
 class AttrEnv:
     """What the getters need about one object: it, its export, the server."""
 
-    __slots__ = ("server", "obj", "_statfs", "rdattr_error", "minorversion")
+    __slots__ = ("server", "obj", "minorversion", "_statfs", "rdattr_error")
 
-    def __init__(self, server, obj, statfs=None, rdattr_error: int = NFS4_OK,
-                 minorversion: int = LATEST_MINOR):
+    def __init__(self, server, obj, minorversion: int, statfs=None, rdattr_error: int = NFS4_OK):
         self.server = server
         self.obj = obj
+        self.minorversion = minorversion
         self._statfs = statfs
         self.rdattr_error = rdattr_error
-        self.minorversion = minorversion
 
     @property
     def attr(self):
@@ -137,7 +137,7 @@ class AttrDef:
     xdr: object
     get: Callable[[AttrEnv], object] | None      # None: write-only
     writable: bool = False
-    since: int = 0                                # the first minor version that has it
+    since_minor: int = 0                          # the minor version that defined it
 
 
 def _idmap(env):
@@ -192,35 +192,46 @@ ATTRS: dict[int, AttrDef] = {
     FATTR4_TIME_MODIFY: AttrDef(fattr4_time_modify, lambda e: ns_to_time(e.attr.mtime_ns)),
     FATTR4_TIME_MODIFY_SET: AttrDef(fattr4_time_modify_set, None, writable=True),
     FATTR4_MOUNTED_ON_FILEID: AttrDef(fattr4_mounted_on_fileid, lambda e: e.mounted_on_fileid()),
-    FATTR4_SUPPATTR_EXCLCREAT: AttrDef(fattr4_suppattr_exclcreat, lambda e: EXCLCREAT_BITMAP),
-    FATTR4_CLONE_BLKSIZE: AttrDef(fattr4_clone_blksize, lambda e: CLONE_BLKSIZE, since=2),
+    FATTR4_SUPPATTR_EXCLCREAT: AttrDef(fattr4_suppattr_exclcreat, lambda e: EXCLCREAT_BITMAP,
+                                       since_minor=1),
+    FATTR4_CLONE_BLKSIZE: AttrDef(fattr4_clone_blksize, lambda e: CLONE_BLKSIZE, since_minor=2),
 }
 
-# The attributes of each minor version (index), as a set and as a bitmap.
-SUPPORTED_BY_MINOR = tuple(frozenset(b for b, d in ATTRS.items() if d.since <= minor)
-                           for minor in range(LATEST_MINOR + 1))
-SUPPORTED_BITMAPS = tuple(bitmap_of(sorted(s)) for s in SUPPORTED_BY_MINOR)
+# Per minor version: a client sees (in supported_attrs) and may use only the attributes
+# its minor version defines. RFC 7530 5 lists the NFSv4.0 ones (0-55); an attribute a
+# later minor version added is, to a 4.0 client, an attribute the server does not support
+# (GETATTR leaves it out, SETATTR/VERIFY answer NFS4ERR_ATTRNOTSUPP), as knfsd does.
+MINOR_VERSIONS = tuple(range(LATEST_MINOR + 1))
+SUPPORTED_IN = {minor: frozenset(b for b, d in ATTRS.items() if d.since_minor <= minor)
+                for minor in MINOR_VERSIONS}
+SUPPORTED_BITMAPS = {minor: bitmap_of(sorted(bits)) for minor, bits in SUPPORTED_IN.items()}
+SUPPORTED = SUPPORTED_IN[MINOR_VERSIONS[-1]]          # every attribute of the table
 
 
-def supported(minorversion: int = LATEST_MINOR) -> frozenset:
-    return SUPPORTED_BY_MINOR[minorversion]
-
-
-def unsupported(bitmap: list[int], minorversion: int = LATEST_MINOR) -> bool:
-    """Whether the bitmap sets any attribute we do not support (word masks, no expansion)."""
-    mine = SUPPORTED_BITMAPS[minorversion]
+def unsupported(bitmap: list[int], minorversion: int) -> bool:
+    """Whether the bitmap sets any attribute `minorversion` does not support (word masks,
+    no expansion)."""
+    supported = SUPPORTED_BITMAPS[minorversion]
+    known = len(supported)
     for i, word in enumerate(bitmap):
-        if word & ~(mine[i] if i < len(mine) else 0):
+        if word & ~(supported[i] if i < known else 0):
             return True
     return False
 
 
-def supported_part(bitmap: list[int], minorversion: int = LATEST_MINOR) -> tuple[int, ...]:
-    """The bitmap with only supported attributes left (trailing zero words dropped)."""
+def supported_part(bitmap: list[int], minorversion: int) -> tuple[int, ...]:
+    """The bitmap with only `minorversion`'s supported attributes left (trailing zero
+    words dropped)."""
     words = [w & s for w, s in zip(bitmap, SUPPORTED_BITMAPS[minorversion])]
     while words and not words[-1]:
         words.pop()
     return tuple(words)
+
+def known_bits(bitmap: list[int], minorversion: int) -> list[int]:
+    """The attribute numbers of the bitmap that `minorversion` supports (the others,
+    unknown to us, are ignored as RFC 7530 5 / RFC 8881 5 want), ascending."""
+    return bits_of(list(supported_part(bitmap, minorversion)))
+
 
 WRITABLE = frozenset(b for b, d in ATTRS.items() if d.writable)
 WRITE_ONLY = frozenset(b for b, d in ATTRS.items() if d.get is None)
@@ -238,12 +249,12 @@ _MAX_PLANS = 256
 def _plan(requested: list[int], minorversion: int) -> tuple:
     """(returned bitmap, [(pack, getter)]) for a request bitmap, computed once: READDIR
     encodes the same request for thousands of entries."""
-    part = supported_part(requested, minorversion)   # unknown bits are left out: one plan
-    key = (minorversion, part)
+    words = supported_part(requested, minorversion)   # unknown bits are left out: one plan
+    key = (minorversion, words)
     plan = _plans.get(key)
     if plan is None:
         steps, returned = [], []
-        for bit in bits_of(list(part)):
+        for bit in bits_of(list(words)):
             d = ATTRS.get(bit)
             if d is None or d.get is None:
                 continue
@@ -272,11 +283,10 @@ def encode_rdattr_error(status: int):
 
 
 # ---- decode -------------------------------------------------------------------------------------
-def decode(fattr, *, allowed: frozenset = WRITABLE,
-           minorversion: int = LATEST_MINOR) -> dict[int, object]:
-    """{attribute number: value} from a client's fattr4. Unsupported attributes (in the
-    COMPOUND's minor version): NFS4ERR_ATTRNOTSUPP; supported but not in `allowed`:
-    NFS4ERR_INVAL (read-only); malformed values: NFS4ERR_BADXDR."""
+def decode(fattr, minorversion: int, *, allowed: frozenset = WRITABLE) -> dict[int, object]:
+    """{attribute number: value} from a client's fattr4. Attributes `minorversion` does
+    not support: NFS4ERR_ATTRNOTSUPP; supported but not in `allowed`: NFS4ERR_INVAL
+    (read-only); malformed values: NFS4ERR_BADXDR."""
     if unsupported(fattr.attrmask, minorversion):
         raise NfsError(NFS4ERR_ATTRNOTSUPP, "an attribute in the mask is not supported")
     bits = bits_of(fattr.attrmask)

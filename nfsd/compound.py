@@ -121,6 +121,17 @@ class CompoundArgs:
     illegal_opnum: int | None = None   # an unknown op ended decoding here
 
 
+def minorversion_of(buf: memoryview) -> int | None:
+    """The minor version of a COMPOUND4args without decoding it (None: too short)."""
+    if len(buf) < 4:
+        return None
+    (taglen,) = _U32.unpack_from(buf, 0)
+    pos = 4 + taglen + (-taglen % 4)
+    if pos + 4 > len(buf):
+        return None
+    return _U32.unpack_from(buf, pos)[0]
+
+
 def decode_compound(buf: memoryview) -> CompoundArgs:
     """COMPOUND4args, op by op, so an unknown op number can be answered with
     OP_ILLEGAL after the ops before it (RFC 8881 section 15.2) rather than

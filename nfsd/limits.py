@@ -12,7 +12,8 @@ declared maxima of the .x, the RPC layer's in nfsd/rpc.py). Defaults, and why:
     record_timeout    60 s    a record whose first bytes arrived must be complete by
                               then (slowloris, endless half records): 2 MiB at 35 KB/s
     max_record        2 MiB + 64 KiB   one record (nfsd/rpc.py DEFAULT_MAX_RECORD)
-    max_fragments     64      fragments of one record (nfsd/rpc.py)
+    max_fragments     2112    fragments of one record: a largest record in 1 KiB
+                              fragments (pynfs sends 2 KiB ones; nfsd/rpc.py)
     log_interval      60 s    rejected input is logged once per client and kind per
                               interval, with the count of what was suppressed
     callback_timeout  10 s    a callback (CB_NULL, CB_COMPOUND) the client has not answered
@@ -26,7 +27,7 @@ connection_refused (network no export admits, max_connections, max_per_address; 
 at accept), connection_slow_record (record_timeout), connection_not_reading (replies
 unread for idle_timeout), connection_idle_closed (info, not rate-limited: one per
 connection), rpc_stream_error (max_record, max_fragments), rpc_rejected (RPC-level
-errors), rpc_garbage_args (undecodable COMPOUND, e.g. a bitmap4 above 8 words),
+errors), rpc_garbage_args (undecodable COMPOUND, e.g. a bitmap4 above 64 words),
 insecure_port_refused (`secure` export, source port >= 1024), callback_reply_unmatched
 (a REPLY whose xid names no callback of ours), callback_failed (info).
 """

@@ -57,9 +57,16 @@ DIRECT_RECEIVE_THRESHOLD = 16 * 1024
 SCRATCH_SIZE = 64 * 1024         # per connection, allocated once
 # A record's buffer starts this small and doubles as its bytes arrive (see above).
 RECORD_INITIAL_ALLOC = 64 * 1024
-# Fragments one record may have. Clients send one (Linux, nfs-rs); RFC 5531 sets no
-# bound, and endless empty non-last fragments would otherwise never end a record.
-DEFAULT_MAX_FRAGMENTS = 64
+# Fragments one record may have. RFC 5531 sets no bound, and endless empty non-last
+# fragments would otherwise never end a record (they add nothing to its size, so
+# max_record does not stop them). Linux and nfs-rs send one fragment per record, but
+# pynfs cuts every record into 2 KiB fragments, so a 1 MiB WRITE is 513 of them. The
+# bound lets a largest record (max_record) through in fragments as small as 1 KiB;
+# each fragment costs O(1) besides its bytes, so a record of empty fragments costs
+# at most this many 4-byte marks (8 KiB of input), and record bytes stay bounded by
+# max_record.
+SMALLEST_FRAGMENT = 1024
+DEFAULT_MAX_FRAGMENTS = -(-DEFAULT_MAX_RECORD // SMALLEST_FRAGMENT)
 
 _U32 = struct.Struct(">I")
 _CALL_HEAD = struct.Struct(">IIIIII")     # xid, mtype, rpcvers, prog, vers, proc

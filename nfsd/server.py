@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 
-from nfsd.compound import GarbageArgs, run_compound
+from nfsd.compound import GarbageArgs, minorversion_of, run_compound
+from nfsd.drc import IN_PROGRESS, ReplyCache, request_key
 from nfsd.grace import Grace
 from nfsd.limits import Limits, RateLimitedLog
 from nfsd.rpc import (
@@ -58,6 +59,7 @@ class NfsServer:
         self.server_owner = identity
         self.server_scope = identity
         self.sessions = SessionManager(lease_time)
+        self.replies_v40 = ReplyCache()        # 4.0 retransmissions (4.1: session slots)
         # Reclaim after a restart (nfsd/grace.py): as long as a lease by default, so every
         # client that held state has renewed (and so noticed the restart) before it ends.
         self.grace = Grace(store, lease_time if grace_time is None else grace_time,
@@ -222,16 +224,35 @@ class NfsServer:
                                  reason="every export admitting this client is `secure` "
                                         "(source port must be < 1024)")
             return auth_error_reply(xid, AUTH_TOOWEAK)
+        if minorversion_of(call.args) != 0:
+            return (await self._run_compound(call, conn))[0]
+        # NFSv4.0: a retransmission gets the first run's reply (nfsd/drc.py).
+        key = request_key(conn.peer, xid, call.proc, call.args)
+        cached = self.replies_v40.begin(key)
+        if cached is IN_PROGRESS:
+            return None                  # the original still runs: drop, as knfsd does
+        if cached is not None:
+            return cached
+        reply, opnums = None, ()
+        try:
+            reply, opnums = await self._run_compound(call, conn)
+            return reply
+        finally:
+            self.replies_v40.finish(key, reply, opnums)
+
+    async def _run_compound(self, call, conn) -> tuple[bytes | bytearray, list]:
+        """The framed reply and the ops that ran."""
+        xid = call.xid
         out = start_success_reply(xid)
         try:
-            await run_compound(self, call.cred, conn.peer, conn, call.args, out)
+            outcome = await run_compound(self, call.cred, conn.peer, conn, call.args, out)
         except GarbageArgs as exc:
             self.ratelog.warning("rpc_garbage_args", conn.peer[0], xid=xid, error=str(exc))
-            return garbage_args_reply(xid)
+            return garbage_args_reply(xid), []
         except Exception:
             log.exception("compound_failed", peer=conn.peer[0], xid=xid)
-            return system_err_reply(xid)
-        return finish_reply(out)
+            return system_err_reply(xid), []
+        return finish_reply(out), outcome.opnums
 
 
 async def serve(store, exports, host: str, port: int, *, stop_event: asyncio.Event | None = None,

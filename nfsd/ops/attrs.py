@@ -35,12 +35,12 @@ _WRITE_LIKE = ACCESS4_MODIFY | ACCESS4_EXTEND | ACCESS4_DELETE
 
 
 def attr_env(ctx, obj: Obj, **kw) -> fattr.AttrEnv:
-    return fattr.AttrEnv(ctx.server, obj, minorversion=ctx.minorversion, **kw)
+    return fattr.AttrEnv(ctx.server, obj, ctx.minorversion, **kw)
 
 
 async def op_getattr(ctx, args) -> GETATTR4res:
     obj = current(ctx)
-    requested = set(fattr.bits_of(args.attr_request))
+    requested = set(fattr.known_bits(args.attr_request, ctx.minorversion))
     if requested & fattr.WRITE_ONLY:
         raise NfsError(NFS4ERR_INVAL, "write-only attribute requested")
     with store_errors():
@@ -50,7 +50,7 @@ async def op_getattr(ctx, args) -> GETATTR4res:
 
 async def op_setattr(ctx, args) -> SETATTR4res:
     obj = current(ctx)
-    values = fattr.decode(args.obj_attributes, minorversion=ctx.minorversion)
+    values = fattr.decode(args.obj_attributes, ctx.minorversion)
     require_writable_fs(obj)
     if FATTR4_SIZE in values and special_kind(args.stateid) in (ANONYMOUS, BYPASS):
         # A truncate outside any (reclaimed) open could destroy locked data.
@@ -162,10 +162,10 @@ async def op_access(ctx, args) -> ACCESS4res:
 
 def _matches(ctx, fa) -> bool:
     """Whether the server's values of `fa`'s attributes equal `fa`'s (RFC 8881 18.31.3)."""
+    if fattr.unsupported(fa.attrmask, ctx.minorversion):
+        raise NfsError(NFS4ERR_ATTRNOTSUPP)
     bits = fattr.bits_of(fa.attrmask)
     for bit in bits:
-        if bit not in fattr.supported(ctx.minorversion):
-            raise NfsError(NFS4ERR_ATTRNOTSUPP)
         if bit == FATTR4_RDATTR_ERROR or bit in fattr.WRITE_ONLY:
             raise NfsError(NFS4ERR_INVAL, f"attribute {bit} cannot be verified")
     fattr.decode_values(fa, bits)          # malformed input: NFS4ERR_BADXDR

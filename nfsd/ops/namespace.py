@@ -63,8 +63,7 @@ async def op_create(ctx, args) -> CREATE4res:
         # Regular files are made by OPEN (NF4REG, NF4ATTRDIR, NF4NAMEDATTR: BADTYPE).
         raise NfsError(NFS4ERR_BADTYPE, f"cannot create objects of type {objtype}")
     cred = require_dir_modify(ctx, parent)
-    values = fattr.decode(args.createattrs, allowed=CREATE_ATTRS,
-                          minorversion=ctx.minorversion)
+    values = fattr.decode(args.createattrs, ctx.minorversion, allowed=CREATE_ATTRS)
     uid, gid = new_owner(cred, parent)
     with store_errors():
         if objtype == NF4DIR:

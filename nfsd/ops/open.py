@@ -92,15 +92,14 @@ async def _create(ctx, parent: Obj, name: bytes, how) -> _Created:
     mode = how.tag
     verf = None
     if mode in (UNCHECKED4, GUARDED4):
-        values = fattr.decode(how.value, minorversion=ctx.minorversion)
+        values = fattr.decode(how.value, ctx.minorversion)
     elif mode == EXCLUSIVE4:
         verf, values = bytes(how.value), {}
     elif mode == EXCLUSIVE4_1:
         if ctx.minorversion < 1:
             raise NfsError(NFS4ERR_INVAL, "EXCLUSIVE4_1 needs NFSv4.1")
         verf = bytes(how.value.cva_verf)
-        values = fattr.decode(how.value.cva_attrs, allowed=fattr.EXCLCREAT,
-                              minorversion=ctx.minorversion)
+        values = fattr.decode(how.value.cva_attrs, ctx.minorversion, allowed=fattr.EXCLCREAT)
     else:
         raise NfsError(NFS4ERR_INVAL, f"createmode {mode}")
     if parent.is_pseudo or not parent.export.rw:

@@ -72,8 +72,8 @@ def _entry_attrs(ctx, item, requested, statfs):
             return fattr.encode_rdattr_error(item.status)
         raise item
     try:
-        return fattr.encode(fattr.AttrEnv(ctx.server, item, statfs=statfs,
-                                           minorversion=ctx.minorversion), requested)
+        return fattr.encode(fattr.AttrEnv(ctx.server, item, ctx.minorversion, statfs=statfs),
+                            requested)
     except (NfsError, StoreError) as e:
         status = e.status if isinstance(e, NfsError) else nfs_error(e).status
         if want_error:
@@ -89,10 +89,10 @@ async def op_readdir(ctx, args) -> READDIR4res:
         raise NfsError(NFS4ERR_BAD_COOKIE, "cookies 1 and 2 are reserved")
     if cookie != 0 and bytes(args.cookieverf) != COOKIE_VERF:
         raise NfsError(NFS4ERR_NOT_SAME, "cookie verifier")
-    bits = set(fattr.bits_of(args.attr_request))
+    bits = set(fattr.known_bits(args.attr_request, ctx.minorversion))
     if bits & fattr.WRITE_ONLY:
         raise NfsError(NFS4ERR_INVAL, "write-only attribute requested")
-    requested = fattr.bitmap_of(sorted(bits & fattr.supported(ctx.minorversion)))
+    requested = fattr.bitmap_of(sorted(bits))
     if not d.is_pseudo:
         require_perm(d, who(ctx, d), MAY_READ)
     statfs = None

@@ -24,9 +24,13 @@ ZERO_COPY_FIELDS = frozenset({("WRITE4args", "data")})
 
 # Counts the protocol leaves open but a client must not make us allocate in proportion
 # to (see nfsd/xdr/xparser.py "Decode limits"). bitmap4: RFC 8881/7862/8276 define
-# attributes up to number 82 (3 words); 8 words leave room and refuse a million-word
-# bitmap at decode (NFS4ERR_BADXDR) instead of expanding it.
-MAX_BITMAP_WORDS = 8
+# attributes up to number 82 (3 words), but RFC 7530 5 / RFC 8881 5 want a request for
+# an attribute the server does not know ignored (GETATTR) or answered ATTRNOTSUPP, not
+# refused as garbage: pynfs asks for attribute 1000 (32 words). 64 words (2,048
+# attribute numbers, at most 64 ints once decoded) let such requests through; a longer
+# bitmap is still refused at decode (GARBAGE_ARGS) instead of being expanded, and past
+# decoding a bitmap is masked word by word against what we support (nfsd/attrs.py).
+MAX_BITMAP_WORDS = 64
 DECODE_LIMITS = {"bitmap4": MAX_BITMAP_WORDS}
 
 _imports = {name: getattr(_rpc, name) for name in ("authsys_parms", "AUTH_NONE", "AUTH_SYS",

@@ -28,10 +28,13 @@ def words(*ws: int) -> bytes:
 # ---- bitmap4: bounded at decode, never expanded past what we know --------------------------
 
 def test_bitmap_word_count_is_bounded_at_decode():
-    assert n.MAX_BITMAP_WORDS == 8 and n.bitmap4.maxlen == 8
-    assert decode(n.bitmap4, words(8, *[0xFFFFFFFF] * 8)) == [0xFFFFFFFF] * 8
-    with pytest.raises(XdrError, match="length 9 exceeds the declared maximum 8"):
-        decode(n.bitmap4, words(9, *[0xFFFFFFFF] * 9))
+    """64 words (2,048 attribute numbers): room for an unknown attribute such as pynfs's
+    1000 (32 words), which must be ignored, not refused; one word more is refused."""
+    assert n.MAX_BITMAP_WORDS == 64 and n.bitmap4.maxlen == 64
+    assert decode(n.bitmap4, words(64, *[0xFFFFFFFF] * 64)) == [0xFFFFFFFF] * 64
+    assert decode(n.GETATTR4args, words(32, *[0] * 31, 1 << (1000 % 32))).attr_request[31] == 1 << 8
+    with pytest.raises(XdrError, match="length 65 exceeds the declared maximum 64"):
+        decode(n.bitmap4, words(65, *[0xFFFFFFFF] * 65))
 
 
 def test_huge_all_ones_bitmap_in_a_compound_costs_nothing():
@@ -41,7 +44,7 @@ def test_huge_all_ones_bitmap_in_a_compound_costs_nothing():
     body = words(nwords) + b"\xff" * (4 * nwords)
     tracemalloc.start()
     try:
-        with pytest.raises(XdrError, match="exceeds the declared maximum 8"):
+        with pytest.raises(XdrError, match="exceeds the declared maximum 64"):
             n.bitmap4.unpack(memoryview(body), 0)
         _, peak = tracemalloc.get_traced_memory()
     finally:
@@ -51,11 +54,13 @@ def test_huge_all_ones_bitmap_in_a_compound_costs_nothing():
 
 def test_unknown_bits_are_found_without_expanding():
     every = [0xFFFFFFFF] * n.MAX_BITMAP_WORDS
-    assert attrs.unsupported(every) and not attrs.unsupported(attrs.SUPPORTED_BITMAPS[-1])
+    supported = attrs.SUPPORTED_BITMAPS[1]
+    assert attrs.unsupported(every, 1) and not attrs.unsupported(supported, 1)
     assert len(attrs.bits_of(every)) == 32 * n.MAX_BITMAP_WORDS
-    assert attrs.supported_part(every) == tuple(attrs.SUPPORTED_BITMAPS[-1])
+    assert attrs.supported_part(every, 1) == tuple(supported)
+    assert attrs.known_bits(every, 1) == sorted(attrs.SUPPORTED_IN[1])
     with pytest.raises(NfsError) as e:
-        attrs.decode(n.fattr4(attrmask=[0, 0, 0, 0, 0, 0, 0, 1], attr_vals=b""))
+        attrs.decode(n.fattr4(attrmask=[0, 0, 0, 0, 0, 0, 0, 1], attr_vals=b""), 1)
     assert e.value.status == n.NFS4ERR_ATTRNOTSUPP
 
 
@@ -116,7 +121,7 @@ def test_record_buffer_grows_with_the_bytes_and_still_completes():
 
 
 def test_fragments_per_record_limit():
-    assert DEFAULT_MAX_FRAGMENTS == 64
+    assert DEFAULT_MAX_FRAGMENTS == 2112          # a largest record in 1 KiB fragments
     c = RpcConnection(PROGS)
     ev = c.receive_data(struct.pack(">I", 0) * DEFAULT_MAX_FRAGMENTS)   # empty non-last fragments
     assert ev == []
@@ -130,3 +135,26 @@ def test_fragments_per_record_limit():
                     for i, p in enumerate(parts))
     ev = c.receive_data(data)
     assert len(ev) == 1 and ev[0].xid == 9
+
+
+def fragmented(call: bytes, size: int) -> bytes:
+    """A record cut into fragments of `size` bytes, as pynfs's 4.0 client sends (2 KiB)."""
+    body = call[4:]
+    parts = [body[i:i + size] for i in range(0, len(body), size)]
+    return b"".join(struct.pack(">I", len(p) | (LAST_FRAGMENT if i == len(parts) - 1 else 0)) + p
+                    for i, p in enumerate(parts))
+
+
+def test_a_maxwrite_call_in_small_fragments_goes_through():
+    """A 1 MiB WRITE in 2 KiB fragments (513 of them); a largest record in 1 KiB ones."""
+    c = RpcConnection(PROGS)
+    ev = c.receive_data(fragmented(encode_call(11, 100003, 4, 0, None, b"w" * (1 << 20)), 2048))
+    assert len(ev) == 1 and ev[0].xid == 11 and len(ev[0].args) == 1 << 20
+    big = encode_call(12, 100003, 4, 0, None, b"b" * (DEFAULT_MAX_RECORD - 200))
+    assert len(big) - 4 <= DEFAULT_MAX_RECORD
+    ev = c.receive_data(fragmented(big, 1024))
+    assert len(ev) == 1 and ev[0].xid == 12
+    # ...but the record size bound still holds whatever the fragments.
+    c = RpcConnection(PROGS)
+    ev = c.receive_data(fragmented(encode_call(13, 100003, 4, 0, None, b"x" * DEFAULT_MAX_RECORD), 2048))
+    assert len(ev) == 1 and isinstance(ev[0], RpcConnectionError) and "above the limit" in ev[0].reason

@@ -47,7 +47,7 @@ def test_default_limit_values():
     lim = Limits()
     assert (lim.max_inflight, lim.max_connections, lim.max_per_address) == (128, 4096, 256)
     assert (lim.idle_timeout, lim.record_timeout, lim.log_interval) == (360.0, 60.0, 60.0)
-    assert (lim.max_record, lim.max_fragments) == (2 * 1024 * 1024 + 64 * 1024, 64)
+    assert (lim.max_record, lim.max_fragments) == (2 * 1024 * 1024 + 64 * 1024, 2112)
 
 
 def test_connections_per_address_limit(fake_server_factory):

@@ -4,7 +4,7 @@ import asyncio
 import pytest
 
 from nfsd import attrs as fattr
-from tests.nfsd.ops_harness import attrs_of, bitmap_of, make_fs
+from tests.nfsd.ops_harness import Fs, attrs_of, bitmap_of, make_fs
 from nfsd.xdr.nfs4 import *  # noqa: F401,F403
 
 
@@ -37,7 +37,7 @@ def test_getattr_all_supported(fs):
         exp = await fs.root_fh()
         f, sid, _ = await fs.open(exp, "f", mode=0o640)
         await fs.write(f, sid, 0, b"x" * 100)
-        a = await fs.getattr(f, *sorted(fattr.supported(fs.minorversion) - fattr.WRITE_ONLY))
+        a = await fs.getattr(f, *sorted(fattr.SUPPORTED_IN[fs.minorversion] - fattr.WRITE_ONLY))
         assert a[FATTR4_TYPE] == NF4REG and a[FATTR4_SIZE] == 100 and a[FATTR4_MODE] == 0o640
         assert a[FATTR4_FH_EXPIRE_TYPE] == FH4_PERSISTENT
         assert a[FATTR4_FILEHANDLE] == f
@@ -48,7 +48,7 @@ def test_getattr_all_supported(fs):
         assert a[FATTR4_NAMED_ATTR] is False and a[FATTR4_CASE_INSENSITIVE] is False
         assert a[FATTR4_SPACE_TOTAL] > 0 and a[FATTR4_FILES_TOTAL] > 0
         assert a[FATTR4_MOUNTED_ON_FILEID] == a[FATTR4_FILEID]
-        assert set(fattr.bits_of(a[FATTR4_SUPPORTED_ATTRS])) == set(fattr.supported(fs.minorversion))
+        assert set(fattr.bits_of(a[FATTR4_SUPPORTED_ATTRS])) == set(fattr.SUPPORTED_IN[fs.minorversion])
         assert FATTR4_MODE in fattr.bits_of(a[FATTR4_SUPPATTR_EXCLCREAT])
         # change is monotonic
         c1 = a[FATTR4_CHANGE]
@@ -63,6 +63,30 @@ def test_getattr_all_supported(fs):
         root = (await fs.run([(OP_PUTROOTFH, None), (OP_GETFH, None)]))[1].value.object
         r = await fs.getattr(root, FATTR4_TYPE, FATTR4_MODE, FATTR4_FSID, FATTR4_FILEID)
         assert r[FATTR4_TYPE] == NF4DIR and r[FATTR4_MODE] == 0o555 and r[FATTR4_FSID] != fsid4(1, 0)
+    run(main())
+
+
+def test_supported_attrs_per_minor_version(fs):
+    """A 4.0 client sees only RFC 7530's attributes (0-55) in supported_attrs; an attribute
+    a later minor version defined (suppattr_exclcreat, 75) is unsupported to it: GETATTR
+    leaves it out, VERIFY and SETATTR answer NFS4ERR_ATTRNOTSUPP."""
+    async def main():
+        exp = await fs.root_fh()
+        f, _, _ = await fs.open(exp, "f", mode=0o640)
+        v40 = Fs(fs.server, minorversion=0)
+        v41 = Fs(fs.server, minorversion=1)
+        seen40 = set(fattr.bits_of((await v40.getattr(f, FATTR4_SUPPORTED_ATTRS))[FATTR4_SUPPORTED_ATTRS]))
+        seen41 = set(fattr.bits_of((await v41.getattr(f, FATTR4_SUPPORTED_ATTRS))[FATTR4_SUPPORTED_ATTRS]))
+        assert max(seen40) <= FATTR4_MOUNTED_ON_FILEID and FATTR4_MODE in seen40
+        assert seen41 == seen40 | {FATTR4_SUPPATTR_EXCLCREAT}
+        assert await v40.getattr(f, FATTR4_SUPPATTR_EXCLCREAT, FATTR4_SIZE) == {FATTR4_SIZE: 0}
+        assert FATTR4_SUPPATTR_EXCLCREAT in await v41.getattr(f, FATTR4_SUPPATTR_EXCLCREAT)
+        excl = attrs_of({FATTR4_SUPPATTR_EXCLCREAT: fattr.EXCLCREAT_BITMAP})
+        verify = [(OP_PUTFH, PUTFH4args(f)), (OP_VERIFY, VERIFY4args(excl))]
+        assert await v40.status(verify) == NFS4ERR_ATTRNOTSUPP
+        assert await v41.status(verify) == NFS4_OK
+        assert await v40.status([(OP_PUTFH, PUTFH4args(f)),
+                                 (OP_SETATTR, SETATTR4args(ANON, excl))]) == NFS4ERR_ATTRNOTSUPP
     run(main())
 
 

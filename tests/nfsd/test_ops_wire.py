@@ -2,7 +2,7 @@
 import pytest
 
 from nfsd.context import Cred
-from tests.nfsclient import (AUTH_SYS, NfsStatusError, bitmap, check, encode_attrs, op,
+from tests.nfsclient import (AUTH_SYS, NfsStatusError, bitmap, bits, check, encode_attrs, op,
                              status_of)
 from nfsd.xdr.nfs4 import *  # noqa: F401,F403
 
@@ -111,3 +111,24 @@ def test_client_outside_allowed_networks_is_closed_at_accept(tmp_path):
     finally:
         st.stop()
         store.close()
+
+
+def test_unknown_attribute_1000_is_ignored(nfs_client):
+    """RFC 7530 5 / RFC 8881 5: GETATTR and READDIR leave an attribute the server does not
+    know out (pynfs GATT4 asks for attribute 1000, a 32-word bitmap), VERIFY answers
+    ATTRNOTSUPP; none of them is refused as garbage. Both minor versions."""
+    async def body(c):
+        exp = await c.lookup_path("/checkpoints")
+        for attrs in ([1000], [FATTR4_SIZE, 1000]):
+            res = check(await c.compound([op(OP_PUTFH, PUTFH4args(exp)),
+                                          op(OP_GETATTR, GETATTR4args(bitmap(*attrs)))]))
+            got = res.resarray[1].value.value.obj_attributes
+            assert set(bits(got.attrmask)) == set(attrs) - {1000}
+        await c.open_create(exp, f"f{c.minorversion}")
+        for _name, attrs, _cookie in await c.readdir(exp, attrs=(FATTR4_TYPE, 1000)):
+            assert set(attrs) == {"type"}
+        res = await c.compound([op(OP_PUTFH, PUTFH4args(exp)),
+                                op(OP_VERIFY, VERIFY4args(fattr4(bitmap(1000), b"")))])
+        assert res.status == NFS4ERR_ATTRNOTSUPP
+    for minor in (0, 1):
+        nfs_client(body, minorversion=minor)
