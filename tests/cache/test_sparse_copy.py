@@ -294,3 +294,20 @@ def test_copy_record_does_not_survive_a_crash_before_commit(store_dir):
     assert s.check() == []
     assert s.getattr(dst).data_seq != s.remote_info(dst).copied_from.dst_seq
     s.close()
+
+
+def test_no_copy_record_when_a_write_lands_while_the_bytes_move(store):
+    """A write to the destination between the copy's bytes and its index update (its
+    sequence bump before the copy's own) leaves bytes the source never had: no record."""
+    src = new_file(store, b"src", b"s" * 65536)
+    dst = new_file(store, b"dst")
+
+    def hook(p, i):
+        if p == "copy.copied":
+            store.race_hook = None
+            store.write(dst, 100, b"raced")
+    store.race_hook = hook
+    store.copy_range(src, dst, 0, 0, 65536)
+    assert store.read(dst, 100, 5)[0] == b"raced"
+    assert store.remote_info(dst).copied_from is None
+    store.commit(dst)
