@@ -116,6 +116,19 @@ class Extent:
 
 
 @dataclass(slots=True)
+class CopySource:
+    """A whole-file copy made this file's bytes (COPY/CLONE of all of `src_ino`): while the
+    file's data sequence is still `dst_seq`, it holds exactly `count` bytes equal to the
+    source's at `src_seq`, so an object of the source at `src_seq` can be copied in S3
+    instead of sending the bytes. Any later write or truncate moves the data sequence,
+    which is what invalidates it (nothing on the write path clears it)."""
+    src_ino: int
+    src_seq: int
+    count: int
+    dst_seq: int
+
+
+@dataclass(slots=True)
 class RemoteInfo:
     """What the uploader recorded about a file's object (key relative to the bucket prefix)."""
     key: str | None = None
@@ -131,3 +144,4 @@ class RemoteInfo:
     # objects of files this one was renamed over, [(key, etag)]: kept in S3 until this
     # file's object replaces them (or deleted once nothing will), so S3 never lacks both
     replaces: list = field(default_factory=list)
+    copied_from: CopySource | None = None    # the file is a whole copy of another (COPY/CLONE)

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 import lmdb
 import structlog
 
-from .api import Attr, DataState, FileType, RemoteInfo, StoreError
+from .api import Attr, CopySource, DataState, FileType, RemoteInfo, StoreError
 from .clock import HIGH_WATER_STEP, StoreClock
 
 log = structlog.get_logger(__name__)
@@ -213,6 +213,7 @@ def remote_to_json(r: RemoteInfo) -> bytes:
     d = {f.name: getattr(r, f.name) for f in dataclasses.fields(RemoteInfo)}
     d["parts"] = [list(p) for p in r.parts]
     d["replaces"] = [list(p) for p in r.replaces]
+    d["copied_from"] = dataclasses.asdict(r.copied_from) if r.copied_from else None
     return json.dumps(d).encode()
 
 
@@ -220,6 +221,8 @@ def remote_from_json(buf) -> RemoteInfo:
     d = json.loads(bytes(buf))
     d["parts"] = [tuple(p) for p in d.get("parts", [])]
     d["replaces"] = [tuple(p) for p in d.get("replaces", [])]
+    c = d.get("copied_from")            # absent in records of older versions
+    d["copied_from"] = CopySource(**c) if c else None
     return RemoteInfo(**d)
 
 

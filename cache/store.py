@@ -53,7 +53,7 @@ from typing import Iterator
 import structlog
 
 from . import extents
-from .api import (Attr, ChangeInfo, DataState, DirEntry, Extent, FileType, RemoteInfo,
+from .api import (Attr, ChangeInfo, CopySource, DataState, DirEntry, Extent, FileType, RemoteInfo,
                   SetAttr, StatFS, StoreError, ROOT_INO)
 from .batch import BatchCommitter
 from .commit import GroupCommit
@@ -776,6 +776,8 @@ class Store:
         self._make_room(dst, drec, growth)
         with self._bytes_changing(dst, drec, also=(src,)):
             self._require_local(src, src_off, count)    # registered: no evict from here
+            with self.ix.read() as v:      # data sequences before the bytes move (_note_copy)
+                seen = (v.must_inode(src).data_seq, v.must_inode(dst).data_seq)
             try:
                 reflinked = self.data.copy_range(src, dst, src_off, dst_off, count)
             except StoreError:
@@ -792,7 +794,29 @@ class Store:
                 new.local_bytes += extents.set_range(w.txn, self.ix.extents, dst, dst_off,
                                                      dst_off + count, DataState.DIRTY)
                 self._bytes_changed(w, new, cur)
+                self._note_copy(w, src, src_off, dst_off, count, seen, cur, new)
         return new.attr(), reflinked
+
+    def _note_copy(self, w: Writer, src: int, src_off: int, dst_off: int, count: int,
+                   seen: tuple[int, int], cur: Inode, new: Inode) -> None:
+        """Record in the destination's object record that its bytes from 0 are a copy of
+        the source's (CopySource), so the uploader can copy the source's object in S3 when
+        the copy turns out whole; a copy made in pieces (asynchronous COPY's chunks) extends
+        the record of the pieces before it. Same transaction as the data sequence bump, so
+        a crash leaves both or neither. Nothing is recorded when either file's data sequence
+        moved while the bytes moved (a write raced the copy) or the source holds uncommitted
+        bytes; a later write or truncate of the destination invalidates it by its sequence."""
+        srec = w.must_inode(src)
+        if (src_off != dst_off or (srec.data_seq, cur.data_seq) != seen
+                or srec.flags & F_UNCOMMITTED):
+            return
+        remote = w.remote(new.ino)
+        prev = remote.copied_from
+        if src_off != 0 and (prev is None or (prev.src_ino, prev.src_seq, prev.count, prev.dst_seq)
+                             != (src, srec.data_seq, src_off, cur.data_seq)):
+            return
+        remote.copied_from = CopySource(src, srec.data_seq, src_off + count, new.data_seq)
+        w.put_remote(new.ino, remote)
 
     def _require_local(self, ino: int, offset: int, count: int) -> None:
         """EAGAIN with `.missing` when part of the range is ABSENT (the caller fetches)."""

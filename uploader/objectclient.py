@@ -190,7 +190,8 @@ class ObjectClient(Protocol):
 
     def list_multipart_uploads(self, prefix: str) -> list[UploadInfo]: ...
 
-    def copy_object(self, src_key: str, dst_key: str, *, if_match: str | None = None) -> PutResult: ...
+    def copy_object(self, src_key: str, dst_key: str, *, if_match: str | None = None,
+                    metadata: dict[str, str] | None = None) -> PutResult: ...
 
     def upload_part_copy(self, src_key: str, dst_key: str, upload_id: str, part_number: int,
                          first: int, last: int) -> PartInfo: ...
@@ -339,14 +340,20 @@ class Boto3ObjectClient:
             kwargs.update(KeyMarker=resp.get("NextKeyMarker", ""),
                           UploadIdMarker=resp.get("NextUploadIdMarker", ""))
 
-    def copy_object(self, src_key, dst_key, *, if_match=None) -> PutResult:
+    def copy_object(self, src_key, dst_key, *, if_match=None, metadata=None) -> PutResult:
         # ChecksumAlgorithm on copies: S3 computes a fresh full-object checksum (and moto
         # otherwise carries a multipart source's checksum over, breaking GET validation).
         # if_match: copy only that version of the source (x-amz-copy-source-if-match; moto
         # 5.2.5 ignores it, so the worker HEADs and compares first as well).
+        # metadata: the copy is another file's object (a COPY/CLONE mirrored), so it gets that
+        # file's identity (REPLACE) instead of the source's (COPY: a rename keeps its own)
         extra = {"CopySourceIfMatch": if_match} if if_match else {}
+        if metadata is not None:
+            extra.update(MetadataDirective="REPLACE", Metadata=metadata)
+        else:
+            extra["MetadataDirective"] = "COPY"
         resp = self._call("copy_object", Key=dst_key, CopySource={"Bucket": self.bucket, "Key": src_key},
-                          MetadataDirective="COPY", ChecksumAlgorithm=self.checksum_algorithm, **extra)
+                          ChecksumAlgorithm=self.checksum_algorithm, **extra)
         result = resp.get("CopyObjectResult", {})
         return PutResult(result.get("ETag", ""), _checksum_from(result, self.checksum_algorithm),
                          resp.get("VersionId"))

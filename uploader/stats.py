@@ -16,6 +16,7 @@ class Counters:
     retries: int = 0
     throttles: int = 0
     uploads_done: int = 0
+    uploads_copied: int = 0      # of those, by a server-side copy of a COPY/CLONE source's object
     moves_done: int = 0
     deletes_done: int = 0
     uploads_aborted: int = 0

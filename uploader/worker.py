@@ -185,9 +185,10 @@ class Worker:
         key = self.keys.file_key(path)
         meta = object_metadata(attr, is_dir=False, store_id=self.store_id)
         try:
-            if multipart:
+            result = await self._copy_from_source(attr, remote, key, meta, prog)
+            if result is None and multipart:
                 result = await self._multipart(job_id, job, attr, key, path, remote, meta, prog)
-            else:
+            elif result is None:
                 result = await self._put(attr, key, meta, prog)
         except DataChanged:
             self.counters.uploads_aborted += 1
@@ -243,6 +244,30 @@ class Worker:
         result = await self.gate.call("PutObject", send, nbytes=size, what=key, on_send=sending, on_done=sent)
         prog.bytes_done = size
         self.counters.bytes_uploaded += size
+        return result
+
+    async def _copy_from_source(self, attr, remote: RemoteInfo, key: str, meta: dict,
+                                prog: UploadProgress) -> PutResult | None:
+        """A file whose bytes are still a whole copy of another file's (a COPY/CLONE the store
+        recorded as RemoteInfo.copied_from), whose object holds exactly those bytes (its
+        record's data sequence is the one copied): copy that object in S3, pinned to its
+        ETag, under this file's key and identity, instead of sending the bytes. None when it
+        is no such copy (written since, partial, a multipart upload of its own recorded) or
+        the source's object was replaced or removed meanwhile: the caller sends the bytes."""
+        c = remote.copied_from
+        if c is None or c.dst_seq != attr.data_seq or c.count != attr.size or remote.upload_id:
+            return None
+        src = self._remote(c.src_ino)
+        if src is None or not (src.key and src.etag) or src.data_seq != c.src_seq or src.size != c.count:
+            return None
+        try:
+            result = await self._copy(self.keys.file_key(src.key), key, c.count, src.etag, metadata=meta)
+        except (NotFoundError, PreconditionFailedError):
+            log.info("copy_source_replaced", ino=attr.ino, src_ino=c.src_ino, src_key=src.key)
+            return None
+        prog.bytes_done = c.count
+        self.counters.uploads_copied += 1
+        log.info("uploaded_by_copy", ino=attr.ino, key=key, src_ino=c.src_ino, src_key=src.key)
         return result
 
     async def _multipart(self, job_id: int, job: dict, attr, key: str, path: str, remote: RemoteInfo,
@@ -479,27 +504,27 @@ class Worker:
         await self._store(self.store.forget_replaced, ino, path, etag)
         return outcome
 
-    async def _copy(self, src: str, dst: str, size: int, etag: str) -> PutResult:
+    async def _copy(self, src: str, dst: str, size: int, etag: str, metadata: dict | None = None) -> PutResult:
         """Server-side copy of exactly the object `etag` at `src` (NotFoundError if none,
         PreconditionFailedError if another object is there now). The HEAD covers endpoints
-        that ignore x-amz-copy-source-if-match (moto 5.2.5 does)."""
+        that ignore x-amz-copy-source-if-match (moto 5.2.5 does). `metadata`: the copy's
+        own (another file's identity), else the source's is kept."""
         info = await self.gate.call("HeadObject", lambda: self.client.head_object(src), what=src)
         if info is None:
             raise NotFoundError("NoSuchKey", src)
         if info.etag != etag:
             raise PreconditionFailedError("PreconditionFailed", f"{src} is {info.etag}, not {etag}")
         if size <= S3_MAX_COPY:
-            res = await self.gate.call("CopyObject", lambda: self.client.copy_object(src, dst, if_match=etag),
-                                       what=dst)
+            res = await self.gate.call(
+                "CopyObject", lambda: self.client.copy_object(src, dst, if_match=etag, metadata=metadata), what=dst)
         else:
-            res = await self._copy_multipart(src, dst, size, info)
+            res = await self._copy_multipart(src, dst, size, info.metadata if metadata is None else metadata)
         self.counters.bytes_copied += size
         return res
 
-    async def _copy_multipart(self, src: str, dst: str, size: int, info) -> PutResult:
-        """UploadPartCopy for objects above CopyObject's 5 GiB limit (metadata carried over
-        from the HEAD of the source, since multipart copies do not copy it)."""
-        meta = info.metadata if info else {}
+    async def _copy_multipart(self, src: str, dst: str, size: int, meta: dict) -> PutResult:
+        """UploadPartCopy for objects above CopyObject's 5 GiB limit (`meta` given, since
+        multipart copies do not copy the source's: the caller has it from its HEAD)."""
         await self.orphans_swept.wait()
         upload_id = await self.gate.call(
             "CreateMultipartUpload", lambda: self.client.create_multipart_upload(dst, metadata=meta), what=dst)

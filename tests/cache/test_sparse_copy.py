@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from cache.api import ROOT_INO, DataState, RemoteInfo, StoreError
+from cache.api import ROOT_INO, CopySource, DataState, RemoteInfo, StoreError
 from cache.store import Store
 
 from tests.cache.storehelp import crash
@@ -244,4 +244,70 @@ def test_reflink_branch_passes_the_kernel_its_file_clone_range(store, monkeypatc
     _, reflinked = store.copy_range(src, dst, 4096, 8192, 8192)
     assert reflinked and calls == [(4096, 8192, 8192)]
     assert store.read(dst, 8192, 8192)[0] == (bytes(range(256)) * 64)[4096:12288]
+    store.commit(dst)
+
+
+def test_whole_copy_is_recorded_for_the_uploader_and_a_later_write_invalidates_it(store):
+    """The destination's object record says which source data sequence its bytes are a
+    copy of (CopySource); chunks of one copy extend it; a write moves the destination's
+    data sequence away from the recorded one (nothing else needs to clear it)."""
+    src = new_file(store, b"src", b"s" * 65536)
+    whole = new_file(store, b"whole")
+    a, _ = store.copy_range(src, whole, 0, 0, 65536)
+    assert store.remote_info(whole).copied_from == CopySource(src, store.getattr(src).data_seq, 65536,
+                                                              a.data_seq)
+    store.commit(whole)
+    chunked = new_file(store, b"chunked")
+    store.copy_range(src, chunked, 0, 0, 16384)
+    a, _ = store.copy_range(src, chunked, 16384, 16384, 65536 - 16384)
+    assert store.remote_info(chunked).copied_from == CopySource(src, store.getattr(src).data_seq, 65536,
+                                                                a.data_seq)
+    store.commit(chunked)
+    store.write(whole, 10, b"w")
+    assert store.getattr(whole).data_seq != store.remote_info(whole).copied_from.dst_seq
+    store.commit(whole)
+
+
+def test_no_copy_record_for_a_shifted_copy_or_an_uncommitted_source(store):
+    src = new_file(store, b"src", b"s" * 65536)
+    dst = new_file(store, b"dst")
+    store.copy_range(src, dst, 4096, 4096, 8192)          # not from the start: no record
+    store.copy_range(src, dst, 0, 4096, 8192)             # shifted
+    assert store.remote_info(dst).copied_from is None
+    store.write(src, 0, b"u")                             # the source's bytes not committed
+    store.copy_range(src, dst, 0, 0, 65536)
+    assert store.remote_info(dst).copied_from is None
+    store.commit(src)
+    store.commit(dst)
+
+
+def test_copy_record_does_not_survive_a_crash_before_commit(store_dir):
+    """The record is in the index transaction of the copy; an uncommitted copy's bytes may
+    be cut by recovery, which moves the data sequence: the record no longer matches."""
+    s = Store.open(store_dir)
+    src = new_file(s, b"src", b"n" * 65536)
+    dst = new_file(s, b"dst")
+    s.copy_range(src, dst, 0, 0, 65536)
+    assert s.remote_info(dst).copied_from is not None
+    crash(s)
+    s = Store.open(store_dir)
+    assert s.check() == []
+    assert s.getattr(dst).data_seq != s.remote_info(dst).copied_from.dst_seq
+    s.close()
+
+
+def test_no_copy_record_when_a_write_lands_while_the_bytes_move(store):
+    """A write to the destination between the copy's bytes and its index update (its
+    sequence bump before the copy's own) leaves bytes the source never had: no record."""
+    src = new_file(store, b"src", b"s" * 65536)
+    dst = new_file(store, b"dst")
+
+    def hook(p, i):
+        if p == "copy.copied":
+            store.race_hook = None
+            store.write(dst, 100, b"raced")
+    store.race_hook = hook
+    store.copy_range(src, dst, 0, 0, 65536)
+    assert store.read(dst, 100, 5)[0] == b"raced"
+    assert store.remote_info(dst).copied_from is None
     store.commit(dst)

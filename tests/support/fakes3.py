@@ -258,11 +258,11 @@ class FakeS3:
                 if u.key.startswith(prefix)]
 
     def copy_object(self, src_key, dst_key, *, if_match=None, copy_source_if_match=None,
-                    version_id=None) -> PutResult:
+                    version_id=None, metadata=None) -> PutResult:
         lose = self._enter("CopyObject", mutating=True)
         src = self._must(src_key, if_match or copy_source_if_match, version_id)
-        v = self._store(dst_key, src.data, _md5(src.data), src.metadata, src.content_type, "CopyObject",
-                        src.origin)
+        v = self._store(dst_key, src.data, _md5(src.data), src.metadata if metadata is None else metadata,
+                        src.content_type, "CopyObject", src.origin)
         if lose:
             raise self._lost("CopyObject")
         return PutResult(v.etag, f"crc32:{checksum_b64(self.checksum_algorithm, src.data)}")
