@@ -262,6 +262,9 @@ class Store:
         with self.ix.lock:
             if sa.size is not None:
                 self._wait_writes(ino)          # I4
+            same = self._setattr_noop(ino, sa)
+            if same is not None:
+                return same.attr()
             rec, new = self._setattr_txn(ino, sa, t)
             if sa.size is not None and sa.size != rec.size:
                 self._hook("truncate.index_done", ino)
@@ -272,6 +275,24 @@ class Store:
                 if sa.size > rec.size:
                     self.data.truncate(ino, sa.size)
         return new.attr()
+
+    def _setattr_noop(self, ino: int, sa: SetAttr) -> Inode | None:
+        """The inode if `sa` sets no time and every value it sets is already the file's (a
+        client's "open for write, truncate" of the file it just created sends mode and size 0
+        again): no write txn then, so no fdatasync and no ctime/change bump, as truncate(2)
+        leaves the times alone when the size does not change. None if something changes."""
+        if sa.atime_ns is not None or sa.mtime_ns is not None:
+            return None
+        with self.ix.read() as v:
+            rec = v.must_inode(ino)
+        if sa.size is not None:
+            self._regular(rec)
+        mode = None if sa.mode is None else sa.mode & 0o7777
+        for want, have in ((mode, rec.mode), (sa.uid, rec.uid), (sa.gid, rec.gid),
+                           (sa.size, rec.size)):
+            if want is not None and want != have:
+                return None
+        return rec
 
     def _setattr_txn(self, ino: int, sa: SetAttr, t: int) -> tuple[Inode, Inode]:
         with self.ix.write() as w:
@@ -439,6 +460,11 @@ class Store:
     def sync(self) -> None:
         """*Blocking.* Make every namespace change applied so far durable (group commit)."""
         self.committer.sync()
+
+    def durable(self) -> bool:
+        """Whether every change applied so far is already durable (sync() would not block):
+        lets an asyncio caller skip a worker thread's round trip."""
+        return self.committer.covered(self.ix.txnid)
 
     # ---- data (nfsd) ---------------------------------------------------------------
     def open_file(self, ino: int, write: bool) -> None:

@@ -1,0 +1,44 @@
+"""A SETATTR that changes nothing writes nothing: no index txn, so no fdatasync.
+
+nfs-rs's open(path, "wb") of a file it has just created sends the mode and size 0 again, two
+SETATTRs per small-file save; each used to cost a write txn plus a group sync (issue 15)."""
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from cache.api import ROOT_INO, SetAttr, StoreError
+
+
+def _fresh(store):
+    attr, _, _ = store.create(ROOT_INO, b"f", 0o666, 7, 8)
+    return attr
+
+
+@pytest.mark.parametrize("sa", [SetAttr(mode=0o666), SetAttr(size=0),
+                                SetAttr(mode=0o100666, uid=7, gid=8, size=0)])
+def test_unchanged_values_write_no_txn(store, sa):
+    before = _fresh(store)
+    txnid, syncs = store.ix.txnid, store.committer.syncs
+    after = store.setattr(before.ino, sa)
+    assert (store.ix.txnid, store.committer.syncs) == (txnid, syncs)
+    assert after == before                     # change and ctime untouched too
+    assert store.durable()
+
+
+@pytest.mark.parametrize("sa", [SetAttr(mode=0o600), SetAttr(size=1), SetAttr(uid=9),
+                                SetAttr(gid=9), SetAttr(mode=0o666, mtime_ns="now"),
+                                SetAttr(atime_ns=5)])
+def test_any_change_or_time_still_commits(store, sa):
+    before = _fresh(store)
+    txnid = store.ix.txnid
+    after = store.setattr(before.ino, sa)
+    assert store.ix.txnid > txnid
+    assert after.change > before.change
+
+
+def test_unchanged_size_of_a_directory_is_still_refused(store):
+    with pytest.raises(StoreError) as e:
+        store.setattr(ROOT_INO, SetAttr(size=4096))
+    assert e.value.errno == errno.EISDIR
