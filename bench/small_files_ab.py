@@ -64,7 +64,10 @@ def main() -> int:
     print(f"load average at start: {os.getloadavg()}", flush=True)
     for rnd in range(args.rounds):
         for n in args.clients:
-            for side, run in sides.items():
+            # odd rounds in reverse: a side never always follows the same one (the one
+            # before leaves writeback behind that the next one's fdatasyncs wait for)
+            order = list(sides.items())
+            for side, run in (order if rnd % 2 == 0 else order[::-1]):
                 root = Path(tempfile.mkdtemp(prefix="small-ab-", dir="/var/tmp"))
                 try:
                     fps = run(root, n)
