@@ -257,16 +257,24 @@ class Store:
             return v.must_inode(v.must_dir(ino).parent).attr()
 
     def setattr(self, ino: int, sa: SetAttr) -> Attr:
-        """Size changes truncate/extend (truncate up reads zeros). Bumps change/ctime."""
+        """Size changes truncate/extend (truncate up reads zeros). Bumps change/ctime.
+        Durable on return. Without a size it is applied by the batch committer, in one txn
+        with whatever namespace ops are queued at that moment (one sync for them all)."""
         t = time.time_ns()
-        with self.ix.lock:
-            if sa.size is not None:
-                self._wait_writes(ino)          # I4
+        if sa.size is None:
             same = self._setattr_noop(ino, sa)
             if same is not None:
                 return same.attr()
-            rec, new = self._setattr_txn(ino, sa, t)
-            if sa.size is not None and sa.size != rec.size:
+            return self.batch.submit(self._ns_setattr, ino, sa, t).result()
+        with self.ix.lock:
+            self._wait_writes(ino)              # I4
+            same = self._setattr_noop(ino, sa)
+            if same is not None:
+                return same.attr()
+            with self.ix.write() as w:
+                rec, new = self._setattr_apply(w, ino, sa, t)
+            mine = self.ix.txnid
+            if sa.size != rec.size:
                 self._hook("truncate.index_done", ino)
                 self.committer.sync()           # I3: durable before bytes leave the file
                 self._hook("truncate.synced", ino)
@@ -274,6 +282,7 @@ class Store:
                 self.data.truncate(ino, min(rec.size, sa.size))
                 if sa.size > rec.size:
                     self.data.truncate(ino, sa.size)
+        self.committer.sync(mine)               # free when the truncate's sync covered it
         return new.attr()
 
     def _setattr_noop(self, ino: int, sa: SetAttr) -> Inode | None:
@@ -294,41 +303,43 @@ class Store:
                 return None
         return rec
 
-    def _setattr_txn(self, ino: int, sa: SetAttr, t: int) -> tuple[Inode, Inode]:
-        with self.ix.write() as w:
-            rec = w.must_inode(ino)
-            new = rec.copy()
-            if sa.mode is not None:
-                new.mode = sa.mode & 0o7777
-            if sa.uid is not None:
-                new.uid = sa.uid
-            if sa.gid is not None:
-                new.gid = sa.gid
-            if sa.atime_ns is not None:
-                new.atime_ns = t if sa.atime_ns == "now" else int(sa.atime_ns)
-            if sa.mtime_ns is not None:
-                new.mtime_ns = t if sa.mtime_ns == "now" else int(sa.mtime_ns)
-            if sa.size is not None:
-                self._regular(rec)
-                if not 0 <= sa.size <= MAX_FILE_SIZE:
-                    raise StoreError(errno.EFBIG, f"size {sa.size} out of range")
-                if sa.size != rec.size:
-                    if sa.size < rec.size:
-                        new.local_bytes += extents.truncate(w.txn, self.ix.extents, ino,
-                                                            sa.size)
-                    new.size = sa.size
-                    new.committed_size = sa.size
-                    new.bump_data_seq()
-                    new.flags |= F_TRUNCATED     # recovery re-cuts the data file
-                    w.stamp(new)
-                    if new.state in (DataState.CLEAN, DataState.ABSENT):
-                        new.state = DataState.DIRTY
-                    self._tseq[ino] = self._tseq.get(ino, 0) + 1
-                if sa.mtime_ns is None:
-                    new.mtime_ns = t
-            new.ctime_ns = t
-            new.change += 1
-            w.put_inode(new, rec)
+    def _ns_setattr(self, w: Writer, ino: int, sa: SetAttr, t: int) -> Attr:
+        return self._setattr_apply(w, ino, sa, t)[1].attr()
+
+    def _setattr_apply(self, w: Writer, ino: int, sa: SetAttr, t: int) -> tuple[Inode, Inode]:
+        rec = w.must_inode(ino)
+        new = rec.copy()
+        if sa.mode is not None:
+            new.mode = sa.mode & 0o7777
+        if sa.uid is not None:
+            new.uid = sa.uid
+        if sa.gid is not None:
+            new.gid = sa.gid
+        if sa.atime_ns is not None:
+            new.atime_ns = t if sa.atime_ns == "now" else int(sa.atime_ns)
+        if sa.mtime_ns is not None:
+            new.mtime_ns = t if sa.mtime_ns == "now" else int(sa.mtime_ns)
+        if sa.size is not None:
+            self._regular(rec)
+            if not 0 <= sa.size <= MAX_FILE_SIZE:
+                raise StoreError(errno.EFBIG, f"size {sa.size} out of range")
+            if sa.size != rec.size:
+                if sa.size < rec.size:
+                    new.local_bytes += extents.truncate(w.txn, self.ix.extents, ino,
+                                                        sa.size)
+                new.size = sa.size
+                new.committed_size = sa.size
+                new.bump_data_seq()
+                new.flags |= F_TRUNCATED     # recovery re-cuts the data file
+                w.stamp(new)
+                if new.state in (DataState.CLEAN, DataState.ABSENT):
+                    new.state = DataState.DIRTY
+                self._tseq[ino] = self._tseq.get(ino, 0) + 1
+            if sa.mtime_ns is None:
+                new.mtime_ns = t
+        new.ctime_ns = t
+        new.change += 1
+        w.put_inode(new, rec)
         return rec, new
 
     # Namespace mutations go through the batch committer (batch.py): applied in one write

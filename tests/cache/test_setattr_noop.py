@@ -42,3 +42,21 @@ def test_unchanged_size_of_a_directory_is_still_refused(store):
     with pytest.raises(StoreError) as e:
         store.setattr(ROOT_INO, SetAttr(size=4096))
     assert e.value.errno == errno.EISDIR
+
+
+def test_setattr_without_size_is_batched_and_durable_on_return(store):
+    """Mode/owner/times go through the batch committer (one txn and one sync with the
+    namespace ops queued beside them, issue 15's 8-client loop) and are durable on return."""
+    f = _fresh(store).ino
+    ops = store.batch.ops
+    a = store.setattr(f, SetAttr(mode=0o600, uid=3))
+    assert store.batch.ops == ops + 1
+    assert (a.mode, a.uid) == (0o600, 3) and store.getattr(f).mode == 0o600
+    assert store.durable()
+
+
+def test_setattr_with_size_is_durable_on_return(store):
+    f = _fresh(store).ino
+    store.setattr(f, SetAttr(size=0, mode=0o640))     # size unchanged, mode changed: a txn
+    assert store.getattr(f).mode == 0o640
+    assert store.durable()
