@@ -851,7 +851,9 @@ class Store:
         self._wseq[new.ino] = self._wseq.get(new.ino, 0) + 1
 
     def commit(self, ino: int) -> None:
-        """*Blocking.* fdatasync the file's data and durably record its size/extents."""
+        """*Blocking.* fdatasync the file's data and durably record its size/extents. The
+        record goes through the batch committer (one txn and one sync with the namespace ops
+        and commits queued beside it); while the store closes, in its own txn."""
         with self.ix.read() as v:
             rec = v.must_inode(ino)
         if rec.type == FileType.REG and (rec.flags & (F_UNCOMMITTED | F_TRUNCATED)
@@ -860,20 +862,28 @@ class Store:
                 wseq, tseq = self._wseq.get(ino, 0), self._tseq.get(ino, 0)
                 size = self.ix.read_inode(ino).size
             self.data.datasync(ino)        # every byte below `size` was pwritten before
+            if not self.batch.closing:
+                # durable on return: its commit covers every txn before it (the writes' too)
+                self.batch.submit(self._record_commit, ino, wseq, tseq, size).result()
+                return
             with self.ix.write() as w:
-                cur = w.inode(ino)
-                if cur is not None:
-                    new = cur.copy()
-                    if self._tseq.get(ino, 0) == tseq:   # a truncate sets it by itself
-                        new.committed_size = max(new.committed_size, min(size, new.size))
-                        new.flags &= ~F_TRUNCATED
-                        if (self._wseq.get(ino, 0) == wseq and ino not in self._inflight
-                                and new.committed_size == new.size):
-                            new.flags &= ~F_UNCOMMITTED
-                    if new != cur:
-                        w.stamp(new)
-                        w.put_inode(new, cur)
+                self._record_commit(w, ino, wseq, tseq, size)
         self.committer.sync()
+
+    def _record_commit(self, w: Writer, ino: int, wseq: int, tseq: int, size: int) -> None:
+        """The index half of commit(): bytes below `size` are on disk (datasync before)."""
+        cur = w.inode(ino)
+        if cur is not None:
+            new = cur.copy()
+            if self._tseq.get(ino, 0) == tseq:   # a truncate sets it by itself
+                new.committed_size = max(new.committed_size, min(size, new.size))
+                new.flags &= ~F_TRUNCATED
+                if (self._wseq.get(ino, 0) == wseq and ino not in self._inflight
+                        and new.committed_size == new.size):
+                    new.flags &= ~F_UNCOMMITTED
+            if new != cur:
+                w.stamp(new)
+                w.put_inode(new, cur)
 
     # ---- uploader ----------------------------------------------------------------
     def path_of(self, ino: int) -> str | None:
