@@ -64,6 +64,11 @@ class BatchCommitter:
             self._cv.notify()
         return fut
 
+    @property
+    def closing(self) -> bool:
+        """close() has begun: submit() refuses new ops."""
+        return self._closing
+
     def _inline(self, fut: Future, fn, args) -> None:
         try:
             with self.ix.write() as w:

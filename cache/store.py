@@ -257,13 +257,24 @@ class Store:
             return v.must_inode(v.must_dir(ino).parent).attr()
 
     def setattr(self, ino: int, sa: SetAttr) -> Attr:
-        """Size changes truncate/extend (truncate up reads zeros). Bumps change/ctime."""
+        """Size changes truncate/extend (truncate up reads zeros). Bumps change/ctime.
+        Durable on return. Without a size it is applied by the batch committer, in one txn
+        with whatever namespace ops are queued at that moment (one sync for them all)."""
         t = time.time_ns()
+        if sa.size is None:
+            same = self._setattr_noop(ino, sa)
+            if same is not None:
+                return same.attr()
+            return self.batch.submit(self._ns_setattr, ino, sa, t).result()
         with self.ix.lock:
-            if sa.size is not None:
-                self._wait_writes(ino)          # I4
-            rec, new = self._setattr_txn(ino, sa, t)
-            if sa.size is not None and sa.size != rec.size:
+            self._wait_writes(ino)              # I4
+            same = self._setattr_noop(ino, sa)
+            if same is not None:
+                return same.attr()
+            with self.ix.write() as w:
+                rec, new = self._setattr_apply(w, ino, sa, t)
+            mine = self.ix.txnid
+            if sa.size != rec.size:
                 self._hook("truncate.index_done", ino)
                 self.committer.sync()           # I3: durable before bytes leave the file
                 self._hook("truncate.synced", ino)
@@ -271,43 +282,64 @@ class Store:
                 self.data.truncate(ino, min(rec.size, sa.size))
                 if sa.size > rec.size:
                     self.data.truncate(ino, sa.size)
+        self.committer.sync(mine)               # free when the truncate's sync covered it
         return new.attr()
 
-    def _setattr_txn(self, ino: int, sa: SetAttr, t: int) -> tuple[Inode, Inode]:
-        with self.ix.write() as w:
-            rec = w.must_inode(ino)
-            new = rec.copy()
-            if sa.mode is not None:
-                new.mode = sa.mode & 0o7777
-            if sa.uid is not None:
-                new.uid = sa.uid
-            if sa.gid is not None:
-                new.gid = sa.gid
-            if sa.atime_ns is not None:
-                new.atime_ns = t if sa.atime_ns == "now" else int(sa.atime_ns)
-            if sa.mtime_ns is not None:
-                new.mtime_ns = t if sa.mtime_ns == "now" else int(sa.mtime_ns)
-            if sa.size is not None:
-                self._regular(rec)
-                if not 0 <= sa.size <= MAX_FILE_SIZE:
-                    raise StoreError(errno.EFBIG, f"size {sa.size} out of range")
-                if sa.size != rec.size:
-                    if sa.size < rec.size:
-                        new.local_bytes += extents.truncate(w.txn, self.ix.extents, ino,
-                                                            sa.size)
-                    new.size = sa.size
-                    new.committed_size = sa.size
-                    new.bump_data_seq()
-                    new.flags |= F_TRUNCATED     # recovery re-cuts the data file
-                    w.stamp(new)
-                    if new.state in (DataState.CLEAN, DataState.ABSENT):
-                        new.state = DataState.DIRTY
-                    self._tseq[ino] = self._tseq.get(ino, 0) + 1
-                if sa.mtime_ns is None:
-                    new.mtime_ns = t
-            new.ctime_ns = t
-            new.change += 1
-            w.put_inode(new, rec)
+    def _setattr_noop(self, ino: int, sa: SetAttr) -> Inode | None:
+        """The inode if `sa` sets no time and every value it sets is already the file's (a
+        client's "open for write, truncate" of the file it just created sends mode and size 0
+        again): no write txn then, so no fdatasync and no ctime/change bump, as truncate(2)
+        leaves the times alone when the size does not change. None if something changes."""
+        if sa.atime_ns is not None or sa.mtime_ns is not None:
+            return None
+        with self.ix.read() as v:
+            rec = v.must_inode(ino)
+        if sa.size is not None:
+            self._regular(rec)
+        mode = None if sa.mode is None else sa.mode & 0o7777
+        for want, have in ((mode, rec.mode), (sa.uid, rec.uid), (sa.gid, rec.gid),
+                           (sa.size, rec.size)):
+            if want is not None and want != have:
+                return None
+        return rec
+
+    def _ns_setattr(self, w: Writer, ino: int, sa: SetAttr, t: int) -> Attr:
+        return self._setattr_apply(w, ino, sa, t)[1].attr()
+
+    def _setattr_apply(self, w: Writer, ino: int, sa: SetAttr, t: int) -> tuple[Inode, Inode]:
+        rec = w.must_inode(ino)
+        new = rec.copy()
+        if sa.mode is not None:
+            new.mode = sa.mode & 0o7777
+        if sa.uid is not None:
+            new.uid = sa.uid
+        if sa.gid is not None:
+            new.gid = sa.gid
+        if sa.atime_ns is not None:
+            new.atime_ns = t if sa.atime_ns == "now" else int(sa.atime_ns)
+        if sa.mtime_ns is not None:
+            new.mtime_ns = t if sa.mtime_ns == "now" else int(sa.mtime_ns)
+        if sa.size is not None:
+            self._regular(rec)
+            if not 0 <= sa.size <= MAX_FILE_SIZE:
+                raise StoreError(errno.EFBIG, f"size {sa.size} out of range")
+            if sa.size != rec.size:
+                if sa.size < rec.size:
+                    new.local_bytes += extents.truncate(w.txn, self.ix.extents, ino,
+                                                        sa.size)
+                new.size = sa.size
+                new.committed_size = sa.size
+                new.bump_data_seq()
+                new.flags |= F_TRUNCATED     # recovery re-cuts the data file
+                w.stamp(new)
+                if new.state in (DataState.CLEAN, DataState.ABSENT):
+                    new.state = DataState.DIRTY
+                self._tseq[ino] = self._tseq.get(ino, 0) + 1
+            if sa.mtime_ns is None:
+                new.mtime_ns = t
+        new.ctime_ns = t
+        new.change += 1
+        w.put_inode(new, rec)
         return rec, new
 
     # Namespace mutations go through the batch committer (batch.py): applied in one write
@@ -439,6 +471,11 @@ class Store:
     def sync(self) -> None:
         """*Blocking.* Make every namespace change applied so far durable (group commit)."""
         self.committer.sync()
+
+    def durable(self) -> bool:
+        """Whether every change applied so far is already durable (sync() would not block):
+        lets an asyncio caller skip a worker thread's round trip."""
+        return self.committer.covered(self.ix.txnid)
 
     # ---- data (nfsd) ---------------------------------------------------------------
     def open_file(self, ino: int, write: bool) -> None:
@@ -838,7 +875,9 @@ class Store:
         self._wseq[new.ino] = self._wseq.get(new.ino, 0) + 1
 
     def commit(self, ino: int) -> None:
-        """*Blocking.* fdatasync the file's data and durably record its size/extents."""
+        """*Blocking.* fdatasync the file's data and durably record its size/extents. The
+        record goes through the batch committer (one txn and one sync with the namespace ops
+        and commits queued beside it); while the store closes, in its own txn."""
         with self.ix.read() as v:
             rec = v.must_inode(ino)
         if rec.type == FileType.REG and (rec.flags & (F_UNCOMMITTED | F_TRUNCATED)
@@ -847,20 +886,28 @@ class Store:
                 wseq, tseq = self._wseq.get(ino, 0), self._tseq.get(ino, 0)
                 size = self.ix.read_inode(ino).size
             self.data.datasync(ino)        # every byte below `size` was pwritten before
+            if not self.batch.closing:
+                # durable on return: its commit covers every txn before it (the writes' too)
+                self.batch.submit(self._record_commit, ino, wseq, tseq, size).result()
+                return
             with self.ix.write() as w:
-                cur = w.inode(ino)
-                if cur is not None:
-                    new = cur.copy()
-                    if self._tseq.get(ino, 0) == tseq:   # a truncate sets it by itself
-                        new.committed_size = max(new.committed_size, min(size, new.size))
-                        new.flags &= ~F_TRUNCATED
-                        if (self._wseq.get(ino, 0) == wseq and ino not in self._inflight
-                                and new.committed_size == new.size):
-                            new.flags &= ~F_UNCOMMITTED
-                    if new != cur:
-                        w.stamp(new)
-                        w.put_inode(new, cur)
+                self._record_commit(w, ino, wseq, tseq, size)
         self.committer.sync()
+
+    def _record_commit(self, w: Writer, ino: int, wseq: int, tseq: int, size: int) -> None:
+        """The index half of commit(): bytes below `size` are on disk (datasync before)."""
+        cur = w.inode(ino)
+        if cur is not None:
+            new = cur.copy()
+            if self._tseq.get(ino, 0) == tseq:   # a truncate sets it by itself
+                new.committed_size = max(new.committed_size, min(size, new.size))
+                new.flags &= ~F_TRUNCATED
+                if (self._wseq.get(ino, 0) == wseq and ino not in self._inflight
+                        and new.committed_size == new.size):
+                    new.flags &= ~F_UNCOMMITTED
+            if new != cur:
+                w.stamp(new)
+                w.put_inode(new, cur)
 
     # ---- uploader ----------------------------------------------------------------
     def path_of(self, ino: int) -> str | None:

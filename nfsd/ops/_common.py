@@ -266,7 +266,10 @@ async def namespace_op(ctx, op: str, *args):
 
 
 async def sync_namespace(ctx) -> None:
-    """Namespace ops reply only once their change is durable (group commit in the store)."""
+    """Namespace ops reply only once their change is durable (group commit in the store).
+    Already durable (a batched op's commit, an unchanged SETATTR): no worker round trip."""
+    if ctx.server.store.durable():
+        return
     with store_errors():
         await blocking(ctx, ctx.server.store.sync)
 

@@ -9,7 +9,7 @@ from nfsd.errors import NfsError
 from nfsd.openstate import ANONYMOUS, BYPASS, special_kind
 from nfsd.exports import MAY_EXEC, MAY_READ, MAY_WRITE, permitted
 from nfsd.ops._common import (Obj, blocking, current, io_state, nfs_error, require_perm,
-                              require_writable_fs, store_errors, sync_namespace, who)
+                              require_writable_fs, store_errors, who)
 from nfsd.xdr.nfs4 import (
     ACCESS4_DELETE, ACCESS4_EXECUTE, ACCESS4_EXTEND, ACCESS4_LOOKUP, ACCESS4_MODIFY,
     ACCESS4_READ, NFS4ERR_ACCESS, FATTR4_MODE, FATTR4_OWNER, FATTR4_OWNER_GROUP, FATTR4_RDATTR_ERROR,
@@ -56,8 +56,7 @@ async def op_setattr(ctx, args) -> SETATTR4res:
         # A truncate outside any (reclaimed) open could destroy locked data.
         ctx.server.grace.refuse_in_grace("SETATTR of size without an open")
     sa = setattr_request(ctx, obj, values, stateid=args.stateid)
-    await apply_setattr(ctx, obj, sa)
-    await sync_namespace(ctx)
+    await apply_setattr(ctx, obj, sa)           # durable on return
     return SETATTR4res(status=NFS4_OK, attrsset=fattr.bitmap_of(sorted(values)))
 
 
@@ -128,8 +127,8 @@ def setattr_request(ctx, obj: Obj, values: dict, *, stateid=None, creating: bool
 
 
 async def apply_setattr(ctx, obj: Obj, sa: SetAttr):
-    """store.setattr on a worker thread: its index txn fdatasyncs, a truncate also waits
-    for a group sync (I3). The caller makes it durable (sync_namespace) before replying."""
+    """store.setattr on a worker thread, durable when it returns: one thread round trip
+    (a group sync in the batch committer, or for a size its own txn and sync, I3)."""
     if sa == SetAttr():
         return obj.attr
     try:

@@ -51,6 +51,9 @@ class FakeStore:
     def sync(self) -> None:
         pass
 
+    def durable(self) -> bool:
+        return True
+
     def close(self) -> None:
         pass
 
