@@ -162,7 +162,10 @@ class BackChannel:
                 csa_highest_slotid=len(self.slot_seqids) - 1, csa_cachethis=False,
                 csa_referring_call_lists=[]))
             args = encode(CB_COMPOUND4args, CB_COMPOUND4args(
-                tag=tag, minorversion=1, callback_ident=0, argarray=[seq] + list(ops)))
+                # the client's own minor version: the Linux client finds the session of a
+                # CB_SEQUENCE only among its clients of that minor version (else BADSESSION)
+                tag=tag, minorversion=self.session.client.minorversion, callback_ident=0,
+                argarray=[seq] + list(ops)))
             call = bytearray(encode_call(0, self.program, NFS_CB, CB_COMPOUND, self.cred, args))
             if len(call) - 4 > back.maxrequestsize:       # the client's limit (18.36.3)
                 raise CallbackError(f"CB_COMPOUND of {len(call) - 4} bytes above the back "

@@ -197,6 +197,11 @@ class NfsClient:
         if proc == 1:
             results = []
             for argop in args.argarray:
+                if argop.tag == OP_CB_SEQUENCE and args.minorversion != self.minorversion:
+                    # as the Linux client: a callback of another minor version than the
+                    # client's finds no client for its session
+                    results.append(nfs_cb_resop4(OP_CB_SEQUENCE, CB_SEQUENCE4res(NFS4ERR_BADSESSION)))
+                    break
                 if argop.tag == OP_CB_SEQUENCE:
                     a = argop.value
                     results.append(nfs_cb_resop4(OP_CB_SEQUENCE, CB_SEQUENCE4res(
