@@ -823,8 +823,9 @@ class Store:
 
     def import_object(self, path: str, size: int, mode: int, uid: int, gid: int,
                       mtime_ns: int, remote: RemoteInfo) -> Attr | None:
-        """Add an object as an ABSENT file (creating parent dirs). Never overrides an existing
-        name (returns None then): local data always wins. Not journaled (it came from S3)."""
+        """Add an object as an ABSENT file (creating parent dirs, journaled as mkdirs). Never
+        overrides an existing name (returns None then): local data always wins. The file is
+        not journaled (it came from S3)."""
         if size < 0:
             raise StoreError(errno.EINVAL, "negative size")
         parts = _import_parts(path)
@@ -864,8 +865,8 @@ class Store:
         parent = ROOT_INO
         for name in parts[:-1]:
             ent = w.dirent(parent, name)
-            if ent is None:
-                parent = self.ns._make(w, w.must_dir(parent), name, FileType.DIR, 0o755, uid, gid)[0].ino
+            if ent is None:              # journaled: S3 gets its marker, as for a mkdir
+                parent = self.ns.mkdir(w, parent, name, 0o755, uid, gid)[0].ino
             elif ent[2] != FileType.DIR:
                 return None
             else:
@@ -935,6 +936,33 @@ class Store:
                 r = remote_from_json(buf)
                 if (r.key or "").startswith(prefix) or any(key.startswith(prefix) for key, _ in r.replaces):
                     out.append((U64.unpack(bytes(k))[0], r))
+        return out
+
+    def owned_keys(self) -> set[str]:
+        """Every S3 key (export-relative) the gateway still answers for: the key and the kept
+        (`replaces`) objects of every record, and the old names and objects of queued
+        change-journal jobs (a move or delete not yet done in S3). Import must never bring
+        such an object in as a new file: its move or delete would leave that file with no
+        object (issue 13: imported objects are owned like uploaded ones). One scan of the
+        records and the queue, for a whole import pass."""
+        from .index import remote_from_json
+        out: set[str] = set()
+        with self.ix.read() as v:
+            for _, buf in v.txn.cursor(db=self.ix.remote):
+                r = remote_from_json(buf)
+                if r.key:
+                    out.add(r.key)
+                out.update(k for k, _ in r.replaces)
+            for _, val in v.txn.cursor(db=self.ix.queue):
+                job = json.loads(bytes(val))
+                if job.get("kind") != "ns":
+                    continue
+                old = job.get("old_path")
+                if old:
+                    out.add(old.rstrip("/") + "/" if job.get("type") == "dir" else old)
+                if job.get("object"):
+                    out.add(job["object"][0])
+                out.update(k for k, _ in job.get("replaces", []))
         return out
 
     def rekey_remote(self, ino: int, old_key: str, old_etag: str | None, new_key: str,

@@ -131,7 +131,8 @@ def test_import_object(store):
     store.fill(a.ino, 0, b"z" * 100)
     assert store.getattr(a.ino).data_state == DataState.CLEAN
     assert store.read(a.ino, 0, 200) == (b"z" * 100, True)
-    assert store.queue_list() == []                     # imports are not journaled
+    # the imported file is not journaled; the parents import made are (their markers)
+    assert [(j["op"], j["new_path"]) for _, j in store.queue_list()] == [("mkdir", "a"), ("mkdir", "a/b")]
     with pytest.raises(StoreError):
         store.import_object("a/../x", 1, 0o644, 0, 0, 0, r)
 

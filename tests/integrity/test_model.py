@@ -39,9 +39,7 @@ FIXED = {
     "rename_over": True,     # a rename over an uploaded file deletes its object before the new one is in
     "torn_upload": True,     # a write/truncate during a multipart upload completes a torn object
     "readthrough_id": True,  # read-through GETs by name: a name renamed over splices other bytes in
-    # OPEN: an imported file renamed over a local one, with a second import after it, is CLEAN
-    # with no object at its key after a drain (found by this machine once the fixes merged)
-    "import_owner": False,
+    "import_owner": True,    # an imported file renamed over a local one, imported again: no object
     "dir_rekey": True,       # mv d e; mkdir d; mv e/f d/f (moves behind) loses d/f's object
     "temp_dir": True,        # mkdir step.tmp puts a step.tmp/ marker into S3 at once
 }
