@@ -254,6 +254,11 @@ class Store:
         with self.ix.lock:
             if sa.size is not None:
                 self._wait_writes(ino)          # I4
+                # SETATTR(size) is durable when it returns, whatever the size was: the bytes
+                # below the new size (unstable writes included) reach the disk before the
+                # index calls them committed
+                if self.ix.read_inode(ino).flags & F_UNCOMMITTED:
+                    self.data.datasync(ino)
             rec, new = self._setattr_txn(ino, sa, t)
             if sa.size is not None and sa.size != rec.size:
                 self._hook("truncate.index_done", ino)
@@ -263,6 +268,8 @@ class Store:
                 self.data.truncate(ino, min(rec.size, sa.size))
                 if sa.size > rec.size:
                     self.data.truncate(ino, sa.size)
+            elif sa.size is not None and new.committed_size != rec.committed_size:
+                self.committer.sync()           # a same-size SETATTR committed the bytes
         return new.attr()
 
     def _setattr_txn(self, ino: int, sa: SetAttr, t: int) -> tuple[Inode, Inode]:
@@ -295,6 +302,8 @@ class Store:
                     if new.state in (DataState.CLEAN, DataState.ABSENT):
                         new.state = DataState.DIRTY
                     self._tseq[ino] = self._tseq.get(ino, 0) + 1
+                else:                            # same size: the bytes below it are committed
+                    new.committed_size = sa.size
                 if sa.mtime_ns is None:
                     new.mtime_ns = t
             new.ctime_ns = t
@@ -579,8 +588,7 @@ class Store:
         """*Blocking.* fdatasync the file's data and durably record its size/extents."""
         with self.ix.read() as v:
             rec = v.must_inode(ino)
-        if rec.type == FileType.REG and (rec.flags & (F_UNCOMMITTED | F_TRUNCATED)
-                                         or rec.committed_size != rec.size):
+        if self._needs_commit(rec):
             with self.ix.lock:
                 wseq, tseq = self._wseq.get(ino, 0), self._tseq.get(ino, 0)
                 size = self.ix.read_inode(ino).size
@@ -600,6 +608,20 @@ class Store:
                         w.put_inode(new, cur)
         self.committer.sync()
 
+    def commit_settled(self, ino: int) -> None:
+        """*Blocking.* The uploader takes a closed, settled file's current bytes, committed by
+        a client or not (a client that died before COMMIT): commit them first, as a COMMIT
+        would, so S3 never holds bytes a restart would cut from the file."""
+        with self.ix.read() as v:
+            rec = v.must_inode(ino)
+        if self._needs_commit(rec):
+            self.commit(ino)
+
+    @staticmethod
+    def _needs_commit(rec: Inode) -> bool:
+        return rec.type == FileType.REG and bool(rec.flags & (F_UNCOMMITTED | F_TRUNCATED)
+                                                 or rec.committed_size != rec.size)
+
     # ---- uploader ----------------------------------------------------------------
     def path_of(self, ino: int) -> str | None:
         """Export-relative path ("a/b/c") of a linked inode (first link), or None if unlinked."""
@@ -614,13 +636,14 @@ class Store:
 
     def ready_for_upload(self, now_ns: int | None = None, settle_ns: int = 0,
                          limit: int = 100) -> list[int]:
-        """Inodes whose data is dirty, committed, not open for write, and quiet for settle_ns
+        """Inodes whose data is dirty, not open for write, and quiet for settle_ns
         (settle_ns=0: flush, whatever any clock says), longest quiet first. Quiet means no
         write, truncate, commit or writer's close since, on the store clock (`now_ns`: a
         `clock_ns()` value, None: now); the client-settable mtime plays no part. Walks
         the `ready` index from its oldest entry and stops at the first one not quiet long
         enough: O(result), no scan. Only files in state DIRTY are returned
-        (QUEUED/UPLOADING ones are the uploader's)."""
+        (QUEUED/UPLOADING ones are the uploader's); committed or not: the uploader calls
+        commit_settled before it takes one."""
         out = []
         if now_ns is None:
             now_ns = self.clock_ns()

@@ -207,6 +207,7 @@ class Uploader:
             if ino in self._upload_inos:
                 continue
             try:
+                await asyncio.to_thread(self.store.commit_settled, ino)   # bytes a client never COMMITted
                 attr = self.store.getattr(ino)
             except StoreError:
                 continue

@@ -411,7 +411,7 @@ class Sim:
             del f.data[size:]
         else:
             f.data.extend(bytes(size - len(f.data)))
-        f.committed = size
+        f.committed = size               # SETATTR(size) is durable whatever the size (README)
         self._register(f)
 
     def set_mtime(self, path: str, mtime_ns: int) -> None:
@@ -572,6 +572,9 @@ class Sim:
             self.up._flush_prefixes = held
         queued = [j["ino"] for _, j in self.store.queue_list(1 << 30)
                   if j.get("kind") == UPLOAD and j["ino"] not in before]
+        for f in self.files():               # the uploader committed what it queued
+            if f.ino in queued:
+                f.committed = len(f.data)
         if not flush and queued and self.check_settle:
             raise Violation(f"files {queued} ({[self.store.path_of(i) for i in queued]}) were queued for "
                             f"upload inside their settle window ({SETTLE_SECONDS:.0f} s on the gateway's clock)")
@@ -735,7 +738,9 @@ class Sim:
         return stat.S_ISREG(mode)
 
     def check_drained(self) -> None:
-        """After drain(): the bucket equals the namespace. Keys: every file under the name the
+        """After drain(): the bucket equals the namespace, each file with the bytes it holds now,
+        committed by a client or not (the uploader commits a closed, settled file's current
+        bytes before it uploads them: README "What is durable when"). Keys: every file under the name the
         store calls its path (hard links share one object), every symlink, a marker per
         directory; no other key. Temporary names may be absent (they may also be there while
         they still exist: a flush uploads what is there)."""
