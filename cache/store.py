@@ -1026,7 +1026,9 @@ class Store:
         """*Blocking, durable.* A file unlinked (or renamed over) at `path` left its object
         (`key`, `etag`) in S3. If a regular file (not `exclude_ino`) now sits at `path`, its
         upload or move will replace that object atomically: record it in that file's
-        `replaces` and return its ino; else None (nothing will: the caller deletes)."""
+        `replaces` and return its ino; else None (nothing will: the caller deletes). Only a
+        file whose object goes to `path` replaces it: a dirty one whose first name (path_of,
+        where its upload goes) it is, or one a queued rename moves there."""
         try:
             parts = _import_parts(path)
         except StoreError:
@@ -1041,12 +1043,24 @@ class Store:
             rec = w.inode(ino)
             if rec is None or rec.type != FileType.REG or ino == exclude_ino:
                 return None
+            if not (rec.is_dirty and w.path_of(ino) == path) and not self._move_queued(w, ino, path):
+                # neither its upload (which goes to its first name) nor a queued move will put
+                # its object at `path` (e.g. a clean file hard-linked there): nothing replaces it
+                return None
             r = w.remote(ino)
             if (key, etag) not in r.replaces:
                 r.replaces = list(r.replaces) + [(key, etag)]
                 w.put_remote(ino, r)
         self.committer.sync()
         return ino
+
+    def _move_queued(self, w: Writer, ino: int, path: str) -> bool:
+        """Whether a queued rename job moves `ino`'s object to `path` (a rename over)."""
+        for _, val in w.txn.cursor(db=self.ix.queue):
+            job = json.loads(bytes(val))
+            if job.get("op") == "rename" and job.get("ino") == ino and job.get("new_path") == path:
+                return True
+        return False
 
     def check(self) -> list[str]:
         """Consistency check: LMDB vs extent files; returns problems (empty list = consistent).

@@ -29,7 +29,7 @@ from .importer import import_prefix
 from .jobs import NS, UPLOAD, KeyRef, KeysAhead, ns_keys
 from .manifest import Manifests
 from .keys import KeyMap
-from .objectclient import ObjectClient, ObjectClientError, PermanentError
+from .objectclient import ObjectClient, ObjectClientError, PermanentError, TransientError
 from .readthrough import ReadThrough
 from .settings import UploadSettings
 from .stats import Counters
@@ -328,6 +328,12 @@ class Uploader:
                       code=e.code, error=str(e), retry_in=self.permanent_retry_seconds)
             if kind == UPLOAD:
                 self._set_dirty(ino)
+        except TransientError as e:
+            # S3 unreachable past a bounded retry (an upload's read-through of an imported or
+            # evicted file's old bytes gives up as a client's read does): expected, retried
+            self.counters.last_error = f"{type(e).__name__}: {e}"
+            self._not_before[job_id] = time.monotonic() + self.settings.backoff_max
+            log.warning("job_transient_error", job_id=job_id, kind=kind, op=job.get("op"), ino=ino, error=str(e))
         except asyncio.CancelledError:
             raise
         except Exception as e:           # noqa: BLE001 - keep the job, say why loudly

@@ -641,7 +641,10 @@ class Sim:
             self.enqueue(flush=True)
             self.dispatch()
             self.grant_all()
-            if not self.store.queue_list(1) and not self.tasks and not self.pending:
+            # done when nothing is queued, running or left to queue (an upload that found its
+            # file changed leaves it DIRTY for the next pass, as `flush --wait` waits for it)
+            if (not self.store.queue_list(1) and not self.tasks and not self.pending
+                    and not self.store.ready_for_upload(None, 0, 1)):
                 return
         left = [(jid, j) for jid, j in self.store.queue_list(20)]
         states = {f.ino: self.store.getattr(f.ino).data_state.name for f in self.files()}

@@ -233,7 +233,12 @@ class IntegrityModel(RuleBasedStateMachine):
             self.sim.check()
 
 
+# CI: 10 examples x 25 steps, derandomized. CKPTGW_MODEL_EXAMPLES / CKPTGW_MODEL_STEPS set
+# another budget (random; pick the seed with pytest --hypothesis-seed=N to replay a run).
+EXAMPLES = int(os.environ.get("CKPTGW_MODEL_EXAMPLES", 2000 if LONG else 10))
+STEPS = int(os.environ.get("CKPTGW_MODEL_STEPS", 60 if LONG else 25))
+RANDOM = LONG or "CKPTGW_MODEL_EXAMPLES" in os.environ
 IntegrityModel.TestCase.settings = settings(
-    max_examples=2000 if LONG else 10, stateful_step_count=60 if LONG else 25,
-    deadline=None, suppress_health_check=list(HealthCheck), derandomize=not LONG)
+    max_examples=EXAMPLES, stateful_step_count=STEPS,
+    deadline=None, suppress_health_check=list(HealthCheck), derandomize=not RANDOM)
 TestIntegrityModel = IntegrityModel.TestCase

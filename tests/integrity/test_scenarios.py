@@ -157,3 +157,33 @@ def test_import_makes_parent_directories_with_markers(sim):
     sim.remove("imp/x")
     sim.drain()
     sim.check_drained()
+
+
+@pytest.mark.parametrize("imported", [True, False])
+def test_hard_link_at_a_deleted_files_name_does_not_keep_its_object(sim, imported):
+    """Found by the model: an uploaded file removed, and a hard link to another (imported or
+    uploaded) file made at its name before the delete ran. The delete handed the old object
+    to the linked file as one its upload would replace, but a hard-linked file's object lives
+    under its first name: the old bytes stayed at the name for ever."""
+    sim.save("a", sim.payload(4000))
+    if imported:
+        sim.import_external("z", sim.payload(1300))
+    else:
+        sim.save("z", sim.payload(1300))
+    sim.drain()
+    sim.check_drained()
+    sim.remove("a")                              # its delete waits in the queue
+    sim.link("z", "a")
+    sim.check()
+    sim.drain()
+    sim.check_drained()
+
+
+def test_upload_changed_while_queued_is_uploaded_by_the_drain(sim):
+    """Found by the model: an upload job whose file was written after it was queued ends
+    'changed' and leaves the file DIRTY; a drain (flush --wait) goes on until it is in."""
+    sim.save("a", sim.payload(300))
+    sim.enqueue(flush=True)
+    sim.write("a", 100, sim.payload(50))
+    sim.drain()
+    sim.check_drained()
