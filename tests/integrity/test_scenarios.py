@@ -187,3 +187,19 @@ def test_upload_changed_while_queued_is_uploaded_by_the_drain(sim):
     sim.write("a", 100, sim.payload(50))
     sim.drain()
     sim.check_drained()
+
+
+def test_upload_of_imported_file_during_outage_retries_quietly(sim):
+    """Found by the model: an imported file written in part is uploaded with its old bytes
+    fetched first; in an outage that bounded fetch gives up with a transient error, which
+    the job logged as an unexpected failure. It is a retry like any other S3 outage."""
+    sim.import_external("z", sim.payload(2000))
+    sim.write("z", 0, sim.payload(100))
+    sim.commit("z")
+    sim.set_faults(outage=True)
+    sim.enqueue(flush=True)
+    sim.dispatch()
+    step_all(sim)                                # Violation on job_failed
+    sim.check()
+    sim.drain()
+    sim.check_drained()
