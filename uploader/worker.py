@@ -619,6 +619,11 @@ class Worker:
         elif cur is None and job.get("type") != "lnk" and remote is not None:
             return "never-uploaded"
         else:
+            if last_link and cur is not None and cur[0] != old:
+                # removed before its move ran (a move finds an imported object, which carries
+                # no identity of ours, only through the record that is gone now): the object
+                # is still at the name the journal recorded; conditional, so a done move is a no-op
+                await self._drop_replaced(cur[0], cur[1], ino)
             info = await self._is_ours(old, ino)
             if info is None:
                 return "not-ours"
