@@ -714,10 +714,12 @@ class Sim:
                     self.held.add(p)
         if self.check_held:
             for p in sorted(self.held):
-                if not isinstance(self.node(p), MFile):
+                n = self.node(p)
+                if not isinstance(n, MFile):
                     continue
-                v = self.fake.current(p)
-                if v is None or not v.origin:
+                # hard links share one object, under one of the file's names
+                names = [q for q, m in self.walk() if m is n]
+                if not any((v := self.fake.current(q)) is not None and v.origin for q in names):
                     raise Violation(f"S3 holds no good object at {p!r}, which held one and still names a file")
         # 5. dir markers of temporary directories never reach S3 (but for a flush of them)
         if self.check_temp_dirs:

@@ -220,3 +220,16 @@ def test_file_renamed_then_removed_before_its_move_leaves_no_object(sim, importe
     sim.remove("a")
     sim.drain()
     sim.check_drained()
+
+
+def test_hard_link_that_becomes_the_first_name_leaves_one_object(sim):
+    """Found by the model: an imported file hard-linked under a name that sorts first, then
+    written: its upload goes to that name (path_of), and the old object stayed under the
+    other name with the old bytes for ever. A file has one object: the old one goes."""
+    sim.import_external("z", sim.payload(100))
+    sim.link("z", "a")
+    sim.write("a", 50, sim.payload(100))
+    sim.commit("a")
+    sim.drain()
+    sim.check_drained()
+
