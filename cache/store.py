@@ -916,8 +916,9 @@ class Store:
     #   {"kind": "ns", "op": "rename", "ino": I, "type": "reg|dir|lnk", "old_path": P,
     #    "new_path": Q, "replaced": T or None}
     #   {"kind": "ns", "op": "unlink"|"rmdir", "ino": I, "type": ..., "old_path": P,
-    #    "last_link": bool[, "replaced_by": S]}  (a rename's replaced target: queued BEFORE
-    #    the rename job, so deleting it never deletes the renamed file's new object)
+    #    "last_link": bool[, "replaced_by": S][, "new_path": Q]}  (a rename's replaced target:
+    #    queued BEFORE the rename job, so deleting it never deletes the renamed file's new
+    #    object; Q: a regular file's first remaining name when other links keep it)
     #   {"kind": "ns", "op": "mkdir", "ino": I, "type": "dir", "new_path": P}
     #   {"kind": "ns", "op": "link", "ino": I, "type": ..., "old_path": P, "new_path": Q}
     #   {"kind": "ns", "op": "symlink", "ino": I, "type": "lnk", "new_path": P, "target": T}
@@ -1055,10 +1056,15 @@ class Store:
         return ino
 
     def _move_queued(self, w: Writer, ino: int, path: str) -> bool:
-        """Whether a queued rename job moves `ino`'s object to `path` (a rename over)."""
+        """Whether a queued job moves `ino`'s object to `path`: a rename (over), or the unlink
+        of the name its object was at while another link keeps the file (see with_next_name)."""
         for _, val in w.txn.cursor(db=self.ix.queue):
             job = json.loads(bytes(val))
-            if job.get("op") == "rename" and job.get("ino") == ino and job.get("new_path") == path:
+            if job.get("ino") != ino or job.get("new_path") != path:
+                continue
+            if job.get("op") == "rename":
+                return True
+            if job.get("op") == "unlink" and (job.get("object") or [None])[0] == job.get("old_path"):
                 return True
         return False
 

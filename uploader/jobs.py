@@ -49,8 +49,8 @@ def ns_keys(job: dict) -> list[KeyRef]:
         if typ == "dir":
             return [KeyRef(old.rstrip("/") + "/", True), KeyRef(new.rstrip("/") + "/", True)]
         return [KeyRef(old), KeyRef(new)]
-    if op == "unlink":
-        return [KeyRef(old)]
+    if op == "unlink":           # new_path: where a hard-linked file's object moves (its next name)
+        return [KeyRef(old)] + ([KeyRef(new)] if new else [])
     if op == "symlink":
         return [KeyRef(new)]
     if op == "mkdir":

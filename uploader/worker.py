@@ -545,19 +545,27 @@ class Worker:
             if info is None:
                 return "not-ours"
             etag, size = info.etag, info.size
-        src, dst = self.keys.file_key(old), self.keys.file_key(new)
+        copied = await self._copy_rekey(ino, old, new, etag, size, rekey=remote is not None)
+        if copied != "copied":
+            return copied
+        await self._delete_if(old, etag)
+        log.info("moved", ino=ino, src=old, dst=new, size=size)
+        return "moved"
+
+    async def _copy_rekey(self, ino: int, old: str, new: str, etag: str, size: int, rekey: bool) -> str:
+        """The first half of a move: copy exactly the object `etag` from `old` to `new`, then
+        (rekey) durably point the file's record at the copy. The caller removes the source
+        after, so a crash in between replays the copy or, once re-keyed, only the removal."""
         try:
-            res = await self._copy(src, dst, size, etag)
+            res = await self._copy(self.keys.file_key(old), self.keys.file_key(new), size, etag)
         except NotFoundError:
             return "source-missing"
         except PreconditionFailedError:
             return "source-replaced"
         self.counters.moves_done += 1
-        if remote is not None:
+        if rekey:
             await self._store(self.store.rekey_remote, ino, old, etag, new, res.etag, res.version_id)
-        await self._delete_if(old, etag)
-        log.info("moved", ino=ino, src=src, dst=dst, size=size)
-        return "moved"
+        return "copied"
 
     async def _move_dir(self, job: dict) -> str:
         """Move every object under the old prefix, each one copy -> re-key -> delete. The
@@ -616,12 +624,15 @@ class Worker:
         if last_link:
             for k, e in job.get("replaces", []):
                 await self._drop_replaced(k, e, ino)
-        if remote is not None and remote.etag and remote.key:
-            cur = (remote.key, remote.etag)
-        else:
-            cur = tuple(job["object"]) if job.get("object") else None
+        recorded = tuple(job["object"]) if job.get("object") else None
+        cur = (remote.key, remote.etag) if remote is not None and remote.etag and remote.key else recorded
         if cur is not None and cur[0] == old:
             etag = cur[1]
+        elif recorded is not None and recorded[0] == old:
+            # the object the journal recorded at the removed name, moved on since (a replay
+            # after the move to the next name re-keyed the record): only it is left to remove;
+            # by its ETag, since an imported object carries no identity of ours
+            etag = recorded[1]
         elif cur is None and job.get("type") != "lnk" and remote is not None:
             return "never-uploaded"
         else:
@@ -634,9 +645,20 @@ class Worker:
             if info is None:
                 return "not-ours"
             etag = info.etag
+        if remote is not None and remote.key == old and not last_link and job.get("new_path"):
+            # another name still links the file, and its object was at the name removed: move
+            # it to the file's next name (copy, re-key, then the old one goes), never delete
+            # first - the file may be evicted, and that object is then the only copy of its bytes
+            moved = await self._copy_rekey(ino, old, job["new_path"], etag, remote.size, rekey=True)
+            if moved == "copied":
+                outcome = await self._drop_replaced(old, etag, ino)
+                log.info("unlinked_object_moved", ino=ino, path=old, to=job["new_path"], etag=etag,
+                         outcome=outcome)
+                return "moved-to-link"
         outcome = await self._drop_replaced(old, etag, ino)
         if remote is not None and remote.key == old and not last_link:
-            # another name still links the file: upload it again under that name
+            # another name still links the file and there was no object to move (or the job
+            # predates new_path): upload it again under that name
             remote.key, remote.etag = None, None
             try:
                 await self._store(self.store.set_remote_info, ino, remote)

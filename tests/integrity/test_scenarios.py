@@ -233,3 +233,59 @@ def test_hard_link_that_becomes_the_first_name_leaves_one_object(sim):
     sim.drain()
     sim.check_drained()
 
+
+
+def test_first_name_removed_then_link_evicted_uploads_under_the_link(sim):
+    """Found by the model: a clean file's first name removed (the link it keeps becomes its
+    only name, uploaded again there), then evicted before that upload ran: the upload must
+    finish (reading its bytes back from the old object), not stay UPLOADING for ever."""
+    sim.save("a", sim.payload(1))
+    sim.drain()
+    sim.link("a", "latest.pt")
+    sim.remove("a")
+    sim.evict("latest.pt")
+    sim.drain()
+    sim.check_drained()
+
+
+@pytest.mark.parametrize("imported", [True, False])
+def test_first_name_removed_move_killed_before_the_old_object_goes(sim, imported):
+    """The move of a removed first name's object to the file's other link, killed after the
+    copy and the re-key, before the old object went: the replay must still remove exactly
+    that object (an imported one carries no identity of ours, only the journal's ETag)."""
+    if imported:
+        sim.import_external("z", sim.payload(10))
+    else:
+        sim.save("z", sim.payload(10))
+        sim.drain()
+    sim.link("z", "latest.pt")
+    sim.remove("z")
+    sim.evict("latest.pt")
+    sim.enqueue(flush=True)
+    sim.dispatch()
+    for _ in range(20):
+        if not sim.pending or sim.pending[0].op == "DeleteObject":
+            break
+        sim.grant(sim.pending[0])
+        sim.check()
+    assert sim.pending and sim.pending[0].op == "DeleteObject"
+    sim.kill9()
+    sim.check()
+    sim.drain()
+    sim.check_drained()
+
+
+def test_first_name_renamed_over_then_link_evicted_keeps_both(sim):
+    """`mv b a` over the name holding a hard-linked file's object, the file then evicted:
+    its object moves to its other link, and `a` keeps the old object until b's lands."""
+    sim.save("a", sim.payload(1))
+    sim.drain()
+    sim.link("a", "latest.pt")
+    sim.save("b", sim.payload(2))
+    sim.rename("b", "a")
+    sim.evict("latest.pt")
+    sim.enqueue(flush=True)
+    sim.dispatch()
+    step_all(sim)
+    sim.drain()
+    sim.check_drained()
