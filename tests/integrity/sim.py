@@ -717,8 +717,9 @@ class Sim:
                 n = self.node(p)
                 if not isinstance(n, MFile):
                     continue
-                # hard links share one object, under one of the file's names
-                names = [q for q, m in self.walk() if m is n]
+                # hard links share one object, under one of the file's names, or where the gateway
+                # finds it while a queued job moves it to one (the unlink of the name it was at)
+                names = self._findable_keys(n)
                 if not any((v := self.fake.current(q)) is not None and v.origin for q in names):
                     raise Violation(f"S3 holds no good object at {p!r}, which held one and still names a file")
         # 5. dir markers of temporary directories never reach S3 (but for a flush of them)

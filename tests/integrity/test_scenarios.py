@@ -289,3 +289,24 @@ def test_first_name_renamed_over_then_link_evicted_keeps_both(sim):
     step_all(sim)
     sim.drain()
     sim.check_drained()
+
+def test_object_name_removed_while_the_file_is_dirty_keeps_its_object_findable(sim):
+    """Found by the long model run (a check of the sim, not the gateway): a hard-linked
+    file's name holding its object removed while other names keep the file: until the queued
+    move runs, the object is at the removed name, where the record says, exactly as during a
+    queued rename. The 'a name keeps a good object' check now looks where the gateway finds
+    the file's object (as the CLEAN check does); the drain ends with one object at b."""
+    sim.import_external("imp/y.pt", sim.payload(293))
+    sim.read_through("imp/y.pt")         # read back: CLEAN, and imp/y.pt holds a good object
+    sim.check()
+    sim.link("imp/y.pt", "a")
+    sim.write("a", 0, sim.payload(10))
+    sim.commit("a")
+    sim.drain()
+    sim.check_drained()
+    sim.link("a", "b")
+    sim.write("b", 5, sim.payload(20))
+    sim.remove("a")
+    sim.check()
+    sim.drain()
+    sim.check_drained()
