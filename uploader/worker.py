@@ -207,12 +207,13 @@ class Worker:
         # its current name will be by its pending move's copy; one at another name (the file
         # moved on before its upload) is handed on or deleted
         now_path = self.store.path_of(ino)
-        replaced = list((self._remote(ino) or RemoteInfo()).replaces)
-        if remote.key and remote.etag and remote.key != path:
+        recorded = self._remote(ino) or RemoteInfo()     # now: a directory move may have re-keyed it
+        replaced = list(recorded.replaces)
+        if recorded.key and recorded.etag and recorded.key != path:
             # the file's own older object under another of its names (a hard link became its
             # first name, where uploads go): a file has one object. Dropped before the record
             # forgets it, so a crash in between re-runs this upload and the drop.
-            replaced.append((remote.key, remote.etag))
+            replaced.append((recorded.key, recorded.etag))
         for k, e in replaced:
             if k not in (path, now_path):
                 await self._drop_replaced(k, e, ino)

@@ -310,3 +310,23 @@ def test_object_name_removed_while_the_file_is_dirty_keeps_its_object_findable(s
     sim.check()
     sim.drain()
     sim.check_drained()
+
+
+def test_upload_to_a_hard_link_racing_the_move_of_its_old_object_leaves_one_object(sim):
+    """Found by the long model run: an imported file renamed (its object's move queued),
+    hard-linked under a name that sorts first and written there, renamed again: its upload
+    to the first name ran alongside the moves of its old object, dropped the object at the
+    name it had read from the record while a move put it at the next one: the old bytes
+    stayed under a name of the file for ever. An upload now waits for its file's moves."""
+    sim.import_external("imp/y.pt", sim.payload(371))
+    sim.read_through("imp/y.pt")
+    sim.rename("imp/y.pt", "imp/step.tmp")
+    sim.link("imp/step.tmp", "imp/a")
+    sim.truncate("imp/a", 5506)
+    sim.rename("imp/a", "e")
+    sim.rename("imp/step.tmp", "imp/latest.pt.tmp")
+    sim.enqueue(flush=True)
+    sim.dispatch()
+    step_all(sim)
+    sim.drain()
+    sim.check_drained()
