@@ -643,6 +643,12 @@ class Worker:
                 # is still at the name the journal recorded; conditional, so a done move is a no-op
                 await self._drop_replaced(cur[0], cur[1], ino)
             info = await self._is_ours(old, ino)
+            if info is None and recorded is not None:
+                # the journal's object, brought here by a directory move that ran after the
+                # unlink (a server-side copy keeps the ETag; an imported object has no identity
+                # of ours). Nothing else lands at `old` before this job: uploads, imports and
+                # moves to it wait for it
+                info = await self._is_ours(old, ino, etag=recorded[1])
             if info is None:
                 return "not-ours"
             etag = info.etag

@@ -235,8 +235,8 @@ class IntegrityModel(RuleBasedStateMachine):
 
 # CI: 10 examples x 25 steps, derandomized. CKPTGW_MODEL_EXAMPLES / CKPTGW_MODEL_STEPS set
 # another budget (random; pick the seed with pytest --hypothesis-seed=N to replay a run).
-# Long: 2500 x 60, since an example averages ~48 steps (its run may end before 60): ~120,000.
-EXAMPLES = int(os.environ.get("CKPTGW_MODEL_EXAMPLES", 2500 if LONG else 10))
+# Long: 3500 x 60: an example averages 35-48 steps (its run may end before 60), so >= 120,000.
+EXAMPLES = int(os.environ.get("CKPTGW_MODEL_EXAMPLES", 3500 if LONG else 10))
 STEPS = int(os.environ.get("CKPTGW_MODEL_STEPS", 60 if LONG else 25))
 RANDOM = LONG or "CKPTGW_MODEL_EXAMPLES" in os.environ
 IntegrityModel.TestCase.settings = settings(
