@@ -42,6 +42,9 @@ FIXED = {
     "import_owner": True,    # an imported file renamed over a local one, imported again: no object
     "dir_rekey": True,       # mv d e; mkdir d; mv e/f d/f (moves behind) loses d/f's object
     "temp_dir": True,        # mkdir step.tmp puts a step.tmp/ marker into S3 at once
+    # an import into the old name of a directory whose move is queued: the move takes the new
+    # file's object (test_import_into_the_old_name_of_a_moved_directory_keeps_its_object)
+    "import_dir_move": False,
 }
 for _name in filter(None, os.environ.get("CKPTGW_MODEL_FIXED", "").split(",")):
     FIXED[_name] = True
@@ -193,6 +196,10 @@ class IntegrityModel(RuleBasedStateMachine):
     @rule(name=st.sampled_from(["imp/x", "imp/y.pt", "z"]), size=st.integers(0, 3000))
     def import_external(self, name, size):
         if not FIXED["import_owner"]:
+            return
+        if not FIXED["import_dir_move"] and any(
+                j.get("op") == "rename" and j.get("type") == "dir" and name.startswith(j["old_path"].rstrip("/") + "/")
+                for _, j in self.sim.store.queue_list(1 << 30)):
             return
         if self.sim.node(name) is None and self.sim.fake.current(name) is None:
             self.sim.import_external(name, self.sim.payload(size))
