@@ -590,6 +590,10 @@ class Worker:
             nonlocal moved
             rel = obj.key[len(self.keys.prefix):]
             dst_rel = new_rel + rel[len(old_rel):]
+            if rel.endswith("/") and has_tmp_component(dst_rel.rstrip("/")):
+                # a marker never goes under a temporary name (as _put_dir_marker): only the old goes
+                await self._delete_if(rel, obj.etag)
+                return
             dst = self.keys.file_key(dst_rel)
             there = await self.gate.call("HeadObject", lambda: self.client.head_object(dst), what=dst)
             if there is not None and there.etag == obj.etag:

@@ -356,3 +356,20 @@ def test_import_into_the_old_name_of_a_moved_directory_keeps_its_object(sim):
     sim.import_external("imp/y.pt", sim.payload(0))
     sim.drain()
     sim.check_drained()
+
+
+def test_directory_renamed_to_a_temporary_name_moves_no_marker_there(sim):
+    """Found by the long model run: a directory with its marker in S3 renamed to a temporary
+    name; the move copied the marker too, so a temporary directory's marker reached S3
+    outside any flush of it. The move now only drops the old marker (a later rename to a
+    final name puts one there)."""
+    sim.mkdir("e")
+    sim.drain()
+    sim.rename("e", "latest.pt.tmp")
+    sim.enqueue(flush=False)
+    sim.dispatch()
+    step_all(sim)
+    sim.check()
+    sim.rename("latest.pt.tmp", "f")
+    sim.drain()
+    sim.check_drained()
