@@ -39,17 +39,8 @@ def walk(store, rel: str, attr: Attr | None = None) -> Iterator[tuple[str, Attr]
     """(path, attr) of `rel` and everything under it, depth first, directories before content."""
     attr = attr if attr is not None else resolve(store, rel)
     yield rel, attr
-    if attr.type != FileType.DIR:
-        return
-    stack = [(rel, attr.ino)]
-    while stack:
-        base, ino = stack.pop()
-        for ent in store.readdir(ino):
-            path = f"{base}/{ent.name.decode(errors='surrogateescape')}" if base else \
-                ent.name.decode(errors="surrogateescape")
-            yield path, ent.attr
-            if ent.attr.type == FileType.DIR:
-                stack.append((path, ent.attr.ino))
+    if attr.type == FileType.DIR:
+        yield from store.walk(attr.ino, rel)
 
 
 def files(store, rel: str) -> Iterator[tuple[str, Attr]]:

@@ -21,8 +21,8 @@ Keys are big-endian so cursor order is numeric order. Named databases:
   dirty     ino -> b""     regular files whose bytes S3 lacks (the upload set)
   unsettled ino -> b""     files crash recovery must visit: maybe uncommitted bytes, a
                            truncate in flight, or an upload in progress (a subset of dirty)
-  ready     activity+ino -> b"" dirty files that are settled (committed, state DIRTY,
-                                linked): upload candidates, quiet longest first. Keyed by
+  ready     activity+ino -> b"" dirty files in state DIRTY, linked (committed or not: the
+                                uploader commits them): upload candidates, quiet longest first. Keyed by
                                 the inode's activity_ns on the store's own clock (clock.py),
                                 never by the client-settable mtime (format 2; format 1
                                 keyed by mtime and is upgraded at open)
@@ -165,7 +165,9 @@ class Inode:
 
     @property
     def ready(self) -> bool:
-        return self.is_dirty and self.nlink > 0 and not self.unsettled
+        # committed or not: a closed, quiet file's current bytes are uploaded (the uploader
+        # commits them first: Store.commit_settled)
+        return self.is_dirty and self.nlink > 0 and self.state == DataState.DIRTY
 
     @property
     def in_lru(self) -> bool:

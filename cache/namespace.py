@@ -52,6 +52,16 @@ def object_of(w: Writer, ino: int) -> dict:
     return out
 
 
+def with_next_name(w: Writer, job: dict) -> dict:
+    """An unlink job of a regular file that keeps other links, queued after the name is gone:
+    `new_path` = its first remaining name, where its object moves if it was at the removed
+    one (a move, not delete + upload again: the file may be evicted, and then that object is
+    the only copy of its bytes). The job's keys include it, so uploads there wait for it."""
+    if job["op"] == "unlink" and not job["last_link"] and job["type"] == TYPE_NAMES[FileType.REG]:
+        job["new_path"] = w.path_of(job["ino"])
+    return job
+
+
 def entry_path(w: Writer, parent: int, name: bytes) -> str:
     base = w.path_of(parent)
     leaf = name.decode("utf-8", "surrogateescape")
@@ -206,12 +216,13 @@ class Namespace:
             raise StoreError(errno.EISDIR, f"{bytes(name)!r} is a directory")
         rec = w.must_inode(child)
         t = time.time_ns()
-        w.queue_put({"kind": "ns", "op": "unlink", "ino": child, "type": TYPE_NAMES[typ],
-                     "old_path": entry_path(w, parent, name), "last_link": rec.nlink <= 1,
-                     **object_of(w, child)})
+        job = {"kind": "ns", "op": "unlink", "ino": child, "type": TYPE_NAMES[typ],
+               "old_path": entry_path(w, parent, name), "last_link": rec.nlink <= 1,
+               **object_of(w, child)}
         old_pd = pd.copy()
         w.del_dirent(parent, name)
         self._drop_link(w, rec, t)
+        w.queue_put(with_next_name(w, job))
         self._touch_dir(pd, t)
         w.put_inode(pd, old_pd)
         return ChangeInfo(True, old_pd.change, pd.change)
@@ -282,17 +293,17 @@ class Namespace:
         new_path = entry_path(w, dp, dn)
         old_spd, old_dpd, old_srec = spd.copy(), dpd.copy(), srec.copy()
         if drec is not None:             # the replaced target goes first (uploader order)
-            w.queue_put({"kind": "ns", "op": "rmdir" if drec.type == FileType.DIR
-                         else "unlink", "ino": drec.ino, "type": TYPE_NAMES[drec.type],
-                         "old_path": new_path,
-                         "last_link": drec.type == FileType.DIR or drec.nlink <= 1,
-                         "replaced_by": s_ino, **object_of(w, drec.ino)})
+            job = {"kind": "ns", "op": "rmdir" if drec.type == FileType.DIR else "unlink",
+                   "ino": drec.ino, "type": TYPE_NAMES[drec.type], "old_path": new_path,
+                   "last_link": drec.type == FileType.DIR or drec.nlink <= 1,
+                   "replaced_by": s_ino, **object_of(w, drec.ino)}
             w.del_dirent(dp, dn)
             if drec.type == FileType.DIR:
                 dpd.nlink -= 1
                 w.put_inode(None, drec)
             else:
                 self._drop_link(w, drec, t)
+            w.queue_put(with_next_name(w, job))
         w.del_dirent(sp, sn)
         w.put_dirent(dpd, dn, s_ino, s_type)
         if s_type == FileType.DIR and sp != dp:

@@ -271,6 +271,11 @@ class Store:
             same = self._setattr_noop(ino, sa)
             if same is not None:
                 return same.attr()
+            # SETATTR(size) is durable when it returns, whatever the size was: the bytes
+            # below the new size (unstable writes included) reach the disk before the
+            # index calls them committed
+            if self.ix.read_inode(ino).flags & F_UNCOMMITTED:
+                self.data.datasync(ino)
             with self.ix.write() as w:
                 rec, new = self._setattr_apply(w, ino, sa, t)
             mine = self.ix.txnid
@@ -296,6 +301,8 @@ class Store:
             rec = v.must_inode(ino)
         if sa.size is not None:
             self._regular(rec)
+            if self._needs_commit(rec):
+                return None              # a same-size truncate commits the bytes below it
         mode = None if sa.mode is None else sa.mode & 0o7777
         for want, have in ((mode, rec.mode), (sa.uid, rec.uid), (sa.gid, rec.gid),
                            (sa.size, rec.size)):
@@ -335,6 +342,8 @@ class Store:
                 if new.state in (DataState.CLEAN, DataState.ABSENT):
                     new.state = DataState.DIRTY
                 self._tseq[ino] = self._tseq.get(ino, 0) + 1
+            else:                            # same size: the bytes below it are committed
+                new.committed_size = sa.size
             if sa.mtime_ns is None:
                 new.mtime_ns = t
         new.ctime_ns = t
@@ -460,6 +469,26 @@ class Store:
             yield from out
             if len(out) < READDIR_BATCH:
                 return
+
+    def walk(self, ino: int, base: str = "") -> Iterator[tuple[str, Attr]]:
+        """(path, attr) of everything under directory `ino` (not itself), depth first, a
+        directory before its content; paths are `base`-relative, "/"-joined. The one subtree
+        walk: a directory removed while it is walked is skipped, not an error."""
+        stack = [(base, ino)]
+        while stack:
+            path, dino = stack.pop()
+            try:
+                entries = list(self.readdir(dino))
+            except StoreError as e:
+                if e.errno in (errno.ESTALE, errno.ENOENT, errno.ENOTDIR):
+                    continue
+                raise
+            for ent in entries:
+                name = ent.name.decode("utf-8", "surrogateescape")
+                p = f"{path}/{name}" if path else name
+                yield p, ent.attr
+                if ent.attr.type == FileType.DIR:
+                    stack.append((p, ent.attr.ino))
 
     def statfs(self) -> StatFS:
         cap = self.space.capacity
@@ -880,8 +909,7 @@ class Store:
         and commits queued beside it); while the store closes, in its own txn."""
         with self.ix.read() as v:
             rec = v.must_inode(ino)
-        if rec.type == FileType.REG and (rec.flags & (F_UNCOMMITTED | F_TRUNCATED)
-                                         or rec.committed_size != rec.size):
+        if self._needs_commit(rec):
             with self.ix.lock:
                 wseq, tseq = self._wseq.get(ino, 0), self._tseq.get(ino, 0)
                 size = self.ix.read_inode(ino).size
@@ -909,6 +937,20 @@ class Store:
                 w.stamp(new)
                 w.put_inode(new, cur)
 
+    def commit_settled(self, ino: int) -> None:
+        """*Blocking.* The uploader takes a closed, settled file's current bytes, committed by
+        a client or not (a client that died before COMMIT): commit them first, as a COMMIT
+        would, so S3 never holds bytes a restart would cut from the file."""
+        with self.ix.read() as v:
+            rec = v.must_inode(ino)
+        if self._needs_commit(rec):
+            self.commit(ino)
+
+    @staticmethod
+    def _needs_commit(rec: Inode) -> bool:
+        return rec.type == FileType.REG and bool(rec.flags & (F_UNCOMMITTED | F_TRUNCATED)
+                                                 or rec.committed_size != rec.size)
+
     # ---- uploader ----------------------------------------------------------------
     def path_of(self, ino: int) -> str | None:
         """Export-relative path ("a/b/c") of a linked inode (first link), or None if unlinked."""
@@ -923,13 +965,14 @@ class Store:
 
     def ready_for_upload(self, now_ns: int | None = None, settle_ns: int = 0,
                          limit: int = 100) -> list[int]:
-        """Inodes whose data is dirty, committed, not open for write, and quiet for settle_ns
+        """Inodes whose data is dirty, not open for write, and quiet for settle_ns
         (settle_ns=0: flush, whatever any clock says), longest quiet first. Quiet means no
         write, truncate, commit or writer's close since, on the store clock (`now_ns`: a
         `clock_ns()` value, None: now); the client-settable mtime plays no part. Walks
         the `ready` index from its oldest entry and stops at the first one not quiet long
         enough: O(result), no scan. Only files in state DIRTY are returned
-        (QUEUED/UPLOADING ones are the uploader's)."""
+        (QUEUED/UPLOADING ones are the uploader's); committed or not: the uploader calls
+        commit_settled before it takes one."""
         out = []
         if now_ns is None:
             now_ns = self.clock_ns()
@@ -1132,8 +1175,9 @@ class Store:
 
     def import_object(self, path: str, size: int, mode: int, uid: int, gid: int,
                       mtime_ns: int, remote: RemoteInfo) -> Attr | None:
-        """Add an object as an ABSENT file (creating parent dirs). Never overrides an existing
-        name (returns None then): local data always wins. Not journaled (it came from S3)."""
+        """Add an object as an ABSENT file (creating parent dirs, journaled as mkdirs). Never
+        overrides an existing name (returns None then): local data always wins. The file is
+        not journaled (it came from S3)."""
         if size < 0:
             raise StoreError(errno.EINVAL, "negative size")
         parts = _import_parts(path)
@@ -1189,8 +1233,8 @@ class Store:
         parent = ROOT_INO
         for name in parts[:-1]:
             ent = w.dirent(parent, name)
-            if ent is None:
-                parent = self.ns._make(w, w.must_dir(parent), name, FileType.DIR, 0o755, uid, gid)[0].ino
+            if ent is None:              # journaled: S3 gets its marker, as for a mkdir
+                parent = self.ns.mkdir(w, parent, name, 0o755, uid, gid)[0].ino
             elif ent[2] != FileType.DIR:
                 return None
             else:
@@ -1217,8 +1261,9 @@ class Store:
     #   {"kind": "ns", "op": "rename", "ino": I, "type": "reg|dir|lnk|blk|chr|sock|fifo", "old_path": P,
     #    "new_path": Q, "replaced": T or None}
     #   {"kind": "ns", "op": "unlink"|"rmdir", "ino": I, "type": ..., "old_path": P,
-    #    "last_link": bool[, "replaced_by": S]}  (a rename's replaced target: queued BEFORE
-    #    the rename job, so deleting it never deletes the renamed file's new object)
+    #    "last_link": bool[, "replaced_by": S][, "new_path": Q]}  (a rename's replaced target:
+    #    queued BEFORE the rename job, so deleting it never deletes the renamed file's new
+    #    object; Q: a regular file's first remaining name when other links keep it)
     #   {"kind": "ns", "op": "mkdir", "ino": I, "type": "dir", "new_path": P}
     #   {"kind": "ns", "op": "link", "ino": I, "type": ..., "old_path": P, "new_path": Q}
     #   {"kind": "ns", "op": "symlink", "ino": I, "type": "lnk", "new_path": P, "target": T}
@@ -1283,6 +1328,33 @@ class Store:
                     out.append((U64.unpack(bytes(k))[0], r))
         return out
 
+    def owned_keys(self) -> set[str]:
+        """Every S3 key (export-relative) the gateway still answers for: the key and the kept
+        (`replaces`) objects of every record, and the old names and objects of queued
+        change-journal jobs (a move or delete not yet done in S3). Import must never bring
+        such an object in as a new file: its move or delete would leave that file with no
+        object (issue 13: imported objects are owned like uploaded ones). One scan of the
+        records and the queue, for a whole import pass."""
+        from .index import remote_from_json
+        out: set[str] = set()
+        with self.ix.read() as v:
+            for _, buf in v.txn.cursor(db=self.ix.remote):
+                r = remote_from_json(buf)
+                if r.key:
+                    out.add(r.key)
+                out.update(k for k, _ in r.replaces)
+            for _, val in v.txn.cursor(db=self.ix.queue):
+                job = json.loads(bytes(val))
+                if job.get("kind") != "ns":
+                    continue
+                old = job.get("old_path")
+                if old:
+                    out.add(old.rstrip("/") + "/" if job.get("type") == "dir" else old)
+                if job.get("object"):
+                    out.add(job["object"][0])
+                out.update(k for k, _ in job.get("replaces", []))
+        return out
+
     def rekey_remote(self, ino: int, old_key: str, old_etag: str | None, new_key: str,
                      new_etag: str, version_id: str | None = None) -> bool:
         """*Blocking, durable.* The object (old_key, old_etag) now lives at new_key with
@@ -1321,7 +1393,9 @@ class Store:
         """*Blocking, durable.* A file unlinked (or renamed over) at `path` left its object
         (`key`, `etag`) in S3. If a regular file (not `exclude_ino`) now sits at `path`, its
         upload or move will replace that object atomically: record it in that file's
-        `replaces` and return its ino; else None (nothing will: the caller deletes)."""
+        `replaces` and return its ino; else None (nothing will: the caller deletes). Only a
+        file whose object goes to `path` replaces it: a dirty one whose first name (path_of,
+        where its upload goes) it is, or one a queued rename moves there."""
         try:
             parts = _import_parts(path)
         except StoreError:
@@ -1336,12 +1410,29 @@ class Store:
             rec = w.inode(ino)
             if rec is None or rec.type != FileType.REG or ino == exclude_ino:
                 return None
+            if not (rec.is_dirty and w.path_of(ino) == path) and not self._move_queued(w, ino, path):
+                # neither its upload (which goes to its first name) nor a queued move will put
+                # its object at `path` (e.g. a clean file hard-linked there): nothing replaces it
+                return None
             r = w.remote(ino)
             if (key, etag) not in r.replaces:
                 r.replaces = list(r.replaces) + [(key, etag)]
                 w.put_remote(ino, r)
         self.committer.sync()
         return ino
+
+    def _move_queued(self, w: Writer, ino: int, path: str) -> bool:
+        """Whether a queued job moves `ino`'s object to `path`: a rename (over), or the unlink
+        of the name its object was at while another link keeps the file (see with_next_name)."""
+        for _, val in w.txn.cursor(db=self.ix.queue):
+            job = json.loads(bytes(val))
+            if job.get("ino") != ino or job.get("new_path") != path:
+                continue
+            if job.get("op") == "rename":
+                return True
+            if job.get("op") == "unlink" and (job.get("object") or [None])[0] == job.get("old_path"):
+                return True
+        return False
 
     def check(self) -> list[str]:
         """Consistency check: LMDB vs extent files; returns problems (empty list = consistent).

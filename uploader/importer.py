@@ -9,7 +9,11 @@ LastModified when absent). Directory markers ("dir/") become directories, object
 S_IFLNK (s3fs's symbolic links, as the uploader writes them) become symlinks, objects
 marked S_IFBLK/S_IFCHR (with x-amz-meta-rdev)/S_IFSOCK/S_IFIFO special files. Keys that
 cannot be paths (empty or "."/".." components, "//", names over 255 bytes) are skipped and
-counted. Import is not journaled by the store, so it causes no S3 traffic by itself.
+counted. An object the gateway still answers for (a record's key or kept object, the old name of
+a queued move or delete: `Store.owned_keys`) is skipped too: it is already a file, or about
+to be moved or deleted, and importing it again would leave the new file with no object.
+Imported files are not journaled (they came from S3); a parent directory import creates
+is (its `dir/` marker is put), so the bucket keeps every directory of the namespace.
 """
 from __future__ import annotations
 
@@ -57,6 +61,7 @@ def _ensure_dirs(store, path: str, mode: int, uid: int, gid: int) -> bool:
 async def import_prefix(store, client: ObjectClient, keys: KeyMap, gate: RequestGate) -> ImportReport:
     report = ImportReport()
     objects = await gate.call("ListObjectsV2", lambda: list(client.list_objects(keys.prefix)), what=keys.prefix)
+    owned = await asyncio.to_thread(store.owned_keys)     # after the listing: covers every listed key
     for obj in objects:
         path = keys.path_of_key(obj.key)
         if path is None:
@@ -64,6 +69,9 @@ async def import_prefix(store, client: ObjectClient, keys: KeyMap, gate: Request
             continue
         if is_manifest_key(path):
             continue                     # a checkpoint manifest (uploader.manifest), not a file
+        if path in owned:                # ours already, being moved or deleted: not a new file
+            report.skipped_existing += 1
+            continue
         head = await gate.call("HeadObject", lambda o=obj: client.head_object(o.key), what=obj.key)
         if head is None:                 # deleted since the listing
             continue

@@ -14,8 +14,10 @@ names, or "dir/" prefixes for directory renames (which move everything below).
   - an upload job sends the file under its CURRENT path (so a.tmp renamed to a before its
     upload starts is only ever sent as a), which is the present, not a point in history:
     it starts only when no namespace job at all (earlier or later) is pending on that path
+    or moves or deletes the file's object (MOVES_OBJECT of its inode, at any of its names),
     and no other upload of that path is running. Running uploads wait for nothing, so the
-    two rules cannot deadlock; a namespace job arriving during an upload waits for it.
+    two rules cannot deadlock; a namespace job arriving during an upload of its path or of
+    its file waits for it.
 Jobs on unrelated paths run in parallel.
 """
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 
 UPLOAD = "upload"
 NS = "ns"
+MOVES_OBJECT = ("rename", "unlink")     # namespace ops whose job moves or deletes their file's object
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,8 +52,8 @@ def ns_keys(job: dict) -> list[KeyRef]:
         if typ == "dir":
             return [KeyRef(old.rstrip("/") + "/", True), KeyRef(new.rstrip("/") + "/", True)]
         return [KeyRef(old), KeyRef(new)]
-    if op == "unlink":
-        return [KeyRef(old)]
+    if op == "unlink":           # new_path: where a hard-linked file's object moves (its next name)
+        return [KeyRef(old)] + ([KeyRef(new)] if new else [])
     if op in ("symlink", "mknod"):
         return [KeyRef(new)]
     if op == "mkdir":

@@ -180,22 +180,10 @@ def _join(base: str, name: str) -> str:
     return f"{base}/{name}" if base else name
 
 
-def _subtree(store, path: str, attr, pinned: dict[int, str], sink) -> None:
+def _subtree(store, path: str, attr, sink) -> None:
     """Feed every entry under directory `attr` (not itself) to sink(path, attr)."""
-    stack = [(path, attr.ino)]
-    while stack:
-        base, ino = stack.pop()
-        try:
-            entries = list(store.readdir(ino))
-        except StoreError as e:
-            if e.errno in (errno.ESTALE, errno.ENOENT, errno.ENOTDIR):
-                continue
-            raise
-        for ent in entries:
-            p = _join(base, ent.name.decode("utf-8", "surrogateescape"))
-            sink(p, ent.attr)
-            if ent.attr.type == FileType.DIR:
-                stack.append((p, ent.attr.ino))
+    for p, a in store.walk(attr.ino, path):
+        sink(p, a)
 
 
 def _tmp_entry(store, path: str, attr, pinned) -> TmpEntry:
@@ -208,7 +196,7 @@ def _tmp_entry(store, path: str, attr, pinned) -> TmpEntry:
             box["newest"] = max(box["newest"], a.mtime_ns)
             box["busy"] = box["busy"] or _is_open(store, a.ino)
             box["pinned"] = box["pinned"] or a.ino in pinned
-        _subtree(store, path, attr, pinned, sink)
+        _subtree(store, path, attr, sink)
         newest, busy, pinned_inside = box["newest"], box["busy"], box["pinned"]
     return TmpEntry(path, attr.ino, attr.type == FileType.DIR, newest, busy or pinned_inside)
 
@@ -243,7 +231,7 @@ def summarise(store, series: str, path: str, attr, step: int | None, pinned: dic
             cp.dirty_files += 1
         if _is_open(store, a.ino):
             cp.open_files += 1
-    _subtree(store, path, attr, pinned, sink)
+    _subtree(store, path, attr, sink)
     return cp
 
 

@@ -26,10 +26,10 @@ from cache.api import DataState, FileType, StoreError
 
 from .gate import RequestGate
 from .importer import import_prefix
-from .jobs import NS, UPLOAD, KeyRef, KeysAhead, ns_keys
+from .jobs import MOVES_OBJECT, NS, UPLOAD, KeyRef, KeysAhead, ns_keys
 from .manifest import Manifests
 from .keys import KeyMap
-from .objectclient import ObjectClient, ObjectClientError, PermanentError
+from .objectclient import ObjectClient, ObjectClientError, PermanentError, TransientError
 from .readthrough import ReadThrough
 from .settings import UploadSettings
 from .stats import Counters
@@ -207,6 +207,7 @@ class Uploader:
             if ino in self._upload_inos:
                 continue
             try:
+                await asyncio.to_thread(self.store.commit_settled, ino)   # bytes a client never COMMITted
                 attr = self.store.getattr(ino)
             except StoreError:
                 continue
@@ -232,10 +233,17 @@ class Uploader:
                 all_ns.add(ns_keys(job))
             elif job.get("kind") in self.job_handlers:     # e.g. a copy onto itself: no upload meanwhile
                 all_ns.add(self.job_handlers[job["kind"]][1](job))
+        # files whose object a pending rename/unlink job moves or deletes (at any of their
+        # names: a hard-linked file's object may sit at a name other than its upload's path).
+        # Their uploads wait, and such jobs wait for their file's running upload: an upload
+        # drops the file's older object by the record it read, which a move racing it changes
+        moving = {job["ino"] for _, job in jobs if job.get("kind") == NS and job.get("op") in MOVES_OBJECT}
         uploading = KeysAhead()           # paths of running uploads
+        uploading_inos: set[int] = set()
         for jid, job in self._running_jobs.items():
             if job.get("kind") == UPLOAD and job.get("_path"):
                 uploading.add([KeyRef(job["_path"])])
+                uploading_inos.add(job["ino"])
         ahead = KeysAhead()               # earlier namespace jobs in this pass
         max_jobs = self.settings.max_concurrency * 4
         for job_id, job in jobs:
@@ -244,6 +252,7 @@ class Uploader:
                 keys = ns_keys(job)
                 if job_id not in self._running:
                     blocked = (ahead.blocks(keys) or uploading.blocks(keys)
+                               or (job.get("op") in MOVES_OBJECT and job.get("ino") in uploading_inos)
                                or self._marker_settling(job_id, job, now))
                     if uploading.blocks(keys):
                         self._notify_running_upload(job_id, job)
@@ -258,7 +267,7 @@ class Uploader:
                     continue
                 path = self._upload_path(job["ino"])
                 keys = [KeyRef(path)] if path is not None else []
-                if all_ns.blocks(keys) or uploading.blocks(keys):
+                if all_ns.blocks(keys) or uploading.blocks(keys) or job["ino"] in moving:
                     continue
                 job["_path"] = path
                 uploading.add(keys)
@@ -327,6 +336,12 @@ class Uploader:
                       code=e.code, error=str(e), retry_in=self.permanent_retry_seconds)
             if kind == UPLOAD:
                 self._set_dirty(ino)
+        except TransientError as e:
+            # S3 unreachable past a bounded retry (an upload's read-through of an imported or
+            # evicted file's old bytes gives up as a client's read does): expected, retried
+            self.counters.last_error = f"{type(e).__name__}: {e}"
+            self._not_before[job_id] = time.monotonic() + self.settings.backoff_max
+            log.warning("job_transient_error", job_id=job_id, kind=kind, op=job.get("op"), ino=ino, error=str(e))
         except asyncio.CancelledError:
             raise
         except Exception as e:           # noqa: BLE001 - keep the job, say why loudly
@@ -453,13 +468,9 @@ class Uploader:
         if attr.type == FileType.REG:
             yield attr.ino, attr.data_state
             return
-        stack = [attr.ino]
-        while stack:
-            for ent in self.store.readdir(stack.pop()):
-                if ent.attr.type == FileType.DIR:
-                    stack.append(ent.attr.ino)
-                elif ent.attr.type == FileType.REG:
-                    yield ent.attr.ino, ent.attr.data_state
+        for _, a in self.store.walk(attr.ino):
+            if a.type == FileType.REG:
+                yield a.ino, a.data_state
 
     def file_state(self, ino: int) -> dict:
         """State of one file: dirty | queued | uploading (bytes_done) | clean (etag) | absent."""

@@ -209,7 +209,14 @@ class Worker:
         # its current name will be by its pending move's copy; one at another name (the file
         # moved on before its upload) is handed on or deleted
         now_path = self.store.path_of(ino)
-        for k, e in (self._remote(ino) or RemoteInfo()).replaces:
+        recorded = self._remote(ino) or RemoteInfo()     # now: a directory move may have re-keyed it
+        replaced = list(recorded.replaces)
+        if recorded.key and recorded.etag and recorded.key != path:
+            # the file's own older object under another of its names (a hard link became its
+            # first name, where uploads go): a file has one object. Dropped before the record
+            # forgets it, so a crash in between re-runs this upload and the drop.
+            replaced.append((recorded.key, recorded.etag))
+        for k, e in replaced:
             if k not in (path, now_path):
                 await self._drop_replaced(k, e, ino)
         info = RemoteInfo(key=path, etag=result.etag, checksum=result.checksum, uploaded_change=change,
@@ -565,19 +572,27 @@ class Worker:
             if info is None:
                 return "not-ours"
             etag, size = info.etag, info.size
-        src, dst = self.keys.file_key(old), self.keys.file_key(new)
+        copied = await self._copy_rekey(ino, old, new, etag, size, rekey=remote is not None)
+        if copied != "copied":
+            return copied
+        await self._delete_if(old, etag)
+        log.info("moved", ino=ino, src=old, dst=new, size=size)
+        return "moved"
+
+    async def _copy_rekey(self, ino: int, old: str, new: str, etag: str, size: int, rekey: bool) -> str:
+        """The first half of a move: copy exactly the object `etag` from `old` to `new`, then
+        (rekey) durably point the file's record at the copy. The caller removes the source
+        after, so a crash in between replays the copy or, once re-keyed, only the removal."""
         try:
-            res = await self._copy(src, dst, size, etag)
+            res = await self._copy(self.keys.file_key(old), self.keys.file_key(new), size, etag)
         except NotFoundError:
             return "source-missing"
         except PreconditionFailedError:
             return "source-replaced"
         self.counters.moves_done += 1
-        if remote is not None:
+        if rekey:
             await self._store(self.store.rekey_remote, ino, old, etag, new, res.etag, res.version_id)
-        await self._delete_if(old, etag)
-        log.info("moved", ino=ino, src=src, dst=dst, size=size)
-        return "moved"
+        return "copied"
 
     async def _move_dir(self, job: dict) -> str:
         """Move every object under the old prefix, each one copy -> re-key -> delete. The
@@ -601,6 +616,10 @@ class Worker:
             nonlocal moved
             rel = obj.key[len(self.keys.prefix):]
             dst_rel = new_rel + rel[len(old_rel):]
+            if rel.endswith("/") and has_tmp_component(dst_rel.rstrip("/")):
+                # a marker never goes under a temporary name (as _put_dir_marker): only the old goes
+                await self._delete_if(rel, obj.etag)
+                return
             dst = self.keys.file_key(dst_rel)
             there = await self.gate.call("HeadObject", lambda: self.client.head_object(dst), what=dst)
             if there is not None and there.etag == obj.etag:
@@ -618,10 +637,17 @@ class Worker:
             moved += 1
 
         await asyncio.gather(*(move_one(o) for o in objects))
-        if not any(o.key == old_prefix for o in objects) and not has_tmp_component(new):
-            # no marker to move (its mkdir ran under a temporary name): put it now
-            if job.get("ino") is not None and await self._put_dir_marker(job) == "marker-put":
-                moved += 1
+        if not has_tmp_component(new) and job.get("ino") is not None:
+            # markers that never went under a temporary name are put now: this directory's if
+            # it has none to move, and, leaving a temporary name (`mv step.tmp step`), those of
+            # the directories now under it (S3 never got them)
+            dirs = [job["ino"]] if not any(o.key == old_prefix for o in objects) else []
+            if has_tmp_component(old):
+                dirs += [a.ino for _, a in await self._store(lambda: list(self.store.walk(job["ino"])))
+                         if a.type == FileType.DIR]
+            for ino in dirs:
+                if await self._put_dir_marker({"ino": ino}) == "marker-put":
+                    moved += 1
         log.info("moved_dir", src=old_prefix, dst=self.keys.dir_prefix(new), objects=moved)
         return "moved-dir"
 
@@ -636,22 +662,47 @@ class Worker:
         if last_link:
             for k, e in job.get("replaces", []):
                 await self._drop_replaced(k, e, ino)
-        if remote is not None and remote.etag and remote.key:
-            cur = (remote.key, remote.etag)
-        else:
-            cur = tuple(job["object"]) if job.get("object") else None
+        recorded = tuple(job["object"]) if job.get("object") else None
+        cur = (remote.key, remote.etag) if remote is not None and remote.etag and remote.key else recorded
         if cur is not None and cur[0] == old:
             etag = cur[1]
+        elif recorded is not None and recorded[0] == old:
+            # the object the journal recorded at the removed name, moved on since (a replay
+            # after the move to the next name re-keyed the record): only it is left to remove;
+            # by its ETag, since an imported object carries no identity of ours
+            etag = recorded[1]
         elif cur is None and job.get("type") not in NODE_JOB_TYPES and remote is not None:
             return "never-uploaded"
         else:
+            if last_link and cur is not None and cur[0] != old:
+                # removed before its move ran (a move finds an imported object, which carries
+                # no identity of ours, only through the record that is gone now): the object
+                # is still at the name the journal recorded; conditional, so a done move is a no-op
+                await self._drop_replaced(cur[0], cur[1], ino)
             info = await self._is_ours(old, ino)
+            if info is None and recorded is not None:
+                # the journal's object, brought here by a directory move that ran after the
+                # unlink (a server-side copy keeps the ETag; an imported object has no identity
+                # of ours). Nothing else lands at `old` before this job: uploads, imports and
+                # moves to it wait for it
+                info = await self._is_ours(old, ino, etag=recorded[1])
             if info is None:
                 return "not-ours"
             etag = info.etag
+        if remote is not None and remote.key == old and not last_link and job.get("new_path"):
+            # another name still links the file, and its object was at the name removed: move
+            # it to the file's next name (copy, re-key, then the old one goes), never delete
+            # first - the file may be evicted, and that object is then the only copy of its bytes
+            moved = await self._copy_rekey(ino, old, job["new_path"], etag, remote.size, rekey=True)
+            if moved == "copied":
+                outcome = await self._drop_replaced(old, etag, ino)
+                log.info("unlinked_object_moved", ino=ino, path=old, to=job["new_path"], etag=etag,
+                         outcome=outcome)
+                return "moved-to-link"
         outcome = await self._drop_replaced(old, etag, ino)
         if remote is not None and remote.key == old and not last_link:
-            # another name still links the file: upload it again under that name
+            # another name still links the file and there was no object to move (or the job
+            # predates new_path): upload it again under that name
             remote.key, remote.etag = None, None
             try:
                 await self._store(self.store.set_remote_info, ino, remote)

@@ -36,8 +36,9 @@ def upload(s, ino):
 
 def test_ready_for_upload_rules(store):
     f = mkfile(store, b"f", b"x" * 10)
-    assert store.ready_for_upload(FAR, 0) == []          # uncommitted
-    store.commit(f)
+    assert store.ready_for_upload(FAR, 0) == [f]         # uncommitted: the uploader commits it
+    store.commit_settled(f)
+    assert store.getattr(f).size == 10
     assert store.ready_for_upload(FAR, 0) == [f]
     now = store.clock_ns()
     assert store.ready_for_upload(now, 10**12) == []     # not quiet long enough
@@ -131,7 +132,8 @@ def test_import_object(store):
     store.fill(a.ino, 0, b"z" * 100)
     assert store.getattr(a.ino).data_state == DataState.CLEAN
     assert store.read(a.ino, 0, 200) == (b"z" * 100, True)
-    assert store.queue_list() == []                     # imports are not journaled
+    # the imported file is not journaled; the parents import made are (their markers)
+    assert [(j["op"], j["new_path"]) for _, j in store.queue_list()] == [("mkdir", "a"), ("mkdir", "a/b")]
     with pytest.raises(StoreError):
         store.import_object("a/../x", 1, 0o644, 0, 0, 0, r)
 
@@ -212,3 +214,40 @@ def test_read_racing_an_eviction_never_returns_zeros(store, monkeypatch):
     with pytest.raises(StoreError) as e:
         store.read(f, 0, 100)
     assert e.value.errno == errno.EAGAIN and e.value.missing == [(0, 100)]
+
+
+def test_uncommitted_bytes_of_a_settled_file_are_committed_before_upload(store, tmp_path):
+    """A client that died before COMMIT: the uploader takes the closed, settled file's
+    current bytes and commits them first, so a restart never cuts bytes S3 already holds."""
+    f = mkfile(store, b"f", b"x" * 10)
+    store.commit(f)
+    store.write(f, 10, b"y" * 5)                          # never COMMITted
+    store.commit_settled(f)
+    path = store.path
+    crash(store)
+    s = Store.open(path)
+    try:
+        assert s.read(f, 0, 100) == (b"x" * 10 + b"y" * 5, True)
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("grow", [0, 7, -3])
+def test_setattr_size_is_durable_over_uncommitted_writes(store, grow):
+    """SETATTR(size) is durable when it returns, also when the size does not change (a
+    same-size truncate over an unstable write): a kill -9 after it keeps every byte below
+    the size (before: recovery cut the file to its last COMMIT)."""
+    f = mkfile(store, b"f", b"x" * 10)
+    store.commit(f)
+    store.write(f, 10, b"y" * 5)                          # unstable, never COMMITted
+    size = 15 + grow
+    store.setattr(f, SetAttr(size=size))
+    want = (b"x" * 10 + b"y" * 5 + bytes(max(grow, 0)))[:size]
+    path = store.path
+    crash(store)
+    s = Store.open(path)
+    try:
+        assert s.getattr(f).size == size
+        assert s.read(f, 0, 100) == (want, True)
+    finally:
+        s.close()

@@ -175,6 +175,7 @@ class Sim:
         self.root = MDir(ROOT_INO)
         self.contents: dict[bytes, set] = {}     # sha256 of a whole file content -> {(ino, data_seq)}
         self.held: set[str] = set()              # paths S3 must keep an object at (see check)
+        self.unimported: set[str] = set()        # external objects an import failed to bring in
         self.flush_windows: list[tuple[int, int]] = []   # version seqs stored during drains
         self.pending: list[Pending] = []
         self.granted_ok = 0
@@ -410,7 +411,7 @@ class Sim:
             del f.data[size:]
         else:
             f.data.extend(bytes(size - len(f.data)))
-        f.committed = size
+        f.committed = size               # SETATTR(size) is durable whatever the size (README)
         self._register(f)
 
     def set_mtime(self, path: str, mtime_ns: int) -> None:
@@ -526,7 +527,7 @@ class Sim:
             self.up.gate = self.up.readthrough.gate        # the operator's command: no grants
             self.run(self.up.import_bucket())
         except ObjectClientError:
-            pass                           # S3 unreachable: the operator runs import again
+            self.unimported.add(key)       # S3 unreachable: never the gateway's until imported
         finally:
             self.up.gate = self.up.worker.gate
             self.settle()
@@ -544,6 +545,7 @@ class Sim:
         for p, attr in walk(ROOT_INO, ""):
             if p in before:
                 continue
+            self.unimported.discard(p)
             parent, name = self._parent(p)
             if attr.type == FileType.DIR:
                 parent.entries[name] = MDir(attr.ino)
@@ -570,6 +572,9 @@ class Sim:
             self.up._flush_prefixes = held
         queued = [j["ino"] for _, j in self.store.queue_list(1 << 30)
                   if j.get("kind") == UPLOAD and j["ino"] not in before]
+        for f in self.files():               # the uploader committed what it queued
+            if f.ino in queued:
+                f.committed = len(f.data)
         if not flush and queued and self.check_settle:
             raise Violation(f"files {queued} ({[self.store.path_of(i) for i in queued]}) were queued for "
                             f"upload inside their settle window ({SETTLE_SECONDS:.0f} s on the gateway's clock)")
@@ -636,7 +641,10 @@ class Sim:
             self.enqueue(flush=True)
             self.dispatch()
             self.grant_all()
-            if not self.store.queue_list(1) and not self.tasks and not self.pending:
+            # done when nothing is queued, running or left to queue (an upload that found its
+            # file changed leaves it DIRTY for the next pass, as `flush --wait` waits for it)
+            if (not self.store.queue_list(1) and not self.tasks and not self.pending
+                    and not self.store.ready_for_upload(None, 0, 1)):
                 return
         left = [(jid, j) for jid, j in self.store.queue_list(20)]
         states = {f.ino: self.store.getattr(f.ino).data_state.name for f in self.files()}
@@ -706,10 +714,13 @@ class Sim:
                     self.held.add(p)
         if self.check_held:
             for p in sorted(self.held):
-                if not isinstance(self.node(p), MFile):
+                n = self.node(p)
+                if not isinstance(n, MFile):
                     continue
-                v = self.fake.current(p)
-                if v is None or not v.origin:
+                # hard links share one object, under one of the file's names, or where the gateway
+                # finds it while a queued job moves it to one (the unlink of the name it was at)
+                names = self._findable_keys(n)
+                if not any((v := self.fake.current(q)) is not None and v.origin for q in names):
                     raise Violation(f"S3 holds no good object at {p!r}, which held one and still names a file")
         # 5. dir markers of temporary directories never reach S3 (but for a flush of them)
         if self.check_temp_dirs:
@@ -733,7 +744,9 @@ class Sim:
         return stat.S_ISREG(mode)
 
     def check_drained(self) -> None:
-        """After drain(): the bucket equals the namespace. Keys: every file under the name the
+        """After drain(): the bucket equals the namespace, each file with the bytes it holds now,
+        committed by a client or not (the uploader commits a closed, settled file's current
+        bytes before it uploads them: README "What is durable when"). Keys: every file under the name the
         store calls its path (hard links share one object), every symlink, a marker per
         directory; no other key. Temporary names may be absent (they may also be there while
         they still exist: a flush uploads what is there)."""
@@ -761,7 +774,9 @@ class Sim:
             if have[k] != data:
                 raise Violation(f"after a drain the object {k!r} holds {len(have[k])} bytes other than the "
                                 f"file's {len(data)}")
-        extra = sorted(set(have) - set(want))
+        # an external object no import brought in is not the gateway's to mirror or delete
+        extra = sorted(k for k in set(have) - set(want)
+                       if not (k in self.unimported and self.fake.current(k).op == "external"))
         if extra:
             raise Violation(f"after a drain S3 holds keys the namespace does not have: {extra}")
         for p, n in self.walk():

@@ -143,6 +143,34 @@ def test_rename_over_then_unlink_before_upload_deletes_the_kept_object(moto, pro
     assert objects(up.client, "gw/") == {}
 
 
+def test_first_name_removed_then_link_evicted_moves_the_object_to_the_link(moto, proxy, bucket, store):
+    """A clean file's name holding its object is removed while a hard link keeps the file,
+    and the file is evicted before the job runs: that object is the only copy of its bytes,
+    so it moves (copy, re-key, delete) to the link, never deleted first and uploaded again."""
+    data = payload(3000, 7)
+
+    async def main():
+        up = make_uploader(store, proxy.endpoint, bucket)
+        await up.start()
+        try:
+            ino = write_file(store, "a", data)
+            assert await up.flush(timeout=60)
+            store.link(ino, ROOT_INO, b"latest.pt")
+            remove(store, "a")
+            store.evict(ino)
+            assert await up.flush(timeout=20)
+            return up, up.file_state(ino)
+        finally:
+            await up.stop()
+
+    up, fstate = asyncio.run(main())
+    assert objects(up.client, "gw/") == {"gw/latest.pt": len(data)}
+    assert object_sha(up.client, "gw/latest.pt") == sha(data)
+    assert fstate["key"] == "latest.pt" and fstate["etag"] == up.client.head_object("gw/latest.pt").etag
+    # moved by a server-side copy (a PUT without a body), not uploaded again
+    assert [r.body_bytes for r in proxy.requests("PUT") if r.path.endswith("/gw/latest.pt")] == [0]
+
+
 def test_imported_object_deleted_through_the_gateway_is_deleted_in_s3(moto, proxy, bucket, store):
     """An object brought in by import is owned like an uploaded one: unlinking the file
     deletes it, and the next import does not bring it back."""
@@ -164,10 +192,47 @@ def test_imported_object_deleted_through_the_gateway_is_deleted_in_s3(moto, prox
             await up.stop()
 
     up, again = asyncio.run(main())
-    assert objects(up.client, "gw/") == {"gw/imp/b.bin": 1000}
+    assert objects(up.client, "gw/") == {"gw/imp/": 0, "gw/imp/b.bin": 1000}
     assert again.imported == 0
     with pytest.raises(StoreError):
         store.lookup(mkdirs(store, "imp"), b"a.bin")
+
+
+def test_imported_file_renamed_over_then_imported_again_keeps_its_object(moto, proxy, bucket, store):
+    """An imported file renamed over an uploaded local one while the move waits (a backlog),
+    then a second import: the object under the old name is the gateway's (it is being
+    moved), so import must not bring it in again as a new file, whose object the move would
+    delete (found by the integrity model; before: that file was CLEAN with no object)."""
+    foreign = make_uploader(store, moto.endpoint, bucket).client
+    new = payload(700, 3)
+    foreign.put_object("gw/z.pt", new, metadata={}, checksum=_crc(foreign, new))
+
+    async def main():
+        up = make_uploader(store, proxy.endpoint, bucket)
+        await up.start()
+        try:
+            write_file(store, "latest.pt", b"old" * 100)
+            assert await up.flush(timeout=60)
+        finally:
+            await up.stop()
+        idle = make_uploader(store, proxy.endpoint, bucket)     # not started: jobs wait
+        first = await idle.import_bucket()
+        rename(store, "z.pt", "latest.pt")
+        again = await idle.import_bucket()
+        up = make_uploader(store, proxy.endpoint, bucket)
+        await up.start()
+        try:
+            assert await up.flush(timeout=60)
+        finally:
+            await up.stop()
+        return up, first, again
+
+    up, first, again = asyncio.run(main())
+    assert first.imported == 1 and again.imported == 0
+    with pytest.raises(StoreError):
+        store.lookup(ROOT_INO, b"z.pt")
+    assert objects(up.client, "gw/") == {"gw/latest.pt": len(new)}
+    assert object_sha(up.client, "gw/latest.pt") == sha(new)
 
 
 def _crc(client, data: bytes) -> str:

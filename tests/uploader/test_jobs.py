@@ -17,6 +17,8 @@ def test_ns_keys_of_each_op():
     assert ns_keys({"op": "rename", "type": "dir", "old_path": "d1", "new_path": "d2"}) == [
         KeyRef("d1/", True), KeyRef("d2/", True)]
     assert ns_keys({"op": "unlink", "old_path": "f"}) == [KeyRef("f")]
+    # a hard-linked file's unlink moves its object to its next name: uploads there wait
+    assert ns_keys({"op": "unlink", "old_path": "f", "new_path": "g"}) == [KeyRef("f"), KeyRef("g")]
     assert ns_keys({"op": "mkdir", "new_path": "d"}) == [KeyRef("d/")]
     assert ns_keys({"op": "rmdir", "old_path": "d"}) == [KeyRef("d/")]
     assert ns_keys({"op": "link", "old_path": "a", "new_path": "b"}) == []
