@@ -262,6 +262,18 @@ class EngineSession:
         return decode(n.COMPOUND4res, parse_reply(bytes(reply)[4:]).body)
 
     def open(self) -> None:
+        """A new client and session; the one before is abandoned, as a crashed client's."""
+        try:
+            self._open()
+        except AttributeError:
+            # No reply cache or client slot left: the abandoned clients (the fuzzer's own
+            # and the ones generated EXCHANGE_IDs made) hold them until their leases run
+            # out, which takes minutes a fuzzing run does not wait. Let the leases run out.
+            sessions = self.engine.server.sessions
+            sessions.expire_idle(now=time.monotonic() + 2 * sessions.lease_time + sessions.expiry_grace)
+            self._open()
+
+    def _open(self) -> None:
         self.clients += 1
         owner = n.client_owner4(co_verifier=b"fuzzverf", co_ownerid=b"fuzz-%d" % self.clients)
         res = self._compound([n.nfs_argop4(n.OP_EXCHANGE_ID, n.EXCHANGE_ID4args(
