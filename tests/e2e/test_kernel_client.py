@@ -114,17 +114,21 @@ def v42_run(nfs_server):
 
 
 @pytest.mark.parametrize("scenario", ["mount-vers", "punch-hole", "seek-data-hole", "reflink", "copy",
-                                      "special-files", "two-process-locks"])
+                                      "copy-async", "special-files", "two-process-locks"])
 def test_v42_sparse_and_copy(v42_run, scenario):
     """fallocate --punch-hole, lseek SEEK_DATA/SEEK_HOLE, cp --reflink=always, copy_file_range;
     mkfifo/mknod/a unix socket, flock and fcntl locks from two processes (all over vers=4.2).
     punch-hole and SEEK have no client-side fallback (a server without them fails the check);
-    copy_file_range does, so the server's log must show the COPY (and the CLONE) it served."""
+    copy_file_range does, so the server's log must show the COPY (and the CLONE) it served, and for
+    80 MiB an asynchronous one whose CB_OFFLOAD the client received."""
     v42_run.assert_scenario(scenario)
-    if scenario in ("reflink", "copy") and os.environ.get("CKPTGW_E2E_SERVER", "ckptgw") == "ckptgw":
+    if scenario in ("reflink", "copy", "copy-async") and os.environ.get("CKPTGW_E2E_SERVER", "ckptgw") == "ckptgw":
         op = "CLONE" if scenario == "reflink" else "COPY"
         log = v42_run.server.log_path.read_text(errors="replace")
         assert re.search(rf"server_side_copy .*op={op}\b", log), f"no {op} in the server log"
+        if scenario == "copy-async":       # the kernel asked asynchronous and waited for CB_OFFLOAD
+            assert re.search(r"server_side_copy .*asynchronous=True", log), "no asynchronous COPY"
+            assert "async_copy_done" in log and "cb_offload_failed" not in log, "CB_OFFLOAD not delivered"
 
 
 @pytest.mark.timeout(900)

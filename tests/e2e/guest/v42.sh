@@ -1,7 +1,8 @@
 #!/bin/sh
 # NFSv4.2 sparse-file and server-side-copy ops through the kernel client (one VM boot, vers=4.2):
 # fallocate --punch-hole (DEALLOCATE), lseek SEEK_DATA/SEEK_HOLE (SEEK), cp --reflink=always
-# (CLONE), copy_file_range (COPY). Each result is compared with the same operation on a local file.
+# (CLONE), copy_file_range (COPY, synchronous and, for 80 MiB, asynchronous with CB_OFFLOAD). Each
+# result is compared with the same operation on a local file.
 # Also over 4.2: mkfifo, mknod and a bound unix socket (CREATE of every special type, as root), and
 # flock and fcntl locks from two processes.
 . "$(dirname "$0")/lib.sh"
@@ -49,8 +50,10 @@ reflink() {
 	cmp /tmp/r "$W/r.clone"
 }
 
+# copy_range SIZE: copy_file_range of a SIZE-byte file (a small one is a synchronous COPY; one of
+# 64 MiB or more an asynchronous COPY the client waits on until the server's CB_OFFLOAD)
 copy_range() {
-	head -c 2000000 /dev/urandom > /tmp/c
+	head -c "$1" /dev/urandom > /tmp/c
 	cp /tmp/c "$W/c"
 	sync
 	python3 - "$W/c" "$W/c.copy" <<'PY'
@@ -66,6 +69,7 @@ os.fsync(dst)
 PY
 	kc_drop_caches
 	cmp /tmp/c "$W/c.copy"
+	rm "$W/c" "$W/c.copy" /tmp/c
 }
 
 special_files() {
@@ -123,7 +127,8 @@ check mount-vers mount_vers
 check punch-hole punch_hole
 check seek-data-hole seek_data_hole
 check reflink reflink
-check copy copy_range
+check copy copy_range 2000000
+check copy-async copy_range 83886080
 check special-files special_files
 check two-process-locks two_process_locks
 finish
