@@ -20,6 +20,7 @@ import structlog
 
 from nfsd.compound import GarbageArgs, minorversion_of, run_compound
 from nfsd.drc import IN_PROGRESS, ReplyCache, request_key
+from nfsd.errors import NfsError
 from nfsd.grace import Grace
 from nfsd.limits import Limits, RateLimitedLog
 from nfsd.rpc import (
@@ -29,6 +30,7 @@ from nfsd.rpc import (
 from nfsd.offload import OffloadTable
 from nfsd.state import DEFAULT_LEASE_TIME, SessionManager
 from nfsd.transport import NfsConnection
+from nfsd.xdr.nfs4 import NFS4ERR_DELAY
 from nfsd.xdr.rpc import AUTH_TOOWEAK
 
 log = structlog.get_logger(__name__)
@@ -97,6 +99,7 @@ class NfsServer:
         self.log = log
         self.connections: set[NfsConnection] = set()
         self._executor = ThreadPoolExecutor(blocking_threads, thread_name_prefix="nfsd-blocking")
+        self._pool_closed = False
         self._listener: asyncio.base_events.Server | None = None
         self.address: tuple | None = None
 
@@ -141,6 +144,7 @@ class NfsServer:
         await self.sessions.stop_reaper()
         await self.offloads.stop()          # before the pool: a copy's chunk may be in it
         await self.grace.stop()
+        self._pool_closed = True            # a call still running past the drain gets DELAY
         await asyncio.get_running_loop().run_in_executor(
             None, functools.partial(self._executor.shutdown, wait=True))
         log.info("nfsd_stopped")
@@ -149,6 +153,11 @@ class NfsServer:
     def run_blocking(self, fn, *args):
         """Run a blocking call (fsync, LMDB sync) on the server's own thread pool;
         returns an awaitable. Keeps the event loop free while disks are slow."""
+        if self._pool_closed:
+            # stopping: a call that outlived the drain is not run; its connection is closed,
+            # so the client sends it again to the next server (was SERVERFAULT, seen in the
+            # kill -9 long run's clean stop)
+            raise NfsError(NFS4ERR_DELAY, "server stopping")
         loop = asyncio.get_running_loop()
         return loop.run_in_executor(self._executor, functools.partial(fn, *args))
 

@@ -159,3 +159,21 @@ def test_destroy_clientid_is_busy_while_the_client_holds_opens(nfs_server, nfs_c
         res = await c.compound_raw([nfs_argop4(OP_DESTROY_CLIENTID, DESTROY_CLIENTID4args(clientid))])
         assert res.status == NFS4ERR_CLIENTID_BUSY
     nfs_client(body)
+
+
+def test_a_call_that_outlives_the_drain_gets_delay_not_serverfault(nfs_server):
+    """Seen in the kill -9 long run's clean stop: a WRITE still running when stop() shut the
+    blocking pool down scheduled its commit there, got RuntimeError('cannot schedule new
+    futures after shutdown') and was logged as op_failed (SERVERFAULT). It gets DELAY: its
+    connection is closed anyway, and the client sends it again to the next server."""
+    from nfsd.errors import NfsError
+    from nfsd.xdr.nfs4 import NFS4ERR_DELAY
+    server = nfs_server.server
+    nfs_server.run(server.stop())
+
+    async def late_call():
+        return await server.run_blocking(os.getpid)
+    with pytest.raises(NfsError) as e:
+        asyncio.run(late_call())
+    assert e.value.status == NFS4ERR_DELAY
+    nfs_server.server = None               # already stopped
