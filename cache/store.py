@@ -692,16 +692,21 @@ class Store:
                         self._deferred.discard(ino)
                         self._reclaim_if_unlinked(ino)
 
+    def _shrink_to_recorded(self, ino: int) -> None:
+        """Cut the extent file back to the size the index records (after a failed pwrite or
+        copy that may have grown it), under the write lock so no other change interleaves."""
+        with self.ix.write() as w:
+            cur = w.inode(ino)
+            if cur is not None:
+                self.data.shrink_to(ino, cur.size)
+
     def _write_applied(self, ino: int, offset: int, data) -> Attr:
         n = len(data)
         try:
             self.data.pwrite(ino, offset, data)
             self._hook("write.pwritten", ino)
         except StoreError:
-            with self.ix.write() as w:     # a partial write may have grown the file
-                cur = w.inode(ino)
-                if cur is not None:
-                    self.data.shrink_to(ino, cur.size)
+            self._shrink_to_recorded(ino)   # a partial write may have grown the file
             raise
         with self.ix.write() as w:
             cur = w.inode(ino)
@@ -847,10 +852,7 @@ class Store:
             try:
                 reflinked = self.data.copy_range(src, dst, src_off, dst_off, count)
             except StoreError:
-                with self.ix.write() as w:     # a partial copy may have grown the file
-                    cur = w.inode(dst)
-                    if cur is not None:
-                        self.data.shrink_to(dst, cur.size)
+                self._shrink_to_recorded(dst)  # a partial copy may have grown the file
                 raise
             self._hook("copy.copied", dst)
             with self.ix.write() as w:

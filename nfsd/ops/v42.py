@@ -97,27 +97,25 @@ async def op_seek(ctx, args) -> SEEK4res:
 
 
 # ---- 15.1 ALLOCATE, 15.4 DEALLOCATE ---------------------------------------------------
-async def op_allocate(ctx, args) -> ALLOCATE4res:
+async def _change_range(ctx, stateid, offset: int, length: int, change) -> None:
+    """ALLOCATE / DEALLOCATE: the checks of a write, then `change` (a Store method) of the
+    range, committed before the reply."""
     obj = current(ctx)
     _regular_file(obj)
-    _io_checks(ctx, obj, args.aa_stateid, write=True)
-    _check_range(args.aa_offset, args.aa_length)
-    store = ctx.server.store
+    _io_checks(ctx, obj, stateid, write=True)
+    _check_range(offset, length)
     with store_errors():
-        await blocking(ctx, store.allocate, obj.ino, args.aa_offset, args.aa_length)
-        await blocking(ctx, store.commit, obj.ino)
+        await blocking(ctx, change, obj.ino, offset, length)
+        await blocking(ctx, ctx.server.store.commit, obj.ino)
+
+
+async def op_allocate(ctx, args) -> ALLOCATE4res:
+    await _change_range(ctx, args.aa_stateid, args.aa_offset, args.aa_length, ctx.server.store.allocate)
     return ALLOCATE4res(NFS4_OK)
 
 
 async def op_deallocate(ctx, args) -> DEALLOCATE4res:
-    obj = current(ctx)
-    _regular_file(obj)
-    _io_checks(ctx, obj, args.da_stateid, write=True)
-    _check_range(args.da_offset, args.da_length)
-    store = ctx.server.store
-    with store_errors():
-        await blocking(ctx, store.deallocate, obj.ino, args.da_offset, args.da_length)
-        await blocking(ctx, store.commit, obj.ino)
+    await _change_range(ctx, args.da_stateid, args.da_offset, args.da_length, ctx.server.store.deallocate)
     return DEALLOCATE4res(NFS4_OK)
 
 
