@@ -31,6 +31,7 @@ import time
 import structlog
 
 from nfsd.errors import NfsError
+from nfsd.state import cancel_and_wait
 from nfsd.xdr.nfs4 import NFS4ERR_GRACE, NFS4ERR_NO_GRACE, NFS4ERR_RECLAIM_BAD
 
 log = structlog.get_logger(__name__)
@@ -94,12 +95,7 @@ class Grace:
             self._end_timer.cancel()
             self._end_timer = None
         task, self._ending = self._ending, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(task)
 
     def _time_up(self) -> None:
         now = time.monotonic()

@@ -33,6 +33,18 @@ def next_seqid(seqid: int) -> int:
     return (seqid + 1) % SEQID_MOD
 
 
+async def cancel_and_wait(task: asyncio.Task | None) -> None:
+    """Cancel a background task (the lease reaper, the end of a grace period) and wait
+    until it has ended."""
+    if task is None:
+        return
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+
+
 @dataclass(slots=True)
 class ChannelAttrs:
     """channel_attrs4 as negotiated (RFC 8881 section 18.36)."""
@@ -268,12 +280,7 @@ class SessionManager:
 
     async def stop_reaper(self) -> None:
         task, self._reaper = self._reaper, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(task)
 
     async def _reap_forever(self) -> None:
         interval = max(0.05, min(self.lease_time / 4, 10.0))
