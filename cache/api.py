@@ -145,3 +145,7 @@ class RemoteInfo:
     # file's object replaces them (or deleted once nothing will), so S3 never lacks both
     replaces: list = field(default_factory=list)
     copied_from: CopySource | None = None    # the file is a whole copy of another (COPY/CLONE)
+    # an imported file: the last change-journal job id when it was imported. A directory move
+    # queued up to it predates the file, so it never takes this object along (the file was
+    # never in the moved subtree: `mv imp a; import imp/y` leaves imp/y where it is)
+    imported_after_job: int = 0

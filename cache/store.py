@@ -1195,6 +1195,7 @@ class Store:
             rec.state = DataState.ABSENT if size else DataState.CLEAN
             extents.set_range(w.txn, self.ix.extents, rec.ino, 0, size, DataState.ABSENT)
             w.put_inode(rec, old)
+            remote.imported_after_job = w.counter(b"next_job")
             w.put_remote(rec.ino, remote)
         return rec.attr()
 

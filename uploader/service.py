@@ -325,7 +325,7 @@ class Uploader:
             elif kind in self.job_handlers:
                 outcome = await self.job_handlers[kind][0](job)
             else:
-                outcome = await self.worker.namespace(job)
+                outcome = await self.worker.namespace(job, job_id)
         except Restart as e:
             log.info("job_restart", job_id=job_id, ino=ino, reason=str(e))
         except PermanentError as e:

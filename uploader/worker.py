@@ -445,11 +445,11 @@ class Worker:
                 pass
 
     # ---- namespace mirroring -------------------------------------------------------
-    async def namespace(self, job: dict) -> str:
+    async def namespace(self, job: dict, job_id: int) -> str:
         op = job.get("op")
         if op == "rename":
             if job.get("type") == "dir":
-                return await self._move_dir(job)
+                return await self._move_dir(job, job_id)
             return await self._move_file(job)
         if op == "unlink":
             return await self._delete_file(job)
@@ -594,20 +594,25 @@ class Worker:
             await self._store(self.store.rekey_remote, ino, old, etag, new, res.etag, res.version_id)
         return "copied"
 
-    async def _move_dir(self, job: dict) -> str:
+    async def _move_dir(self, job: dict, job_id: int) -> str:
         """Move every object under the old prefix, each one copy -> re-key -> delete. The
         records to re-key are found by their S3 key (store.remote_records_under), not by
         walking today's tree: after `mv d e; mkdir d; mv e/f d/f` the file is back under d
-        while its object and record are still at d/f and must go to e/f first."""
+        while its object and record are still at d/f and must go to e/f first. Only the
+        object of a file imported after this job was queued stays (`imported_after_job`):
+        that file was never in the moved subtree."""
         old, new = job["old_path"].rstrip("/"), job["new_path"].rstrip("/")
         old_rel, new_rel = old + "/", new + "/"
         old_prefix = self.keys.dir_prefix(old)
         objects = await self.gate.call("ListObjectsV2", lambda: list(self.client.list_objects(old_prefix)),
                                        what=old_prefix)
         owners: dict[tuple[str, str], int] = {}
+        newer: set[tuple[str, str]] = set()      # objects of files imported since the rename
         for ino, r in await self._store(self.store.remote_records_under, old_rel):
             if r.key and r.etag:
                 owners[(r.key, r.etag)] = ino
+                if job_id <= r.imported_after_job:
+                    newer.add((r.key, r.etag))
             for k, e in r.replaces:
                 owners[(k, e)] = ino
         moved = 0
@@ -615,6 +620,8 @@ class Worker:
         async def move_one(obj) -> None:
             nonlocal moved
             rel = obj.key[len(self.keys.prefix):]
+            if (rel, obj.etag) in newer:
+                return
             dst_rel = new_rel + rel[len(old_rel):]
             if rel.endswith("/") and has_tmp_component(dst_rel.rstrip("/")):
                 # a marker never goes under a temporary name (as _put_dir_marker): only the old goes

@@ -345,12 +345,10 @@ def test_imported_file_removed_after_its_directory_moved_leaves_no_object(sim):
     sim.check_drained()
 
 
-@pytest.mark.xfail(strict=True, reason="a directory move moves every object under the old prefix, "
-                   "also one an import brought in (as a new file in a new directory of the old name) "
-                   "after the rename: the new file is left with no object. Not fixed yet (issue 13)")
 def test_import_into_the_old_name_of_a_moved_directory_keeps_its_object(sim):
     """Found by the long model run: imp/ renamed to a/ while its move is queued, then an
-    import brings a new imp/y.pt in: the queued move takes its object to a/y.pt."""
+    import brings a new imp/y.pt in: the queued move took its object to a/y.pt, leaving the
+    new file with none. A move now leaves the object of a file imported after it was queued."""
     sim.import_external("imp/x", sim.payload(0))
     sim.rename("imp", "a")
     sim.import_external("imp/y.pt", sim.payload(0))

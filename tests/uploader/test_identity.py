@@ -235,6 +235,37 @@ def test_imported_file_renamed_over_then_imported_again_keeps_its_object(moto, p
     assert object_sha(up.client, "gw/latest.pt") == sha(new)
 
 
+
+def test_import_into_the_old_name_of_a_moved_directory_keeps_its_object(moto, proxy, bucket, store):
+    """`mv imp a` while its move waits (a backlog), then an import brings a new imp/y.pt in:
+    the queued move takes imp/x.pt to a/x.pt and leaves imp/y.pt, the object of a file that
+    was never in the moved directory (found by the integrity model; before: the move took
+    it to a/y.pt and imp/y.pt was CLEAN with no object)."""
+    foreign = make_uploader(store, moto.endpoint, bucket).client
+    x, y = payload(600, 4), payload(900, 5)
+    foreign.put_object("gw/imp/x.pt", x, metadata={}, checksum=_crc(foreign, x))
+
+    async def main():
+        idle = make_uploader(store, proxy.endpoint, bucket)     # not started: jobs wait
+        first = await idle.import_bucket()
+        rename(store, "imp", "a")
+        foreign.put_object("gw/imp/y.pt", y, metadata={}, checksum=_crc(foreign, y))
+        again = await idle.import_bucket()
+        up = make_uploader(store, proxy.endpoint, bucket)
+        await up.start()
+        try:
+            assert await up.flush(timeout=60)
+        finally:
+            await up.stop()
+        return up, first, again
+
+    up, first, again = asyncio.run(main())
+    assert first.imported == 1 and again.imported == 1
+    assert objects(up.client, "gw/") == {"gw/a/": 0, "gw/a/x.pt": len(x), "gw/imp/": 0, "gw/imp/y.pt": len(y)}
+    assert object_sha(up.client, "gw/a/x.pt") == sha(x) and object_sha(up.client, "gw/imp/y.pt") == sha(y)
+    assert store.remote_info(store.lookup(mkdirs(store, "imp"), b"y.pt").ino).key == "imp/y.pt"
+
+
 def _crc(client, data: bytes) -> str:
     from uploader.objectclient import checksum_b64
     return checksum_b64(client.checksum_algorithm, data)
