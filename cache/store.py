@@ -1425,15 +1425,29 @@ class Store:
         return ino
 
     def _move_queued(self, w: Writer, ino: int, path: str) -> bool:
-        """Whether a queued job moves `ino`'s object to `path`: a rename (over), or the unlink
-        of the name its object was at while another link keeps the file (see with_next_name)."""
-        for _, val in w.txn.cursor(db=self.ix.queue):
+        """Whether queued jobs will move `ino`'s object to `path`. Follows the object's key (the
+        record's) through the queue in order: a rename of the name it is at (of the file, or of
+        a directory above it), or the unlink of that name while another link keeps the file
+        (see with_next_name). A rename of another of the file's names moves nothing: a
+        hard-linked file's object stays at the name it was uploaded under."""
+        r = w.remote(ino)
+        key = r.key if r.etag else None
+        for job_id, val in w.txn.cursor(db=self.ix.queue):
+            if key is None:
+                return False
             job = json.loads(bytes(val))
-            if job.get("ino") != ino or job.get("new_path") != path:
+            if job.get("kind") != "ns":
                 continue
-            if job.get("op") == "rename":
-                return True
-            if job.get("op") == "unlink" and (job.get("object") or [None])[0] == job.get("old_path"):
+            op, old, new = job.get("op"), job.get("old_path"), job.get("new_path")
+            if op == "rename" and job.get("type") == "dir":
+                old_dir = (old or "").rstrip("/") + "/"
+                if key.startswith(old_dir) and U64.unpack(job_id)[0] > r.imported_after_job:
+                    key = new.rstrip("/") + "/" + key[len(old_dir):]
+            elif job.get("ino") != ino or old != key:
+                continue
+            elif op in ("rename", "unlink"):
+                key = new           # unlink: the next name (None: the last went, the object with it)
+            if key == path:
                 return True
         return False
 

@@ -356,6 +356,22 @@ def test_import_into_the_old_name_of_a_moved_directory_keeps_its_object(sim):
     sim.check_drained()
 
 
+
+def test_hard_link_renamed_over_an_uploaded_file_does_not_keep_its_object_forever(sim):
+    """Found by the long model run: a clean file's second link renamed over an uploaded file
+    (`ln latest.pt latest.pt.tmp; mv latest.pt.tmp a`). The replaced object at `a` was kept
+    for a queued rename to replace, but that rename moves nothing (the file's object stays
+    at its first name, latest.pt), so `a` kept the old file's bytes after every drain. Kept
+    objects are now handed only to a move the file's object really takes."""
+    sim.import_external("imp/x", sim.payload(2218))
+    sim.create("latest.pt")
+    sim.rename("imp/x", "a")
+    sim.drain()
+    sim.link("latest.pt", "latest.pt.tmp")
+    sim.rename("latest.pt.tmp", "a")
+    sim.drain()
+    sim.check_drained()
+
 def test_directory_renamed_to_a_temporary_name_moves_no_marker_there(sim):
     """Found by the long model run: a directory with its marker in S3 renamed to a temporary
     name; the move copied the marker too, so a temporary directory's marker reached S3
