@@ -1195,14 +1195,14 @@ class Store:
             rec.state = DataState.ABSENT if size else DataState.CLEAN
             extents.set_range(w.txn, self.ix.extents, rec.ino, 0, size, DataState.ABSENT)
             w.put_inode(rec, old)
-            remote.imported_after_job = w.counter(b"next_job")
-            w.put_remote(rec.ino, remote)
+            _own_import(w, rec.ino, remote)
         return rec.attr()
 
     def import_symlink(self, path: str, target: bytes, mode: int, uid: int, gid: int,
-                       mtime_ns: int) -> Attr | None:
+                       mtime_ns: int, remote: RemoteInfo | None = None) -> Attr | None:
         """Add a symbolic link mirrored in S3 (creating parent dirs). Like import_object: never
-        overrides an existing name (returns None then), not journaled."""
+        overrides an existing name (returns None then), not journaled. `remote`: the object it
+        came from, owned like an imported file's (its renames move it, its unlink deletes it)."""
         parts = _import_parts(path)
         with self.ix.write() as w:
             parent = self._import_parent(w, parts, uid, gid)
@@ -1212,12 +1212,15 @@ class Store:
             old = rec.copy()
             rec.mtime_ns = mtime_ns
             w.put_inode(rec, old)
+            if remote is not None:
+                _own_import(w, rec.ino, remote)
         return rec.attr()
 
     def import_special(self, path: str, typ: FileType, rdev: tuple[int, int], mode: int,
-                       uid: int, gid: int, mtime_ns: int) -> Attr | None:
+                       uid: int, gid: int, mtime_ns: int, remote: RemoteInfo | None = None) -> Attr | None:
         """Add a special file mirrored in S3 (creating parent dirs). Like import_symlink: never
-        overrides an existing name (returns None then), not journaled."""
+        overrides an existing name (returns None then), not journaled. `remote`: the object it
+        came from, owned like an imported file's (its renames move it, its unlink deletes it)."""
         parts = _import_parts(path)
         with self.ix.write() as w:
             parent = self._import_parent(w, parts, uid, gid)
@@ -1228,6 +1231,8 @@ class Store:
             old = rec.copy()
             rec.mtime_ns = mtime_ns
             w.put_inode(rec, old)
+            if remote is not None:
+                _own_import(w, rec.ino, remote)
         return rec.attr()
 
     def _import_parent(self, w, parts: list[bytes], uid: int, gid: int) -> int | None:
@@ -1456,6 +1461,14 @@ class Store:
         A full scan: for tests and the admin CLI, not the request path."""
         from .check import check
         return check(self)
+
+
+def _own_import(w: Writer, ino: int, remote: RemoteInfo) -> None:
+    """An imported name owns the object it came from, like an uploaded file. Stamped with the
+    last job id: a directory move queued before the import never takes it along (the name was
+    never in the moved subtree; uploader.worker._move_dir)."""
+    remote.imported_after_job = w.counter(b"next_job")
+    w.put_remote(ino, remote)
 
 
 def _not_local(ino: int, missing: list[tuple[int, int]]) -> StoreError:

@@ -58,6 +58,11 @@ def _ensure_dirs(store, path: str, mode: int, uid: int, gid: int) -> bool:
     return True
 
 
+def _owned(path: str, head) -> RemoteInfo:
+    """The record of an imported name: the object it came from, owned like an uploaded one."""
+    return RemoteInfo(key=path, etag=head.etag, checksum=head.checksum, size=head.size)
+
+
 async def import_prefix(store, client: ObjectClient, keys: KeyMap, gate: RequestGate) -> ImportReport:
     report = ImportReport()
     objects = await gate.call("ListObjectsV2", lambda: list(client.list_objects(keys.prefix)), what=keys.prefix)
@@ -87,18 +92,18 @@ async def import_prefix(store, client: ObjectClient, keys: KeyMap, gate: Request
                     raise StoreError(errno.EINVAL, f"symlink object of {head.size} bytes")
                 target = await gate.call("GetObject", lambda o=obj, n=head.size: client.get_range(o.key, 0, n),
                                          what=obj.key)
-                attr = await asyncio.to_thread(store.import_symlink, path, target, mode, uid, gid, mtime_ns)
+                attr = await asyncio.to_thread(store.import_symlink, path, target, mode, uid, gid, mtime_ns,
+                                               _owned(path, head))
                 if attr is not None:
                     report.symlinks += 1
             elif (special := special_of_metadata(head.metadata)) is not None:
                 attr = await asyncio.to_thread(store.import_special, path, special[0], special[1], mode,
-                                               uid, gid, mtime_ns)
+                                               uid, gid, mtime_ns, _owned(path, head))
                 if attr is not None:
                     report.special += 1
             else:
-                remote = RemoteInfo(key=path, etag=head.etag, checksum=head.checksum, size=head.size)
                 attr = await asyncio.to_thread(store.import_object, path, head.size, mode, uid, gid, mtime_ns,
-                                               remote)
+                                               _owned(path, head))
         except StoreError as e:
             log.warning("import_skipped", key=obj.key, error=str(e))
             report.skipped_invalid.append(obj.key)

@@ -23,7 +23,7 @@ from .keys import (DIR_CONTENT_TYPE, INO_META, NODE_JOB_TYPES, STORE_META, KeyMa
                    part_size_for)
 from .objectclient import (NotFoundError, ObjectClient, PartInfo, PermanentError, PreconditionFailedError,
                            PutResult, TransientError, checksum_b64)
-from .manifest import manifest_path
+from .manifest import is_manifest_key, manifest_path
 from .series import has_tmp_component
 from .settings import S3_MAX_COPY, UploadSettings
 from .stats import Counters
@@ -126,9 +126,13 @@ class Worker:
             raise
 
     def _job_remote(self, job: dict) -> RemoteInfo | None:
-        """What the store recorded of the file's upload; None for a symlink or special file,
-        whose object (put by its symlink/mknod job) is found by its inode metadata instead."""
-        return None if job.get("type") in NODE_JOB_TYPES else self._remote(job["ino"])
+        """What the store recorded of the file's object; for a symlink or special file only
+        an imported one's (the object it came from), else None: the object its symlink/mknod
+        job put is found by its inode metadata instead."""
+        remote = self._remote(job["ino"])
+        if job.get("type") in NODE_JOB_TYPES and (remote is None or not remote.etag):
+            return None
+        return remote
 
     # ---- upload ------------------------------------------------------------------------
     async def upload(self, job_id: int, job: dict, progress_cb, expected_path: str | None = None) -> str:
@@ -481,10 +485,13 @@ class Worker:
             return None
         if etag is not None:
             return info if info.etag == etag else None
-        store = info.metadata.get(STORE_META)
-        if info.metadata.get(INO_META) == str(ino) and (not store or not self.store_id or store == self.store_id):
-            return info
-        return None
+        return info if self._written_here(info, ino) else None
+
+    def _written_here(self, info, ino: int | None = None) -> bool:
+        """Whether an object's identity metadata says this store wrote it (for `ino`)."""
+        written, store = info.metadata.get(INO_META), info.metadata.get(STORE_META)
+        return (written is not None and (ino is None or written == str(ino))
+                and (not store or not self.store_id or store == self.store_id))
 
     async def _delete_if(self, path: str, etag: str) -> bool:
         """Delete the object at `path` only if it is still `etag` (S3's conditional delete):
@@ -600,7 +607,9 @@ class Worker:
         walking today's tree: after `mv d e; mkdir d; mv e/f d/f` the file is back under d
         while its object and record are still at d/f and must go to e/f first. Only the
         object of a file imported after this job was queued stays (`imported_after_job`):
-        that file was never in the moved subtree."""
+        that file was never in the moved subtree. So does an object nothing of ours owns (no
+        record, not our marker, manifest, symlink or special file, no re-keyed copy of it):
+        somebody else's, no file of the namespace until an import brings it in."""
         old, new = job["old_path"].rstrip("/"), job["new_path"].rstrip("/")
         old_rel, new_rel = old + "/", new + "/"
         old_prefix = self.keys.dir_prefix(old)
@@ -615,7 +624,16 @@ class Worker:
                     newer.add((r.key, r.etag))
             for k, e in r.replaces:
                 owners[(k, e)] = ino
+        rekeyed = {x for _, r in await self._store(self.store.remote_records_under, new_rel)
+                   for x in [(r.key, r.etag), *r.replaces]}
         moved = 0
+
+        async def ours(rel: str, etag: str, dst_rel: str) -> bool:
+            if (rel, etag) in owners or rel.endswith("/") or is_manifest_key(rel) or (dst_rel, etag) in rekeyed:
+                return True      # a record's, a marker, a manifest, or copied and re-keyed before a crash
+            key = self.keys.file_key(rel)
+            info = await self.gate.call("HeadObject", lambda: self.client.head_object(key), what=key)
+            return info is not None and info.etag == etag and self._written_here(info)
 
         async def move_one(obj) -> None:
             nonlocal moved
@@ -626,6 +644,9 @@ class Worker:
             if rel.endswith("/") and has_tmp_component(dst_rel.rstrip("/")):
                 # a marker never goes under a temporary name (as _put_dir_marker): only the old goes
                 await self._delete_if(rel, obj.etag)
+                return
+            if not await ours(rel, obj.etag, dst_rel):
+                log.info("move_left_foreign_object", key=obj.key, etag=obj.etag)
                 return
             dst = self.keys.file_key(dst_rel)
             there = await self.gate.call("HeadObject", lambda: self.client.head_object(dst), what=dst)
@@ -707,7 +728,7 @@ class Worker:
                          outcome=outcome)
                 return "moved-to-link"
         outcome = await self._drop_replaced(old, etag, ino)
-        if remote is not None and remote.key == old and not last_link:
+        if remote is not None and remote.key == old and not last_link and job.get("type") not in NODE_JOB_TYPES:
             # another name still links the file and there was no object to move (or the job
             # predates new_path): upload it again under that name
             remote.key, remote.etag = None, None

@@ -372,6 +372,20 @@ def test_hard_link_renamed_over_an_uploaded_file_does_not_keep_its_object_foreve
     sim.drain()
     sim.check_drained()
 
+
+def test_object_put_under_the_old_name_of_a_moved_directory_and_not_imported_stays(sim):
+    """Found by the long model run once the move left imported files alone: an object put
+    into imp/ by somebody else after `mv imp a`, whose import failed (S3 down), was taken to
+    a/y.pt by the queued move. Not imported, it is no file of the namespace and not ours to
+    move: it stays where its writer put it, for a later import to bring in."""
+    sim.import_external("z", sim.payload(0))
+    sim.import_external("imp/x", sim.payload(0))
+    sim.rename("imp", "a")
+    sim.set_faults(outage=True)
+    sim.import_external("imp/y.pt", sim.payload(0))
+    sim.drain()
+    sim.check_drained()
+
 def test_directory_renamed_to_a_temporary_name_moves_no_marker_there(sim):
     """Found by the long model run: a directory with its marker in S3 renamed to a temporary
     name; the move copied the marker too, so a temporary directory's marker reached S3

@@ -6,6 +6,7 @@ import stat
 from tests.uploader.conftest import (fill_bucket_from_another_gateway, make_uploader, mkdirs, objects, remove,
                                      rename, write_file)
 from uploader.keys import INO_META
+from uploader.objectclient import checksum_b64
 
 
 def symlink(store, path: str, target: bytes) -> int:
@@ -103,3 +104,45 @@ def test_import_restores_symlinks_without_uploading_them_again_and_local_names_w
     sent = [r.path for r in proxy.requests(outcome=None) if r.method in ("PUT", "POST")]
     assert any(p.endswith("/run/best.ckpt") for p in sent), sent
     assert not [p for p in sent if "last.ckpt" in p], sent
+
+
+def test_imported_symlinks_move_with_their_directory_and_alone_and_a_foreign_object_stays(moto, bucket, store,
+                                                                                          tmp_path):
+    """An imported link owns the object it came from (as an imported file does): `mv imp a`
+    takes it to a/ with the gateway's own link and the imported file, and renaming it alone
+    moves its object. An object somebody puts into imp/ after the rename, not imported, is
+    no file of the namespace: the queued move leaves it (found by the integrity model)."""
+    def fill(other):
+        write_file(other, "imp/x.pt", b"x" * 100)
+        symlink(other, "imp/last", b"x.pt")
+    fill_bucket_from_another_gateway(tmp_path / "other", moto.endpoint, bucket, fill)
+
+    async def main():
+        up = make_uploader(store, moto.endpoint, bucket)
+        await up.start()
+        try:
+            report = await up.import_bucket()
+            symlink(store, "imp/mine", b"x.pt")
+            assert await up.flush(timeout=60)
+        finally:
+            await up.stop()
+        rename(store, "imp", "a")                      # queued while the uploader is stopped
+        up.client.put_object("gw/imp/theirs.bin", b"t" * 10, metadata={},
+                             checksum=checksum_b64(up.client.checksum_algorithm, b"t" * 10))
+        up = make_uploader(store, moto.endpoint, bucket)
+        await up.start()
+        try:
+            assert await up.flush(timeout=60)
+            moved = objects(up.client, "gw/")
+            rename(store, "a/last", "a/latest")
+            assert await up.flush(timeout=60)
+            return report, moved, objects(up.client, "gw/")
+        finally:
+            await up.stop()
+
+    report, moved, renamed = asyncio.run(main())
+    assert report.symlinks == 1 and report.imported == 2
+    assert moved == {"gw/a/": 0, "gw/a/x.pt": 100, "gw/a/last": 4, "gw/a/mine": 4, "gw/imp/theirs.bin": 10}
+    assert renamed == {"gw/a/": 0, "gw/a/x.pt": 100, "gw/a/latest": 4, "gw/a/mine": 4, "gw/imp/theirs.bin": 10}
+    body, meta = link_object(make_uploader(store, moto.endpoint, bucket).client, "gw/a/latest")
+    assert body == b"x.pt" and stat.S_ISLNK(int(meta["mode"]))
