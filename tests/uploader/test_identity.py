@@ -215,17 +215,8 @@ def test_imported_file_renamed_over_then_imported_again_keeps_its_object(moto, p
             assert await up.flush(timeout=60)
         finally:
             await up.stop()
-        idle = make_uploader(store, proxy.endpoint, bucket)     # not started: jobs wait
-        first = await idle.import_bucket()
-        rename(store, "z.pt", "latest.pt")
-        again = await idle.import_bucket()
-        up = make_uploader(store, proxy.endpoint, bucket)
-        await up.start()
-        try:
-            assert await up.flush(timeout=60)
-        finally:
-            await up.stop()
-        return up, first, again
+        return await _import_twice_then_drain(store, proxy.endpoint, bucket,
+                                              lambda: rename(store, "z.pt", "latest.pt"))
 
     up, first, again = asyncio.run(main())
     assert first.imported == 1 and again.imported == 0
@@ -233,7 +224,6 @@ def test_imported_file_renamed_over_then_imported_again_keeps_its_object(moto, p
         store.lookup(ROOT_INO, b"z.pt")
     assert objects(up.client, "gw/") == {"gw/latest.pt": len(new)}
     assert object_sha(up.client, "gw/latest.pt") == sha(new)
-
 
 
 def test_import_into_the_old_name_of_a_moved_directory_keeps_its_object(moto, proxy, bucket, store):
@@ -245,25 +235,31 @@ def test_import_into_the_old_name_of_a_moved_directory_keeps_its_object(moto, pr
     x, y = payload(600, 4), payload(900, 5)
     foreign.put_object("gw/imp/x.pt", x, metadata={}, checksum=_crc(foreign, x))
 
-    async def main():
-        idle = make_uploader(store, proxy.endpoint, bucket)     # not started: jobs wait
-        first = await idle.import_bucket()
+    def between():
         rename(store, "imp", "a")
         foreign.put_object("gw/imp/y.pt", y, metadata={}, checksum=_crc(foreign, y))
-        again = await idle.import_bucket()
-        up = make_uploader(store, proxy.endpoint, bucket)
-        await up.start()
-        try:
-            assert await up.flush(timeout=60)
-        finally:
-            await up.stop()
-        return up, first, again
 
-    up, first, again = asyncio.run(main())
+    up, first, again = asyncio.run(_import_twice_then_drain(store, proxy.endpoint, bucket, between))
     assert first.imported == 1 and again.imported == 1
     assert objects(up.client, "gw/") == {"gw/a/": 0, "gw/a/x.pt": len(x), "gw/imp/": 0, "gw/imp/y.pt": len(y)}
     assert object_sha(up.client, "gw/a/x.pt") == sha(x) and object_sha(up.client, "gw/imp/y.pt") == sha(y)
     assert store.remote_info(store.lookup(mkdirs(store, "imp"), b"y.pt").ino).key == "imp/y.pt"
+
+
+async def _import_twice_then_drain(store, endpoint: str, bucket: str, between):
+    """An import while the uploader is stopped (its jobs wait: a backlog), `between()`, a
+    second import, then a drain: (the uploader, the first import's report, the second's)."""
+    idle = make_uploader(store, endpoint, bucket)     # not started: jobs wait
+    first = await idle.import_bucket()
+    between()
+    again = await idle.import_bucket()
+    up = make_uploader(store, endpoint, bucket)
+    await up.start()
+    try:
+        assert await up.flush(timeout=60)
+    finally:
+        await up.stop()
+    return up, first, again
 
 
 def _crc(client, data: bytes) -> str:
