@@ -11,7 +11,10 @@ marked S_IFBLK/S_IFCHR (with x-amz-meta-rdev)/S_IFSOCK/S_IFIFO special files. Ke
 cannot be paths (empty or "."/".." components, "//", names over 255 bytes) are skipped and
 counted. An object the gateway still answers for (a record's key or kept object, the old name of
 a queued move or delete: `Store.owned_keys`) is skipped too: it is already a file, or about
-to be moved or deleted, and importing it again would leave the new file with no object.
+to be moved or deleted, and importing it again would leave the new file with no object; so is an
+object whose identity metadata names this store (`ckptgw-store`): a marker, symlink or special file of
+ours that a queued directory move or delete is about to act on (an index lost means a new store id,
+so a rebuilt gateway imports its predecessor's objects).
 Imported files are not journaled (they came from S3); a parent directory import creates
 is (its `dir/` marker is put), so the bucket keeps every directory of the namespace.
 """
@@ -26,7 +29,7 @@ import structlog
 from cache.api import ROOT_INO, SYMLINK_MAX, FileType, RemoteInfo, StoreError
 
 from .gate import RequestGate
-from .keys import KeyMap, attrs_from_metadata, is_symlink_metadata, special_of_metadata
+from .keys import STORE_META, KeyMap, attrs_from_metadata, is_symlink_metadata, special_of_metadata
 from .manifest import is_manifest_key
 from .objectclient import ObjectClient
 
@@ -67,6 +70,7 @@ async def import_prefix(store, client: ObjectClient, keys: KeyMap, gate: Request
     report = ImportReport()
     objects = await gate.call("ListObjectsV2", lambda: list(client.list_objects(keys.prefix)), what=keys.prefix)
     owned = await asyncio.to_thread(store.owned_keys)     # after the listing: covers every listed key
+    store_id = getattr(store, "instance_id", b"").hex()
     for obj in objects:
         path = keys.path_of_key(obj.key)
         if path is None:
@@ -79,6 +83,11 @@ async def import_prefix(store, client: ObjectClient, keys: KeyMap, gate: Request
             continue
         head = await gate.call("HeadObject", lambda o=obj: client.head_object(o.key), what=obj.key)
         if head is None:                 # deleted since the listing
+            continue
+        if store_id and head.metadata.get(STORE_META) == store_id:
+            # written by this gateway and not a record's: a marker, symlink or special file a
+            # queued directory move or delete is about to act on. Ours already, never new
+            report.skipped_existing += 1
             continue
         mode, uid, gid, mtime_ns = attrs_from_metadata(
             head.metadata, default_mtime_ns=int(head.last_modified * 1e9))
