@@ -401,6 +401,33 @@ def test_import_while_a_directory_move_is_queued_leaves_the_objects_being_moved(
     sim.drain()
     sim.check_drained()
 
+
+def test_object_put_at_a_name_a_queued_unlink_still_names_is_not_imported_yet(sim):
+    """Found by the long model run (a check of the sim): a hard-linked imported file renamed
+    (its object moved from imp/x to imp/a) and its other name removed; the unlink job, still
+    queued, names the object it recorded at imp/x. Somebody puts a new object at imp/x: import
+    skips it (the gateway answers for that key until the job is done) and the bucket keeps it
+    as an unimported object - allowed, a later import brings it in - never as the gateway's."""
+    for _ in range(7):
+        sim.dispatch()
+    sim.mkdir("d")
+    sim.import_external("imp/x", sim.payload(0))
+    sim.link("imp/x", "a")
+    sim.create("d/a")
+    for _ in range(4):
+        sim.dispatch()
+    sim.rename("imp/x", "imp/a")
+    sim.rename("a", "latest.pt")
+    sim.dispatch()
+    sim.remove("latest.pt")
+    sim.grant_job(4)                               # the rename's move, imp/x -> imp/a, runs first
+    sim.import_external("imp/x", sim.payload(0))
+    assert sim.node("imp/x") is None               # not imported while the unlink is queued
+    sim.drain()
+    sim.check_drained()
+    sim.import_external("z", sim.payload(1))       # the queue is empty: now it is
+    assert sim.node("imp/x") is not None
+
 def test_directory_renamed_to_a_temporary_name_moves_no_marker_there(sim):
     """Found by the long model run: a directory with its marker in S3 renamed to a temporary
     name; the move copied the marker too, so a temporary directory's marker reached S3
