@@ -174,7 +174,7 @@ class Sim:
         self.stats = Stats()
         self.root = MDir(ROOT_INO)
         self.contents: dict[bytes, set] = {}     # sha256 of a whole file content -> {(ino, data_seq)}
-        self.held: set[str] = set()              # paths S3 must keep an object at (see check)
+        self.held: dict[str, int] = {}           # paths S3 must keep an object at -> the file (see check)
         self.unimported: set[str] = set()        # external objects an import failed to bring in
         self.flush_windows: list[tuple[int, int]] = []   # version seqs stored during drains
         self.pending: list[Pending] = []
@@ -342,7 +342,7 @@ class Sim:
         return self.rng.randbytes(n)
 
     def _drop_held_under(self, path: str) -> None:
-        self.held = {p for p in self.held if p != path and not p.startswith(path + "/")}
+        self.held = {p: i for p, i in self.held.items() if p != path and not p.startswith(path + "/")}
 
     def _expect(self, code, fn, *args):
         try:
@@ -714,9 +714,9 @@ class Sim:
             if isinstance(n, MFile) and s.getattr(n.ino).data_state == DataState.CLEAN:
                 v = self.fake.current(p)
                 if v is not None and v.data == bytes(n.data):
-                    self.held.add(p)
+                    self.held[p] = n.ino
         if self.check_held:
-            for p in sorted(self.held):
+            for p, ino in sorted(self.held.items()):
                 n = self.node(p)
                 if not isinstance(n, MFile):
                     continue
@@ -725,6 +725,11 @@ class Sim:
                 names = self._findable_keys(n)
                 if not any((v := self.fake.current(q)) is not None and v.origin for q in names):
                     raise Violation(f"S3 holds no good object at {p!r}, which held one and still names a file")
+                if n.ino == ino and self.fake.current(p) is None:
+                    # the same file's object moved to another of its names (a rename of the name it
+                    # was at, the file still linked here): this name holds no object any more, and a
+                    # file renamed over it later has no old object here to keep
+                    del self.held[p]
         # 5. dir markers of temporary directories never reach S3 (but for a flush of them)
         if self.check_temp_dirs:
             for k, hist in self.fake.history.items():

@@ -428,6 +428,29 @@ def test_object_put_at_a_name_a_queued_unlink_still_names_is_not_imported_yet(si
     sim.import_external("z", sim.payload(1))       # the queue is empty: now it is
     assert sim.node("imp/x") is not None
 
+
+def test_file_renamed_over_a_link_whose_object_moved_to_the_first_name(sim):
+    """Found by the long model run (a check of the sim): a file uploaded as latest.pt.tmp,
+    renamed to step.tmp and linked back as latest.pt.tmp; its object moved to step.tmp, so
+    latest.pt.tmp held none. Another file renamed over latest.pt.tmp then has no old object
+    there to keep: the sim still counted the name as holding one."""
+    sim.save("latest.pt.tmp", sim.payload(0))
+    sim.drain()
+    sim.rename("latest.pt.tmp", "step.tmp")
+    sim.link("step.tmp", "a")
+    sim.rename("a", "d")
+    sim.link("step.tmp", "latest.pt.tmp")
+    sim.check()                        # the link names the object still at latest.pt.tmp
+    sim.drain()                        # which the rename's job moves to step.tmp
+    sim.check_drained()
+    sim.save("a", sim.payload(0))
+    sim.rename("a", "d")
+    sim.write("step.tmp", 0, sim.payload(1))
+    sim.rename("d", "latest.pt.tmp")
+    sim.check()
+    sim.drain()
+    sim.check_drained()
+
 def test_directory_renamed_to_a_temporary_name_moves_no_marker_there(sim):
     """Found by the long model run: a directory with its marker in S3 renamed to a temporary
     name; the move copied the marker too, so a temporary directory's marker reached S3
