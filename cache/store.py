@@ -1203,31 +1203,25 @@ class Store:
         """Add a symbolic link mirrored in S3 (creating parent dirs). Like import_object: never
         overrides an existing name (returns None then), not journaled. `remote`: the object it
         came from, owned like an imported file's (its renames move it, its unlink deletes it)."""
-        parts = _import_parts(path)
-        with self.ix.write() as w:
-            parent = self._import_parent(w, parts, uid, gid)
-            if parent is None:
-                return None
-            rec, _ = self.ns.symlink(w, parent, parts[-1], target, mode, uid, gid, journal=False)
-            old = rec.copy()
-            rec.mtime_ns = mtime_ns
-            w.put_inode(rec, old)
-            if remote is not None:
-                _own_import(w, rec.ino, remote)
-        return rec.attr()
+        return self._import_node(path, uid, gid, mtime_ns, remote, lambda w, parent, name: self.ns.symlink(
+            w, parent, name, target, mode, uid, gid, journal=False))
 
     def import_special(self, path: str, typ: FileType, rdev: tuple[int, int], mode: int,
                        uid: int, gid: int, mtime_ns: int, remote: RemoteInfo | None = None) -> Attr | None:
-        """Add a special file mirrored in S3 (creating parent dirs). Like import_symlink: never
-        overrides an existing name (returns None then), not journaled. `remote`: the object it
-        came from, owned like an imported file's (its renames move it, its unlink deletes it)."""
+        """Add a special file mirrored in S3 (creating parent dirs). Like import_symlink."""
+        return self._import_node(path, uid, gid, mtime_ns, remote, lambda w, parent, name: self.ns.mknod(
+            w, parent, name, typ, mode, uid, gid, rdev, journal=False))
+
+    def _import_node(self, path: str, uid: int, gid: int, mtime_ns: int, remote: RemoteInfo | None,
+                     make) -> Attr | None:
+        """The one transaction of import_symlink/import_special: the parents, `make(w, parent,
+        name)` (the namespace op, unjournaled), the object's mtime, and its record."""
         parts = _import_parts(path)
         with self.ix.write() as w:
             parent = self._import_parent(w, parts, uid, gid)
             if parent is None:
                 return None
-            rec, _ = self.ns.mknod(w, parent, parts[-1], typ, mode, uid, gid, rdev,
-                                   journal=False)
+            rec, _ = make(w, parent, parts[-1])
             old = rec.copy()
             rec.mtime_ns = mtime_ns
             w.put_inode(rec, old)
