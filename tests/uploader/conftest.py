@@ -78,6 +78,20 @@ def make_uploader(store, endpoint, bucket, prefix="gw/", **over):
     return Uploader(store, Boto3ObjectClient(s3), uploader_settings(**over), s3=s3)
 
 
+
+def import_and_flush(store, endpoint: str, bucket: str):
+    """`ckptgw import` on a running uploader, then a flush: the import's report."""
+    async def run():
+        up = make_uploader(store, endpoint, bucket)
+        await up.start()
+        try:
+            report = await up.import_bucket()
+            assert await up.flush(timeout=60)
+            return report
+        finally:
+            await up.stop()
+    return asyncio.run(run())
+
 def fill_bucket_from_another_gateway(store_dir, endpoint: str, bucket: str, fill) -> None:
     """What another gateway leaves in the bucket: `fill(store)` on a store of its own, flushed."""
     other = Store.open(str(store_dir), capacity=1 << 30)

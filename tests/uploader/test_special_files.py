@@ -8,8 +8,8 @@ import stat
 import pytest
 
 from cache.api import FileType
-from tests.uploader.conftest import (fill_bucket_from_another_gateway, make_uploader, mkdirs, objects, remove,
-                                     rename, write_file)
+from tests.uploader.conftest import (fill_bucket_from_another_gateway, import_and_flush, make_uploader, mkdirs,
+                                     objects, remove, rename, write_file)
 from uploader.keys import INO_META
 
 KINDS = [(FileType.BLK, (8, 17), stat.S_IFBLK), (FileType.CHR, (4, 300), stat.S_IFCHR),
@@ -71,18 +71,8 @@ def test_import_restores_special_files_without_uploading_them_again(moto, proxy,
             mknod(other, f"run/{typ.name.lower()}", typ, rdev, 0o620)
     fill_bucket_from_another_gateway(tmp_path / "other", moto.endpoint, bucket, fill)
 
-    async def main():
-        mknod(store, "run/fifo", FileType.SOCK)                # the local name wins
-        up = make_uploader(store, proxy.endpoint, bucket)
-        await up.start()
-        try:
-            report = await up.import_bucket()
-            assert await up.flush(timeout=60)
-            return report
-        finally:
-            await up.stop()
-
-    report = asyncio.run(main())
+    mknod(store, "run/fifo", FileType.SOCK)                # the local name wins
+    report = import_and_flush(store, proxy.endpoint, bucket)
     assert report.special == 3 and report.skipped_existing == 1
     run = store.lookup(1, b"run")
     for typ, rdev, _ in KINDS[:3]:

@@ -3,8 +3,8 @@ and deletes like files, and come back from the bucket on import."""
 import asyncio
 import stat
 
-from tests.uploader.conftest import (fill_bucket_from_another_gateway, make_uploader, mkdirs, objects, remove,
-                                     rename, write_file)
+from tests.uploader.conftest import (fill_bucket_from_another_gateway, import_and_flush, make_uploader, mkdirs,
+                                     objects, remove, rename, write_file)
 from uploader.keys import INO_META
 from uploader.objectclient import checksum_b64
 
@@ -82,18 +82,8 @@ def test_import_restores_symlinks_without_uploading_them_again_and_local_names_w
         symlink(other, "run/best.ckpt", b"step_100.ckpt")
     fill_bucket_from_another_gateway(tmp_path / "other", moto.endpoint, bucket, fill)
 
-    async def main():
-        write_file(store, "run/best.ckpt", b"a local file")       # the local name wins over the link
-        up = make_uploader(store, proxy.endpoint, bucket)
-        await up.start()
-        try:
-            report = await up.import_bucket()
-            assert await up.flush(timeout=60)
-            return report
-        finally:
-            await up.stop()
-
-    report = asyncio.run(main())
+    write_file(store, "run/best.ckpt", b"a local file")       # the local name wins over the link
+    report = import_and_flush(store, proxy.endpoint, bucket)
     assert report.symlinks == 1 and report.skipped_existing == 1
     run = store.lookup(1, b"run")
     last = store.lookup(run.ino, b"last.ckpt")
