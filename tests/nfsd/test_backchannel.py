@@ -91,15 +91,11 @@ def test_a_client_that_does_not_answer_gets_cb_path_down(quick_server):
         await c.wait_callback()
         await eventually_flags(c, 0, PATH_DOWN)
 
-    async def main():
-        c = await NfsClient.connect("127.0.0.1", quick_server.port)
+    async def silent_client(c):
         c.answer_callback = lambda xid, proc, args: None
-        try:
-            await c.setup_session()
-            await body(c)
-        finally:
-            await c.close()
-    asyncio.run(main())
+        await c.setup_session()
+        await body(c)
+    run_client(quick_server.port, silent_client, setup=False)
 
 
 def test_back_channel_connection_lost_is_path_down_on_the_other_connection(fake_server):
@@ -243,14 +239,10 @@ def test_restart_reclaim_needed_while_in_grace_until_reclaim_complete(fake_serve
         finally:
             fake_server.call(lambda: setattr(fake_server.server.sessions, "reclaim_needed", lambda client: False))
 
-    async def main():
-        c = await NfsClient.connect("127.0.0.1", fake_server.port)
-        try:
-            await c.setup_session(reclaim_complete=False)
-            await body(c)
-        finally:
-            await c.close()
-    asyncio.run(main())
+    async def not_reclaimed(c):
+        await c.setup_session(reclaim_complete=False)
+        await body(c)
+    run_client(fake_server.port, not_reclaimed, setup=False)
 
 
 def test_lapsed_client_whose_state_is_taken_is_told_expired_all_state_revoked(nfs_server):
