@@ -103,7 +103,8 @@ def test_verify(daemon):
     # replace an object behind the gateway's back: verify must notice and exit 1
     s3_client(daemon).put_object(Bucket="ckptgw", Key="run1/a.bin", Body=A[:-1] + b"!")
     r = daemon.cli("verify", "run1")
-    assert r.exit_code == 1 and "1 differ" in r.stdout and "run1/a.bin" in r.stdout
+    assert r.exit_code == 1 and "1 differ" in r.stdout and "run1/a.bin" in r.stdout, (
+        r.stdout, daemon.cli_json("ls", "-R", "run1"), daemon.read_log()[-3000:])
     res = json.loads(daemon.cli("verify", "run1", "--json").stdout)
     assert [m["path"] for m in res["mismatches"]] == ["run1/a.bin"]
     s3_client(daemon).put_object(Bucket="ckptgw", Key="run1/a.bin", Body=A)   # restore for other tests
