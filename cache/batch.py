@@ -120,10 +120,10 @@ class BatchCommitter:
             for p in pending:
                 (covered if self.committer.covered(p[0]) else left).append(p)
             pending = left
-            if covered and self.after_durable is not None:
-                self.after_durable()
             for _, outs in covered:
                 _complete(outs)
+            if covered and self.after_durable is not None:
+                self.after_durable()        # file removals nobody waits for: after the replies
 
     def _apply(self, batch: list) -> list | None:
         """One write txn, one nested txn per op; commit. Returns (future, ok, value) per op,

@@ -12,7 +12,7 @@ import time
 
 from .api import (DEVICE_TYPES, RDEV_MAX, SPECIAL_TYPES, ChangeInfo, DataState, FileType,
                   NAME_MAX, ROOT_INO, SYMLINK_MAX, StoreError)
-from .index import FIRST_COOKIE, Inode, Writer
+from .index import F_UNCOMMITTED, FIRST_COOKIE, Inode, Writer
 
 TYPE_NAMES = {FileType.REG: "reg", FileType.DIR: "dir", FileType.LNK: "lnk",
               FileType.BLK: "blk", FileType.CHR: "chr", FileType.SOCK: "sock",
@@ -32,8 +32,12 @@ def new_inode(w: Writer, typ: int, mode: int, uid: int, gid: int, parent: int,
               t: int) -> Inode:
     ino = w.next_id(b"next_ino")
     dir_ = typ == FileType.DIR
-    state = DataState.DIRTY if typ == FileType.REG else DataState.CLEAN
-    rec = Inode(typ, state, 0, mode & 0o7777, 2 if dir_ else 1, uid, gid,
+    reg = typ == FileType.REG
+    state = DataState.DIRTY if reg else DataState.CLEAN
+    # A new regular file carries F_UNCOMMITTED from its creating (durable) txn, as if a
+    # write had already flagged it (I2): its first WRITE then needs no flag txn and sync of
+    # its own. Recovery cuts such a file to its committed size 0, which it has.
+    rec = Inode(typ, state, F_UNCOMMITTED if reg else 0, mode & 0o7777, 2 if dir_ else 1, uid, gid,
                 4096 if dir_ else 0, 0, 0, t, t, t, 1, parent if dir_ else 0,
                 (t // 1_000_000_000) & 0xFFFFFFFF, FIRST_COOKIE, 0, ino)
     w.stamp(rec)              # a new file's settle window starts at its creation

@@ -290,6 +290,16 @@ class Store:
         self.committer.sync(mine)               # free when the truncate's sync covered it
         return new.attr()
 
+    def setattr_unchanged(self, ino: int, sa: SetAttr) -> Attr | None:
+        """The file's attributes if setattr(ino, sa) would change nothing (see _setattr_noop),
+        else None. Non-blocking (one read txn): an asyncio caller answers such a SETATTR
+        without a worker thread once `durable()` (or a sync) says what it saw is durable.
+        None while a write of the file is registered (I4: setattr waits for it)."""
+        if ino in self._inflight:
+            return None
+        same = self._setattr_noop(ino, sa)
+        return None if same is None else same.attr()
+
     def _setattr_noop(self, ino: int, sa: SetAttr) -> Inode | None:
         """The inode if `sa` sets no time and every value it sets is already the file's (a
         client's "open for write, truncate" of the file it just created sends mode and size 0
@@ -301,8 +311,9 @@ class Store:
             rec = v.must_inode(ino)
         if sa.size is not None:
             self._regular(rec)
-            if self._needs_commit(rec):
+            if self._needs_commit(rec) and rec.size:
                 return None              # a same-size truncate commits the bytes below it
+                                         # (size 0: none; a new file is F_UNCOMMITTED)
         mode = None if sa.mode is None else sa.mode & 0o7777
         for want, have in ((mode, rec.mode), (sa.uid, rec.uid), (sa.gid, rec.gid),
                            (sa.size, rec.size)):
@@ -528,7 +539,9 @@ class Store:
         callers): the last writer's settle stamp and the reclaim are queued to the namespace
         batch instead of run here (a commit fdatasyncs, and the index lock may be held by a
         batch across its fdatasync); ops submitted after it still come after it. Returns the
-        queued op's future (set at its commit; failures are logged), or None."""
+        queued op's future (set at its commit; failures are logged) when it reclaims an
+        unlinked file, whose handle goes stale at that commit; else None (a settle stamp is
+        nobody's promise, so a CLOSE need not wait for it)."""
         with self._olock:
             counts = self._opens.get(ino)
             if counts is None or counts[1 if write else 0] == 0:
@@ -547,7 +560,12 @@ class Store:
             return None
         fut = self.batch.submit(self._after_close, ino, last_writer, last, durable=False)
         fut.add_done_callback(_log_failure)
-        return fut
+        if last:
+            with self.ix.read() as v:
+                rec = v.inode(ino)
+            if rec is None or rec.nlink == 0:
+                return fut              # a reclaim: the file is gone once it is set
+        return None                     # only the settle stamp: nobody waits for it
 
     def _after_close(self, w: Writer, ino: int, last_writer: bool, last: bool) -> None:
         if last_writer:
@@ -708,17 +726,25 @@ class Store:
         except StoreError:
             self._shrink_to_recorded(ino)   # a partial write may have grown the file
             raise
-        with self.ix.write() as w:
-            cur = w.inode(ino)
-            if cur is None:                # reclaimed while we wrote
-                self.data.remove(ino)
-                raise StoreError(errno.ESTALE, f"inode {ino} is gone")
-            new = cur.copy()
-            if offset + n > new.size:
-                new.size = offset + n
-            new.local_bytes += extents.set_range(w.txn, self.ix.extents, ino, offset,
-                                                 offset + n, DataState.DIRTY)
-            self._bytes_changed(w, new, cur)
+        if self.batch.closing:
+            with self.ix.write() as w:
+                return self._record_write(w, ino, offset, n)
+        # in the namespace batch: concurrent WRITEs and namespace ops share one index commit
+        # (readable once it returns; not a reason for a sync: unstable until COMMIT)
+        return self.batch.submit(self._record_write, ino, offset, n, durable=False).result()
+
+    def _record_write(self, w: Writer, ino: int, offset: int, n: int) -> Attr:
+        """The index half of a write whose bytes are pwritten: live size, extents, change."""
+        cur = w.inode(ino)
+        if cur is None:                    # reclaimed while we wrote
+            self.data.remove(ino)
+            raise StoreError(errno.ESTALE, f"inode {ino} is gone")
+        new = cur.copy()
+        if offset + n > new.size:
+            new.size = offset + n
+        new.local_bytes += extents.set_range(w.txn, self.ix.extents, ino, offset,
+                                             offset + n, DataState.DIRTY)
+        self._bytes_changed(w, new, cur)
         return new.attr()
 
     # ---- sparse files and server-side copy (nfsd NFSv4.2) ---------------------------------
@@ -1193,6 +1219,7 @@ class Store:
             rec.size = rec.committed_size = size
             rec.mtime_ns = mtime_ns
             rec.state = DataState.ABSENT if size else DataState.CLEAN
+            rec.flags &= ~F_UNCOMMITTED        # its bytes are the object's, nothing written
             extents.set_range(w.txn, self.ix.extents, rec.ino, 0, size, DataState.ABSENT)
             w.put_inode(rec, old)
             _own_import(w, rec.ino, remote)

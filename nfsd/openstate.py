@@ -215,8 +215,9 @@ class OpenStateTable:
         st.bump()
 
     def close(self, st: OpenState):
-        """Forget the open; the store's queued after-close work (a Future, or None), which
-        CLOSE awaits so that the reply follows it (a removed file is gone by then)."""
+        """Forget the open; the store's queued reclaim of an unlinked file (a Future, or None:
+        a settle stamp is not waited for), which CLOSE awaits so that the reply follows it
+        (a removed file is gone by then)."""
         # The client unlocks before CLOSE; whatever remains goes with the open.
         for lk in list(self._locks_of_open.get(st.other, ())):
             self._forget_lock(lk)

@@ -9,7 +9,7 @@ from nfsd.errors import NfsError
 from nfsd.openstate import ANONYMOUS, BYPASS, special_kind
 from nfsd.exports import MAY_EXEC, MAY_READ, MAY_WRITE, permitted
 from nfsd.ops._common import (Obj, blocking, current, io_state, nfs_error, require_perm,
-                              require_writable_fs, store_errors, who)
+                              require_writable_fs, store_errors, sync_namespace, who)
 from nfsd.xdr.nfs4 import (
     ACCESS4_DELETE, ACCESS4_EXECUTE, ACCESS4_EXTEND, ACCESS4_LOOKUP, ACCESS4_MODIFY,
     ACCESS4_READ, NFS4ERR_ACCESS, FATTR4_MODE, FATTR4_OWNER, FATTR4_OWNER_GROUP, FATTR4_RDATTR_ERROR,
@@ -132,6 +132,11 @@ async def apply_setattr(ctx, obj: Obj, sa: SetAttr):
     if sa == SetAttr():
         return obj.attr
     try:
+        same = ctx.server.store.setattr_unchanged(obj.ino, sa)
+        if same is not None:      # nothing to write (nfs-rs's open "wb" resends mode, size 0)
+            obj.attr = same
+            await sync_namespace(ctx)       # what it saw is durable before the reply
+            return obj.attr
         obj.attr = await blocking(ctx, ctx.server.store.setattr, obj.ino, sa)
     except StoreError as e:
         raise nfs_error(e) from e
