@@ -120,6 +120,10 @@ class Store:
         self._inflight: dict[int, int] = {}        # ino -> writes between pwrite and index
         self._evictions = 0                        # bumped at each evicted data file
         self._deferred: set[int] = set()           # unlinked during a write: reclaim after
+        # ino -> txnid of the create that flagged it F_UNCOMMITTED, until a write saw that
+        # txn durable: another client may LOOKUP and write a new file before its create is
+        # durable, and its first write skips the flag txn's sync (I2: see _bytes_changing)
+        self._fresh: dict[int, int] = {}
         # writers of a file unregister under the index lock and notify: fill, truncate and
         # evict wait here for a file's registered writes to end (invariant I4)
         self._writes_done = threading.Condition(self.ix.lock)
@@ -384,7 +388,19 @@ class Store:
 
     def _ns_create(self, w, parent, name, mode, uid, gid, exclusive=False):
         rec, cinfo, created = self.ns.create(w, parent, name, mode, uid, gid, exclusive)
+        if created:
+            w.after_commit.append(lambda ino=rec.ino: self._note_fresh(ino))
         return rec.attr(), cinfo, created
+
+    def _note_fresh(self, ino: int) -> None:
+        """After the commit of the txn that created `ino` (under the index lock, so a writer
+        holding that lock sees the entry of every committed create). Bounded: entries whose
+        txn is durable are dropped when many pile up (files created and never written)."""
+        if len(self._fresh) >= 4096:
+            for old, txnid in list(self._fresh.items()):
+                if self.committer.covered(txnid):
+                    del self._fresh[old]
+        self._fresh[ino] = self.ix.txnid
 
     def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> tuple[Attr, ChangeInfo]:
         return self.submit("mkdir", parent, name, mode, uid, gid).result()
@@ -646,7 +662,7 @@ class Store:
             growth = n if offset >= rec.size else n - extents.present_bytes(
                 v.txn, self.ix.extents, ino, offset, offset + n)
         self._make_room(ino, rec, growth)
-        with self._bytes_changing(ino, rec):
+        with self._bytes_changing(ino):
             return self._write_applied(ino, offset, data)
 
     def _make_room(self, ino: int, rec: Inode, growth: int) -> None:
@@ -660,18 +676,27 @@ class Store:
             raise StoreError(errno.EAGAIN, "cache full of pinned or open clean data")
 
     @contextmanager
-    def _bytes_changing(self, ino: int, rec: Inode, also: tuple[int, ...] = ()):
+    def _bytes_changing(self, ino: int, also: tuple[int, ...] = ()):
         """Around any change of `ino`'s bytes (write, punch, copy): register it (I4) and
         flag the file DIRTY with F_UNCOMMITTED, its data sequence moved, durably, before
         the bytes change (I2). `also`: inodes read meanwhile (a copy's source), registered
         too so no evict, fill or truncate changes them under the copy."""
         flagged = False
+        fresh = None
         inos = (ino,) + also
         with self.ix.lock:
             for i in inos:
                 self._inflight[i] = self._inflight.get(i, 0) + 1
             try:
-                if not (rec.is_dirty and rec.flags & F_UNCOMMITTED):
+                # read again under the lock: `rec` may predate a COMMIT that cleared the
+                # flag (a commit clears it only while no write is registered, as this one
+                # now is)
+                now = self.ix.read_inode(ino)
+                if now.is_dirty and now.flags & F_UNCOMMITTED:
+                    # flagged by a sync'd flag txn, or by its create (new_inode): that txn
+                    # may not be durable yet if this writer found the file by LOOKUP
+                    fresh = self._fresh.pop(ino, None)
+                else:
                     # the index says "dirty, uncommitted bytes may exist" BEFORE the bytes
                     # change, so crash recovery visits this file and cuts what was not
                     # committed
@@ -693,6 +718,12 @@ class Store:
                 # durable before the bytes change (once per commit cycle): after a power
                 # cut the index must not miss a flag whose bytes did reach the disk
                 self.committer.sync()
+            elif fresh is not None and not self.committer.covered(fresh):
+                try:
+                    self.committer.sync(fresh)
+                except BaseException:
+                    self._fresh.setdefault(ino, fresh)
+                    raise
             yield
         finally:
             self._unregister(inos)
@@ -812,7 +843,7 @@ class Store:
         end = min(offset + length, rec.size)
         if end <= offset:
             return rec.attr()
-        with self._bytes_changing(ino, rec):
+        with self._bytes_changing(ino):
             self.data.punch_hole(ino, offset, end - offset)
             self._hook("punch.punched", ino)
             self.data.datasync(ino)
@@ -871,7 +902,7 @@ class Store:
             return drec.attr(), False
         self._require_local(src, src_off, count)    # before the destination is flagged
         self._make_room(dst, drec, growth)
-        with self._bytes_changing(dst, drec, also=(src,)):
+        with self._bytes_changing(dst, also=(src,)):
             self._require_local(src, src_off, count)    # registered: no evict from here
             with self.ix.read() as v:      # data sequences before the bytes move (_note_copy)
                 seen = (v.must_inode(src).data_seq, v.must_inode(dst).data_seq)

@@ -74,3 +74,57 @@ def test_commit_is_recorded_by_the_batch_committer(store):
     rec = store.ix.read_inode(f)
     assert rec.committed_size == 4096 and not rec.unsettled
     assert store.durable()
+
+
+def test_a_new_file_is_flagged_uncommitted_by_its_create_and_its_first_write_syncs_nothing(store):
+    """A new regular file carries F_UNCOMMITTED from its (durable) create, so its first WRITE
+    writes no flag txn and waits for no sync; its index update joins the batch."""
+    f = _fresh(store).ino
+    rec = store.ix.read_inode(f)
+    assert rec.unsettled and rec.committed_size == 0
+    syncs, ops = store.committer.syncs, store.batch.ops
+    store.write(f, 0, b"y" * 4096)
+    assert store.committer.syncs == syncs          # no flag txn + sync before the bytes
+    assert store.batch.ops == ops + 1              # the index update: one batched op
+    assert store.getattr(f).size == 4096           # readable at once
+    store.commit(f)
+    assert not store.ix.read_inode(f).unsettled
+
+
+def test_first_write_to_a_file_whose_create_is_not_yet_durable_waits_for_it(store):
+    """Regression (found in review of the change above): another client can LOOKUP a new file
+    once its create is committed, before that commit is durable. Its first WRITE, which skips
+    the flag txn, must still not change bytes before the create (and its flag) is durable:
+    after a power cut the ino would be reused with those bytes in its extent file."""
+    import threading
+    import time
+
+    gate, flushing = threading.Event(), threading.Event()
+    real_flush = store.committer._flush
+
+    def held_flush():
+        flushing.set()
+        assert gate.wait(30)
+        real_flush()
+    store.committer._flush = held_flush
+    fut = store.submit("create", ROOT_INO, b"g", 0o644, 0, 0, False)
+    assert flushing.wait(30)                       # committed, its sync held
+    ino = store.lookup(ROOT_INO, b"g").ino         # visible to another client
+    create_txn = store.ix.txnid
+    seen = []
+
+    def hook(point, i):
+        if point == "write.pwritten" and i == ino:
+            seen.append(store.committer.covered(create_txn))
+    store.race_hook = hook
+    store.open_file(ino, True)
+    writer = threading.Thread(target=store.write, args=(ino, 0, b"z" * 100))
+    writer.start()
+    time.sleep(0.3)
+    assert seen == []                              # no byte before the create is durable
+    gate.set()
+    writer.join(30)
+    fut.result(30)
+    assert seen == [True]
+    store.race_hook = None
+    store.close_file(ino, True)
