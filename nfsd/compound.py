@@ -8,6 +8,7 @@ family); they return their op's result or raise NfsError.
 """
 from __future__ import annotations
 
+import logging
 import struct
 import time
 from dataclasses import dataclass
@@ -387,6 +388,8 @@ def _log_op_error(ctx, opnum: int, err: NfsError) -> None:
 
 
 def _log_compound(ctx, args: CompoundArgs, outcome: CompoundOutcome, started: float) -> None:
+    if not log.is_enabled_for(logging.DEBUG):
+        return                      # its arguments cost more than the disabled call (issue 15)
     log.debug("compound", client=_client_name(ctx), minorversion=args.minorversion,
               ops=[op_name(op.tag) for op in args.ops], status=status_name(outcome.status),
               replayed=outcome.replayed or None,
