@@ -12,7 +12,7 @@ import time
 
 from .api import (DEVICE_TYPES, RDEV_MAX, SPECIAL_TYPES, ChangeInfo, DataState, FileType,
                   NAME_MAX, ROOT_INO, SYMLINK_MAX, StoreError)
-from .index import F_UNCOMMITTED, FIRST_COOKIE, Inode, Writer
+from .index import F_SENT, F_UNCOMMITTED, FIRST_COOKIE, Inode, Writer
 
 TYPE_NAMES = {FileType.REG: "reg", FileType.DIR: "dir", FileType.LNK: "lnk",
               FileType.BLK: "blk", FileType.CHR: "chr", FileType.SOCK: "sock",
@@ -46,14 +46,26 @@ def new_inode(w: Writer, typ: int, mode: int, uid: int, gid: int, parent: int,
 
 def object_of(w: Writer, ino: int) -> dict:
     """What an unlink job must know of the file's objects after its inode is reclaimed (the
-    record goes with it): the object it uploaded [key, etag] and those it `replaces`."""
+    record goes with it): the object it uploaded [key, etag], those it `replaces`, and
+    whether S3 may hold any object written for it (`sent`, see sent_of)."""
     r = w.remote(ino)
-    out: dict = {}
+    out: dict = sent_of(w, ino)
     if r.etag and r.key:
         out["object"] = [r.key, r.etag]
     if r.replaces:
         out["replaces"] = [list(x) for x in r.replaces]
     return out
+
+
+def sent_of(w: Writer, ino: int) -> dict:
+    """{"sent": False} when no object was ever written for regular file `ino` (F_SENT unset):
+    then none can exist at the job's names when it runs either, since an upload sets F_SENT
+    (durably) before it reads the file's path and uploads wait for the journal jobs of that
+    path. {} (unknown: look) for other types, whose objects the journal itself writes."""
+    rec = w.inode(ino)
+    if rec is None or rec.type != FileType.REG or rec.flags & F_SENT:
+        return {}
+    return {"sent": False}
 
 
 def with_next_name(w: Writer, job: dict) -> dict:
@@ -324,6 +336,6 @@ class Namespace:
             w.put_inode(dpd, old_dpd)
         w.queue_put({"kind": "ns", "op": "rename", "ino": s_ino, "type": TYPE_NAMES[s_type],
                      "old_path": old_path, "new_path": new_path,
-                     "replaced": drec.ino if drec is not None else None})
+                     "replaced": drec.ino if drec is not None else None, **sent_of(w, s_ino)})
         return (ChangeInfo(True, old_spd.change, spd.change),
                 ChangeInfo(True, old_dpd.change, dpd.change))

@@ -58,7 +58,7 @@ from .api import (Attr, ChangeInfo, CopySource, DataState, DirEntry, Extent, Fil
 from .batch import BatchCommitter
 from .commit import GroupCommit
 from .data import DataFiles
-from .index import (F_PINNED, F_TRUNCATED, F_UNCOMMITTED, FIRST_COOKIE, U64, U64x2, Index,
+from .index import (F_PINNED, F_SENT, F_TRUNCATED, F_UNCOMMITTED, FIRST_COOKIE, U64, U64x2, Index,
                     Inode, Writer, client_key, pack_client, unpack_client)
 from .namespace import Namespace, validate_name
 from .recovery import recover
@@ -1085,6 +1085,24 @@ class Store:
                 w.put_inode(new, rec)
         return True
 
+    def mark_sent(self, ino: int) -> None:
+        """*Blocking.* Flag regular file `ino` F_SENT (S3 may get an object written for it):
+        the uploader calls it before it reads the file's path for an upload, and makes it
+        durable (`sync`) before its first S3 write. A journal job queued before it records
+        `sent: False` (namespace.sent_of), and its rename or unlink is then already visible
+        to that path lookup, so the upload never writes to the job's old name."""
+        with self.ix.read() as v:
+            rec = v.must_inode(ino)
+        if rec.flags & F_SENT:
+            return
+        with self.ix.write() as w:
+            rec = w.must_inode(ino)
+            self._regular(rec)
+            if not rec.flags & F_SENT:
+                new = rec.copy()
+                new.flags |= F_SENT
+                w.put_inode(new, rec)
+
     def mark_uploaded(self, ino: int, remote: RemoteInfo) -> bool:
         """*Blocking.* Record the object; the file becomes CLEAN if its change counter still
         equals remote.uploaded_change (else stays DIRTY and returns False). Durable on
@@ -1251,6 +1269,7 @@ class Store:
             rec.mtime_ns = mtime_ns
             rec.state = DataState.ABSENT if size else DataState.CLEAN
             rec.flags &= ~F_UNCOMMITTED        # its bytes are the object's, nothing written
+            rec.flags |= F_SENT                # an object of it exists
             extents.set_range(w.txn, self.ix.extents, rec.ino, 0, size, DataState.ABSENT)
             w.put_inode(rec, old)
             _own_import(w, rec.ino, remote)

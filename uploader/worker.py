@@ -157,6 +157,10 @@ class Worker:
                 await self._abort_recorded_upload(job, None)
                 return "gone"
             raise
+        if attr.type == FileType.REG:
+            # before the path is read: journal jobs queued before this say no object of the
+            # file exists (store.mark_sent), and their renames are visible to path_of below
+            await self._store(self.store.mark_sent, ino)
         path = self.store.path_of(ino)
         if path is None:                       # unlinked since it was queued
             await self._abort_recorded_upload(job, self._remote(ino))
@@ -176,6 +180,8 @@ class Worker:
             # written again since: it becomes eligible again after its next settle
             self.store.set_data_state(ino, DataState.DIRTY)
             return "changed"
+        if not self.store.durable():
+            await self._store(self.store.sync)   # F_SENT durable before the first S3 write
         multipart = attr.size >= self.settings.multipart_threshold
         # an imported (or evicted) file written in part: the object is the old bytes where
         # nothing was written, so fetch those before sending (fill never overwrites writes)
@@ -565,6 +571,8 @@ class Worker:
         remote = self._job_remote(job)
         if remote is not None and not remote.etag:
             return "nothing-to-move"      # never uploaded
+        if remote is None and job.get("sent") is False:
+            return "nothing-to-move"      # gone, and no object was ever written for it
         if remote is not None and remote.key == new:
             # already moved (a replay) or uploaded under the new name; an older object of
             # ours may still sit at the old name: remove exactly that one
@@ -699,8 +707,9 @@ class Worker:
             # after the move to the next name re-keyed the record): only it is left to remove;
             # by its ETag, since an imported object carries no identity of ours
             etag = recorded[1]
-        elif cur is None and job.get("type") not in NODE_JOB_TYPES and remote is not None:
-            return "never-uploaded"
+        elif cur is None and job.get("type") not in NODE_JOB_TYPES and (
+                remote is not None or job.get("sent") is False):
+            return "never-uploaded"       # (gone now, but no object was ever written for it)
         else:
             if last_link and cur is not None and cur[0] != old:
                 # removed before its move ran (a move finds an imported object, which carries

@@ -173,7 +173,7 @@ def test_rename_file_over_file_reclaims_target(store):
     # the replaced target's unlink job comes BEFORE the rename job
     assert [j["op"] for j in jobs] == ["unlink", "rename"]
     assert jobs[0] == {"kind": "ns", "op": "unlink", "ino": b, "type": "reg", "old_path": "b",
-                       "last_link": True, "replaced_by": a}
+                       "last_link": True, "replaced_by": a, "sent": False}   # never uploaded
     assert jobs[1]["old_path"] == "a" and jobs[1]["new_path"] == "b" and jobs[1]["replaced"] == b
 
 

@@ -171,3 +171,36 @@ def test_rename_while_parts_wait_for_rate_tokens_aborts_and_restarts(moto, proxy
     assert object_sha(up.client, "gw/w") == sha(data)
     assert status["bytes_uploaded"] == len(data)
     assert not [r for r in proxy.requests(outcome=None) if "w.tmp" in r.path and "partNumber" in r.query]
+
+
+def test_short_lived_files_cost_no_s3_request(moto, proxy, bucket, store):
+    """Issue 15 (small-file saves through `ckptgw serve`): write tmp, rename over `final`,
+    remove `final`, all before any upload. The journal jobs run after the inode is gone, so
+    they cannot read its record; they record that no object was ever written for it
+    (`sent: False`) and send nothing, not even the HEAD that looked for one (two or three
+    botocore requests per file, which cost the gateway a third of its small-file rate).
+    A file that was uploaded, then renamed and removed before its jobs ran, still has its
+    object moved and deleted (its jobs say `sent`)."""
+    kept = payload(2000, 11)
+
+    async def main():
+        up = make_uploader(store, proxy.endpoint, bucket, settle_seconds=30.0)
+        await up.start()
+        try:
+            write_file(store, "up", kept)
+            assert await up.flush("up", timeout=60)
+            for i in range(5):
+                write_file(store, f"tmp{i}", b"x" * 4096)
+                rename(store, f"tmp{i}", "final")
+                remove(store, "final")
+            rename(store, "up", "up2")
+            remove(store, "up2")                   # reclaimed before its jobs run
+            assert await up.flush(timeout=60)
+            return up
+        finally:
+            await up.stop()
+
+    up = asyncio.run(main())
+    assert objects(up.client, "gw/") == {}
+    assert not [r for r in proxy.requests(outcome=None) if "tmp" in r.path or "final" in r.path]
+    assert [r.method for r in proxy.requests(outcome=None) if r.path.endswith("/up2")]   # moved, then deleted
