@@ -11,7 +11,8 @@ last commit only). See ARCHITECTURE.md, Durability rules.
 Keys are big-endian so cursor order is numeric order. Named databases:
 
   meta      b"format" -> FORMAT; counters (next_ino, next_job, used, dirty, opens) u64;
-            b"instance" -> 16 random bytes; b"clock" -> u64 high-water of the store clock
+            b"instance" -> 16 random bytes; b"clock" -> u64 high-water of the store clock;
+            b"sent_since" -> u64 first ino whose F_SENT flag is kept (set at the first open)
   inodes    ino -> Inode record (struct, see INODE; devices carry rdev major/minor in it)
   dirents   parent+name -> child ino, cookie, type      (LOOKUP = one get)
   cookies   parent+cookie -> name                        (READDIR = one cursor walk)
@@ -81,6 +82,7 @@ F_TRUNCATED = 4                      # size set by truncate; data file length no
 # before its first S3 write; set by an import): never cleared. A journal job records it, so a
 # job of a file whose inode is gone by the time it runs knows when no object of it can exist.
 F_SENT = 8
+SENT_SINCE = b"sent_since"           # meta: the first ino whose F_SENT is kept (older: unknown)
 FIRST_COOKIE = 3                     # 0, 1, 2 are reserved by NFS (RFC 8881 section 18.23.3)
 DIRTY_STATES = (DataState.DIRTY, DataState.QUEUED, DataState.UPLOADING)
 

@@ -12,7 +12,7 @@ import time
 
 from .api import (DEVICE_TYPES, RDEV_MAX, SPECIAL_TYPES, ChangeInfo, DataState, FileType,
                   NAME_MAX, ROOT_INO, SYMLINK_MAX, StoreError)
-from .index import F_SENT, F_UNCOMMITTED, FIRST_COOKIE, Inode, Writer
+from .index import F_SENT, F_UNCOMMITTED, FIRST_COOKIE, SENT_SINCE, Inode, Writer
 
 TYPE_NAMES = {FileType.REG: "reg", FileType.DIR: "dir", FileType.LNK: "lnk",
               FileType.BLK: "blk", FileType.CHR: "chr", FileType.SOCK: "sock",
@@ -63,7 +63,8 @@ def sent_of(w: Writer, ino: int) -> dict:
     (durably) before it reads the file's path and uploads wait for the journal jobs of that
     path. {} (unknown: look) for other types, whose objects the journal itself writes."""
     rec = w.inode(ino)
-    if rec is None or rec.type != FileType.REG or rec.flags & F_SENT:
+    if (rec is None or rec.type != FileType.REG or rec.flags & F_SENT
+            or ino < w.counter(SENT_SINCE)):       # made before F_SENT was kept: unknown
         return {}
     return {"sent": False}
 

@@ -58,7 +58,7 @@ from .api import (Attr, ChangeInfo, CopySource, DataState, DirEntry, Extent, Fil
 from .batch import BatchCommitter
 from .commit import GroupCommit
 from .data import DataFiles
-from .index import (F_PINNED, F_SENT, F_TRUNCATED, F_UNCOMMITTED, FIRST_COOKIE, U64, U64x2, Index,
+from .index import (F_PINNED, F_SENT, SENT_SINCE, F_TRUNCATED, F_UNCOMMITTED, FIRST_COOKIE, U64, U64x2, Index,
                     Inode, Writer, client_key, pack_client, unpack_client)
 from .namespace import Namespace, validate_name
 from .recovery import recover
@@ -136,6 +136,10 @@ class Store:
         self.recovery_stats = recover(self.ix, self.data)
         with self.ix.write() as w:
             opens = w.next_id(b"opens")
+            if w.counter(SENT_SINCE) == 0:
+                # F_SENT is kept for inodes made from now on; of older ones (a store of a
+                # version before it) nobody knows, so their journal jobs look in S3 as before
+                w.txn.put(SENT_SINCE, U64.pack(w.counter(b"next_ino") + 1), db=self.ix.meta)
         self.write_verifier = struct.pack(">I", opens & 0xFFFFFFFF) + os.urandom(4)
         self.instance_id = self.ix.instance_id()
         self.committer.sync()

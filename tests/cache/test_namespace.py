@@ -369,3 +369,27 @@ def test_unlinked_open_inode_edges(store):
         with pytest.raises(StoreError) as e:
             op()
         assert err(e) == errno.ESTALE
+
+
+def test_journal_jobs_say_sent_false_only_for_files_known_never_uploaded(store_dir):
+    """`sent: False` (no object was ever written for the file) is given only for inodes made
+    since F_SENT is kept: a store of an older version has uploaded files without the flag,
+    whose jobs must still look in S3."""
+    from cache.index import SENT_SINCE
+    s = Store.open(store_dir)
+    old = mkfile(s, ROOT_INO, b"old", b"1")
+    with s.ix.write() as w:                      # as a store of the version before F_SENT
+        w.txn.delete(SENT_SINCE, db=s.ix.meta)
+    s.close()
+    s = Store.open(store_dir)
+    try:
+        new = mkfile(s, ROOT_INO, b"new", b"2")
+        sent = mkfile(s, ROOT_INO, b"sent", b"3")
+        s.mark_sent(sent)
+        for name in (b"old", b"new", b"sent"):
+            s.remove(ROOT_INO, name)
+        jobs = {j["ino"]: j for _, j in s.queue_list() if j.get("op") == "unlink"}
+        assert "sent" not in jobs[old] and "sent" not in jobs[sent]
+        assert jobs[new]["sent"] is False
+    finally:
+        s.close()
