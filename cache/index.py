@@ -78,9 +78,10 @@ DIRENT = struct.Struct("<QQB")        # child ino, cookie, type
 F_PINNED = 1
 F_UNCOMMITTED = 2                    # may hold bytes written since the last commit()
 F_TRUNCATED = 4                      # size set by truncate; data file length not yet synced
-# S3 may hold an object written for this inode (set when the uploader first queues it, durable
-# before its first S3 write; set by an import): never cleared. A journal job records it, so a
-# job of a file whose inode is gone by the time it runs knows when no object of it can exist.
+# S3 may hold an object written for this inode (Store.mark_sent: set by the uploader before it
+# reads the file's path for an upload, durable before its first S3 write; set by an import):
+# never cleared. A journal job records it (namespace.sent_of), so a job of a file whose inode is
+# gone by the time it runs knows when no object of it can exist.
 F_SENT = 8
 SENT_SINCE = b"sent_since"           # meta: the first ino whose F_SENT is kept (older: unknown)
 FIRST_COOKIE = 3                     # 0, 1, 2 are reserved by NFS (RFC 8881 section 18.23.3)

@@ -58,8 +58,8 @@ from .api import (Attr, ChangeInfo, CopySource, DataState, DirEntry, Extent, Fil
 from .batch import BatchCommitter
 from .commit import GroupCommit
 from .data import DataFiles
-from .index import (F_PINNED, F_SENT, SENT_SINCE, F_TRUNCATED, F_UNCOMMITTED, FIRST_COOKIE, U64, U64x2, Index,
-                    Inode, Writer, client_key, pack_client, unpack_client)
+from .index import (F_PINNED, F_SENT, F_TRUNCATED, F_UNCOMMITTED, FIRST_COOKIE, SENT_SINCE, U64, U64x2,
+                    Index, Inode, Writer, client_key, pack_client, unpack_client)
 from .namespace import Namespace, validate_name
 from .recovery import recover
 from .space import Space
