@@ -72,6 +72,9 @@ READDIR_BATCH = 256
 FILES_TOTAL = 1 << 40
 
 
+CLOSE_COMMIT_CHUNK = 1024   # files committed per index txn by close()
+
+
 class Store:
     # ---- lifecycle -------------------------------------------------------------
     @classmethod
@@ -164,17 +167,35 @@ class Store:
             live = [ino for ino in v.keys(self.ix.unsettled)
                     if (r := v.inode(ino)) and (r.flags & (F_UNCOMMITTED | F_TRUNCATED)
                                                 or r.size != r.committed_size)]
-        for ino in live:
-            try:
-                self.commit(ino)
-            except StoreError as e:
-                log.error("store.close_commit_failed", ino=ino, error=str(e))
+        # every new file is F_UNCOMMITTED until written and committed (new_inode): a commit
+        # each would cost a txn and a sync per file; one txn per chunk of files instead
+        for i in range(0, len(live), CLOSE_COMMIT_CHUNK):
+            synced = []
+            for ino in live[i:i + CLOSE_COMMIT_CHUNK]:
+                try:
+                    synced.append((ino, *self._datasynced(ino)))
+                except StoreError as e:
+                    log.error("store.close_commit_failed", ino=ino, error=str(e))
+            self._record_commits(synced)
         self.committer.sync()
         self._closed = True
         self.data.close()
         self.ix.close()
         os.close(self._lockfd)
         log.info("store.closed", path=self.path)
+
+    def _record_commits(self, synced: list[tuple[int, int, int, int]], tries: int = 3) -> None:
+        """close(): the index half of many commits in one txn; again if the map had to grow."""
+        for attempt in range(tries):
+            try:
+                with self.ix.write() as w:
+                    for args in synced:
+                        self._record_commit(w, *args)
+                return
+            except StoreError as e:
+                if e.errno != errno.EAGAIN or attempt == tries - 1:
+                    log.error("store.close_commit_failed", files=len(synced), error=str(e))
+                    return
 
     write_verifier: bytes      # 8 bytes, new at every open()
     instance_id: bytes         # 16 bytes, stable for the store's lifetime (server owner/scope)
@@ -655,18 +676,33 @@ class Store:
         """pwrite into the page cache; updates live size/mtime/change; marks the range dirty.
         EAGAIN when dirty data would exceed capacity (caller answers NFS4ERR_DELAY);
         ENOSPC when the disk is full (nothing already stored is damaged). Returns new attrs."""
+        return self._write(ino, offset, data, stable=False)
+
+    def write_stable(self, ino: int, offset: int, data: bytes | memoryview) -> Attr:
+        """*Blocking.* write() and commit() in one: durable when it returns (FILE_SYNC). Its
+        index record and its commit are one op of the namespace batch, so a stream of stable
+        writes costs one index commit each, not three: the file keeps F_UNCOMMITTED (the
+        next write's cycle needs no flag txn), its committed size follows the write, and
+        the uploader's commit_settled clears the flag once the file is closed."""
+        return self._write(ino, offset, data, stable=True)
+
+    def _write(self, ino: int, offset: int, data: bytes | memoryview, stable: bool) -> Attr:
         n = len(data)
         if offset < 0 or offset + n > MAX_FILE_SIZE:
             raise StoreError(errno.EFBIG, f"write at {offset}+{n} out of range")
         with self.ix.read() as v:
             rec = v.must_inode(ino)
             self._regular(rec)
-            if n == 0:
-                return rec.attr()
             growth = n if offset >= rec.size else n - extents.present_bytes(
                 v.txn, self.ix.extents, ino, offset, offset + n)
+        if n == 0:
+            if stable:
+                self.commit(ino)           # FILE_SYNC of nothing still commits what is there
+            return rec.attr()
         self._make_room(ino, rec, growth)
         with self._bytes_changing(ino):
+            if stable:
+                return self._write_stable_applied(ino, offset, data)
             return self._write_applied(ino, offset, data)
 
     def _make_room(self, ino: int, rec: Inode, growth: int) -> None:
@@ -753,20 +789,54 @@ class Store:
             if cur is not None:
                 self.data.shrink_to(ino, cur.size)
 
-    def _write_applied(self, ino: int, offset: int, data) -> Attr:
-        n = len(data)
+    def _pwrite(self, ino: int, offset: int, data) -> None:
         try:
             self.data.pwrite(ino, offset, data)
             self._hook("write.pwritten", ino)
         except StoreError:
             self._shrink_to_recorded(ino)   # a partial write may have grown the file
             raise
-        if self.batch.closing:
-            with self.ix.write() as w:
-                return self._record_write(w, ino, offset, n)
+
+    def _write_applied(self, ino: int, offset: int, data) -> Attr:
+        self._pwrite(ino, offset, data)
         # in the namespace batch: concurrent WRITEs and namespace ops share one index commit
         # (readable once it returns; not a reason for a sync: unstable until COMMIT)
-        return self.batch.submit(self._record_write, ino, offset, n, durable=False).result()
+        return self._in_batch(self._record_write, ino, offset, len(data), durable=False)
+
+    def _write_stable_applied(self, ino: int, offset: int, data) -> Attr:
+        """A registered (I4) FILE_SYNC write: pwrite, fdatasync, then its record and its
+        commit in one batch op, durable on return."""
+        n = len(data)
+        self._pwrite(ino, offset, data)
+        # on disk now: every byte below `recorded` (pwritten before its record), and ours
+        wseq, tseq, recorded = self._datasynced(ino)
+        if offset > recorded:
+            # the gap below this write may hold another writer's bytes, pwritten after that
+            # datasync: not ours to call committed. Two steps, as WRITE + COMMIT.
+            attr = self._in_batch(self._record_write, ino, offset, n, durable=False)
+            self.commit(ino)
+            return attr
+        return self._in_batch(self._record_stable_write, ino, offset, n, wseq, tseq,
+                              max(recorded, offset + n), durable=True)
+
+    def _record_stable_write(self, w: Writer, ino: int, offset: int, n: int, wseq: int,
+                             tseq: int, size: int) -> Attr:
+        attr = self._record_write(w, ino, offset, n)
+        # this write is still registered, so the commit half keeps F_UNCOMMITTED
+        self._record_commit(w, ino, wseq, tseq, size)
+        return attr
+
+    def _in_batch(self, fn, *args, durable: bool):
+        """fn(writer, *args) as an op of the namespace batch (one index commit with the ops
+        queued beside it); while the store closes, in a txn of its own. durable: synced
+        before it returns; else readable, and durable with the next sync."""
+        if self.batch.closing:
+            with self.ix.write() as w:
+                result = fn(w, *args)
+            if durable:
+                self.committer.sync()
+            return result
+        return self.batch.submit(fn, *args, durable=durable).result()
 
     def _record_write(self, w: Writer, ino: int, offset: int, n: int) -> Attr:
         """The index half of a write whose bytes are pwritten: live size, extents, change."""
@@ -973,17 +1043,20 @@ class Store:
         with self.ix.read() as v:
             rec = v.must_inode(ino)
         if self._needs_commit(rec):
-            with self.ix.lock:
-                wseq, tseq = self._wseq.get(ino, 0), self._tseq.get(ino, 0)
-                size = self.ix.read_inode(ino).size
-            self.data.datasync(ino)        # every byte below `size` was pwritten before
-            if not self.batch.closing:
-                # durable on return: its commit covers every txn before it (the writes' too)
-                self.batch.submit(self._record_commit, ino, wseq, tseq, size).result()
-                return
-            with self.ix.write() as w:
-                self._record_commit(w, ino, wseq, tseq, size)
+            # durable on return: its commit covers every txn before it (the writes' too)
+            self._in_batch(self._record_commit, ino, *self._datasynced(ino), durable=True)
+            return
         self.committer.sync()
+
+    def _datasynced(self, ino: int) -> tuple[int, int, int]:
+        """fdatasync the file's data; returns what _record_commit needs: the write and
+        truncate sequences and the recorded size, read before the sync, so every byte
+        below that size was pwritten before it."""
+        with self.ix.lock:
+            wseq, tseq = self._wseq.get(ino, 0), self._tseq.get(ino, 0)
+            size = self.ix.read_inode(ino).size
+        self.data.datasync(ino)
+        return wseq, tseq, size
 
     def _record_commit(self, w: Writer, ino: int, wseq: int, tseq: int, size: int) -> None:
         """The index half of commit(): bytes below `size` are on disk (datasync before)."""

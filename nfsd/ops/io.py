@@ -122,10 +122,11 @@ async def op_write(ctx, args) -> WRITE4res:
         # sync=True), the first of a commit cycle also waits for a group sync (I2), and a
         # large pwrite takes ~10 ms per MiB (it releases the GIL). Safe because every RPC
         # record has its own buffer (nfsd.rpc), which the data views.
-        await blocking(ctx, store.write, obj.ino, args.offset, data)
-        committed = UNSTABLE4
-        if args.stable != UNSTABLE4:
-            await blocking(ctx, store.commit, obj.ino)
+        if args.stable == UNSTABLE4:
+            await blocking(ctx, store.write, obj.ino, args.offset, data)
+            committed = UNSTABLE4
+        else:                   # one thread hop and one index commit, durable on return
+            await blocking(ctx, store.write_stable, obj.ino, args.offset, data)
             committed = FILE_SYNC4
     return WRITE4res(NFS4_OK, WRITE4resok(count=len(data), committed=committed,
                                           writeverf=ctx.server.write_verifier))

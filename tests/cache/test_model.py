@@ -115,13 +115,17 @@ class StoreModel(RuleBasedStateMachine):
         d.entries[name] = MDir(a.ino, d)
 
     @precondition(lambda self: self.files())
-    @rule(data=st.data(), offset=OFFSETS, payload=st.binary(min_size=1, max_size=5000))
-    def write(self, data, offset, payload):
+    @rule(data=st.data(), offset=OFFSETS, payload=st.binary(min_size=1, max_size=5000),
+          stable=st.booleans())
+    def write(self, data, offset, payload, stable):
+        """UNSTABLE, or FILE_SYNC (stable): durable on return with every byte before it."""
         f = data.draw(st.sampled_from(self.files()))
-        self.store.write(f.ino, offset, payload)
+        (self.store.write_stable if stable else self.store.write)(f.ino, offset, payload)
         if len(f.data) < offset:
             f.data.extend(bytes(offset - len(f.data)))
         f.data[offset:offset + len(payload)] = payload
+        if stable:
+            f.committed = len(f.data)
 
     @precondition(lambda self: self.files())
     @rule(data=st.data(), size=st.integers(0, 12000))

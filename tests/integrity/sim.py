@@ -385,12 +385,16 @@ class Sim:
         a, _ = self.store.symlink(parent.ino, name.encode(), target, 0o777, 0, 0)
         parent.entries[name] = MLink(a.ino, target)
 
-    def write(self, path: str, offset: int, data: bytes) -> None:
+    def write(self, path: str, offset: int, data: bytes, stable: bool = False) -> None:
+        """An UNSTABLE write, or (stable) a FILE_SYNC one: durable with every byte written
+        before it, as a WRITE then a COMMIT."""
         f = self.node(path)
-        self.store.write(f.ino, offset, data)
+        (self.store.write_stable if stable else self.store.write)(f.ino, offset, data)
         if len(f.data) < offset:
             f.data.extend(bytes(offset - len(f.data)))
         f.data[offset:offset + len(data)] = data
+        if stable:
+            f.committed = len(f.data)
         self._register(f)
 
     def commit(self, path: str) -> None:

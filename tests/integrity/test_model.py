@@ -121,12 +121,13 @@ class IntegrityModel(RuleBasedStateMachine):
         self.sim.symlink(self._join(data.draw(st.sampled_from(self._dirs())), name), link_to)
 
     @precondition(lambda self: self._files())
-    @rule(data=st.data(), offset=st.integers(0, 6000), length=st.integers(1, 3000))
-    def write(self, data, offset, length):
+    @rule(data=st.data(), offset=st.integers(0, 6000), length=st.integers(1, 3000),
+          stable=st.booleans())
+    def write(self, data, offset, length, stable):
         path = data.draw(st.sampled_from(self._files()))
         if not FIXED["torn_upload"] and self._uploading(path):
             return
-        self.sim.write(path, offset, self.sim.payload(length))
+        self.sim.write(path, offset, self.sim.payload(length), stable=stable)
 
     @precondition(lambda self: self._files())
     @rule(data=st.data())

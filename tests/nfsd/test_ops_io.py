@@ -4,7 +4,7 @@ import errno
 
 import pytest
 
-from cache.api import StoreError
+from cache.api import ROOT_INO, StoreError
 from tests.nfsd.ops_harness import make_fs
 from nfsd.xdr.nfs4 import *  # noqa: F401,F403
 
@@ -36,7 +36,12 @@ def test_write_stability_is_reported_truthfully(fs):
         for how in (DATA_SYNC4, FILE_SYNC4):
             ok = await fs.write(f, sid, 4096, b"b" * 10, how)
             assert ok.committed == FILE_SYNC4
-            assert fs.server.blocking_calls.pop() == "commit"
+            # one store call: the write and its commit in one index commit
+            assert fs.server.blocking_calls == ["write_stable"]
+            fs.server.blocking_calls.clear()
+            store = fs.server.store
+            rec = store.ix.read_inode(store.lookup(ROOT_INO, b"f").ino)
+            assert rec.committed_size == rec.size == 4106 and fs.server.store.durable()
         fs.server.blocking_calls.clear()
         res = await fs.run([(OP_PUTFH, PUTFH4args(f)), (OP_COMMIT, COMMIT4args(0, 0))])
         assert res[1].value.writeverf == fs.server.store.write_verifier
