@@ -44,6 +44,10 @@ MODES = {
 SCALE_BASE_FILES = 1000
 
 
+class NotRunHere(Exception):
+    """A scenario cannot run on this host (a tool is missing): reported as "not run", exit 2."""
+
+
 @dataclass
 class GoalResult:
     goal: Goal
@@ -79,6 +83,7 @@ class Run:
     cpu: list[dict] = field(default_factory=list)              # per server run: CPU s per process
     scenarios: list[dict] = field(default_factory=list)        # name, status, note, seconds
     notes: list[str] = field(default_factory=list)
+    profiles: list[dict] = field(default_factory=list)         # bench/flame.py summaries
 
     def add(self, goal_id: str, ckptgw: float, reference: float | None = None) -> None:
         """One repetition's side-by-side pair (reference None: the reference did not run)."""

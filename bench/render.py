@@ -91,11 +91,32 @@ def markdown(run: Run, meta: dict, facts: dict, plots: list[str]) -> str:
                 _table(["phase", "server", "rep", "wall s"] + [f"{p} CPU s" for p in procs],
                        [[c["scenario"], c["server"], str(c["rep"]), f"{c['wall_s']:.1f}"]
                         + [f"{c['cpu_s'][p]:.1f}" if p in c["cpu_s"] else "" for p in procs] for c in run.cpu]), ""]
+    out += _profiles(run)
     out += ["## Plots", ""]
     out += [f"![{p}]({p})" for p in plots] + [""]
     if run.notes:
         out += ["## Notes", ""] + [f"- {n}" for n in run.notes] + [""]
     return "\n".join(out)
+
+
+def _profiles(run: Run) -> list[str]:
+    if not run.profiles:
+        return []
+    out = ["## Profiles", "",
+           "py-spy on `ckptgw serve` (its uploader draining to moto), sampling every thread 100 times a second "
+           "without pausing it (bench/flame.py). Busy: samples while running ÷ samples possible over the time "
+           "watched, per thread (pools summed, so a pool of 4 can reach 4.0); one core is 1.0 over all threads. "
+           "Without pausing the process py-spy cannot always tell a wait from work, so waits "
+           "(`select`, `Condition.wait`, a pool's idle `_worker`) still show among the frames.", ""]
+    for p in run.profiles:
+        out += [f"### {p['load']}", "",
+                f"{p['samples']:,} samples over {p['seconds']:.1f} s.", "",
+                _table(["thread", "threads", "busy (cores)"],
+                       [[name, str(t["threads"]), f"{t['busy']:.2f}"] for name, t in p["threads"].items()]), "",
+                _table(["where the samples are (innermost frame)", "share of samples"],
+                       [[f, f"{share:.1%}"] for f, share in p["top"]]), "",
+                f"![{p['flame']}]({p['flame']})", ""]
+    return out
 
 
 def plot_all(run: Run, outdir: Path) -> list[str]:

@@ -31,8 +31,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench import machine, render  # noqa: E402
-from bench.record import MODES, Run  # noqa: E402
-from bench.scenarios import kclient, nfs, s3, scale  # noqa: E402
+from bench.record import MODES, NotRunHere, Run  # noqa: E402
+from bench.scenarios import kclient, nfs, profile, s3, scale  # noqa: E402
 
 # name, function, goal-id prefixes it measures, runs in quick/smoke modes
 SCENARIOS = (
@@ -43,6 +43,7 @@ SCENARIOS = (
     ("scale: start-up and lookups", scale.startup_and_lookup, ("scale.startup", "scale.lookup"), True),
     ("RSS while saving", scale.rss_while_saving, ("scale.rss",), True),
     ("kernel client", kclient.run, ("kclient.",), False),
+    ("profile: where the gateway's time goes", profile.run, (), True),
 )
 EXIT_MEANING = {0: "every goal measured against its reference", 1: "a scenario failed",
                 2: "some goal or reference could not run here"}
@@ -68,6 +69,9 @@ def run_scenarios(run: Run, only: list[str] | None) -> None:
         status, note = "ran", ""
         try:
             fn(run)
+        except NotRunHere as e:
+            status, note = "not run", str(e)
+            run.mark(gids, "not run", note)
         except Exception as e:
             status, note = "failed", f"{type(e).__name__}: {e}".splitlines()[0][:300]
             traceback.print_exc()
@@ -80,6 +84,8 @@ def run_scenarios(run: Run, only: list[str] | None) -> None:
 def exit_status(run: Run) -> int:
     if any(s["status"] == "failed" for s in run.scenarios):
         return 1
+    if any(s["status"] == "not run" for s in run.scenarios):
+        return 2
     for r in run.results.values():
         if r.status == "not run" or (r.status == "ran" and not r.reference):
             return 2
@@ -131,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "REPORT.md").write_text(render.markdown(run, meta, facts, plots))
     (args.out / "results.json").write_text(json.dumps({
         "meta": meta, "facts": facts, "sizes": asdict(run.sizes), "scenarios": run.scenarios, "cpu": run.cpu,
-        "notes": run.notes, "series": run.series, "goals": {gid: {"status": r.status, "note": r.note, "reference_note": r.reference_note,
+        "notes": run.notes, "profiles": run.profiles, "series": run.series, "goals": {gid: {"status": r.status, "note": r.note, "reference_note": r.reference_note,
                                             "ckptgw": r.ckptgw, "reference": r.reference, "figures": r.figures,
                                             "met": r.met} for gid, r in run.results.items()}}, indent=1))
     print(f"wrote {args.out / 'REPORT.md'} and {len(plots)} plot(s); exit {code}: {EXIT_MEANING[code]}",

@@ -46,9 +46,11 @@ def test_the_command_finishes_without_a_failed_scenario(report):
     assert not failed, failed
     unmeasured = {gid: g for gid, g in results["goals"].items()
                   if g["status"] == "not run" or (g["status"] == "ran" and not g["reference"])}
+    not_run = [s for s in results["scenarios"] if s["status"] == "not run"]
     # exit 2 exactly when something could not run here, and the report says why for each
-    assert (r.returncode == 2) == bool(unmeasured), (r.returncode, unmeasured)
+    assert (r.returncode == 2) == bool(unmeasured or not_run), (r.returncode, unmeasured, not_run)
     assert all(g["note"] or g["reference_note"] for g in unmeasured.values()), unmeasured
+    assert all(s["note"] for s in not_run), not_run
 
 
 def test_every_goal_has_a_row_with_values(report):
@@ -90,3 +92,21 @@ def test_ganesha_column_is_filled_when_ganesha_is_installed(report):
         assert all(len(g["reference"]) == len(g["ckptgw"]) >= 3 for g in nfsrs.values()), nfsrs
     else:
         assert all(g["reference_note"].startswith("not run") for g in nfsrs.values()), nfsrs
+
+
+def test_profiles_have_a_flame_graph_and_name_where_the_samples_are(report):
+    """The profile scenario (py-spy, the `bench` extra that scripts/bench installs): per load, a
+    busy share per thread, the innermost frames by samples, and a flame graph PNG."""
+    out, _ = report
+    results = json.loads((out / "results.json").read_text())
+    text = (out / "REPORT.md").read_text()
+    profiles = results["profiles"]
+    assert [p["load"] for p in profiles] == ["small-file saves, 8 clients", "8 streams of 1 MiB durable writes"]
+    assert "## Profiles" in text
+    for p in profiles:
+        assert p["samples"] > 0 and p["top"] and "MainThread" in p["threads"], p
+        assert sum(share for _, share in p["top"]) <= 1.0001
+        data = (out / p["flame"]).read_bytes()
+        assert data[:8] == PNG_MAGIC and len(data) > 1000, p["flame"]
+        assert f"]({p['flame']})" in text
+

@@ -1,0 +1,37 @@
+"""Where the gateway's time goes (issue 15's "profile first"): py-spy on `ckptgw serve`, its
+uploader draining to moto, under the two loads furthest from their goals: the 8-client
+small-file loop and 8 streams of 1 MiB durable writes. Each gives the report a busy share per
+thread, the functions the samples sit in, and a flame graph. Reported, not judged: no goal."""
+from __future__ import annotations
+
+import os
+
+from .. import flame
+from .. import nfsrs_throughput as tp
+from ..record import MiB, Run
+from ..render import slug
+from ..stack import gateway, s3_server
+from tests.e2e.nfsrs_support import connect, retrying
+
+LOADS = ("small-file saves, 8 clients", "8 streams of 1 MiB durable writes")
+
+
+def run(run: Run) -> None:
+    s = run.sizes
+    block = os.urandom(MiB)
+    per = max(MiB, s.stream_mib * MiB // 8 // MiB * MiB)
+    with s3_server() as s3, gateway(run.workdir / "profile", s3.endpoint) as gw:
+        c = connect(gw.port)
+        retrying(c.mkdir, "prof", exist_ok=True)
+        c.close()
+        loads = {LOADS[0]: lambda: tp.small_files(gw.port, 8, s.small_seconds, "prof"),
+                 LOADS[1]: lambda: tp.timed_parallel([lambda i=i: tp.write_stream(gw.port, f"prof/s{i}", per, block)
+                                                      for i in range(8)])}
+        for name, load in loads.items():
+            raw = run.workdir / f"profile-{slug(name)}.txt"
+            with flame.sampling(gw.pid, raw) as watched:
+                load()
+            stacks = flame.read_stacks(raw)
+            png = f"flame-{slug(name)}.png"
+            flame.plot(stacks, f"ckptgw serve, {name} (py-spy, {watched['seconds']:.1f} s)", run.outdir / png)
+            run.profiles.append({"load": name, "flame": png, **flame.summary(stacks, watched["seconds"])})
