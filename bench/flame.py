@@ -3,9 +3,10 @@ per-thread busy share, a table of the functions the samples sit in, and a flame 
 
 py-spy (the `bench` extra) attaches to the process by pid with `--nonblocking` (it reads the
 target's memory without pausing it, so the profile does not slow what it measures) and writes
-"raw" collapsed stacks: one line per distinct stack, `thread;frame;frame count`, root first. Only
-samples of threads that were running are kept (no `--idle`): a thread's share of samples over the
-time it was watched is how busy it was, not how long it waited.
+"raw" collapsed stacks: one line per distinct stack, `thread;frame;frame count`, root first.
+Samples py-spy judges idle are left out (no `--idle`), so a thread's share of samples over the time
+it was watched is how busy it was; without pausing the process py-spy misjudges some waits
+(`select`, `Condition.wait`) as running, and the report says so.
 """
 from __future__ import annotations
 
