@@ -60,6 +60,15 @@ def read_stream(port: int, path: str) -> int:
         c.close()
 
 
+def mkdir(port: int, path: str) -> None:
+    """mkdir -p of one directory, over a connection of its own."""
+    c = connect(port)
+    try:
+        retrying(c.mkdir, path, exist_ok=True)
+    finally:
+        c.close()
+
+
 def timed_parallel(fns) -> float:
     errors: list[BaseException] = []
 
@@ -78,6 +87,20 @@ def timed_parallel(fns) -> float:
     if errors:
         raise errors[0]
     return elapsed
+
+
+STREAMS = 8
+
+
+def stream_share(size: int) -> int:
+    """Bytes per stream when `size` is split over STREAMS (whole MiB, at least one)."""
+    return max(MiB, size // STREAMS // MiB * MiB)
+
+
+def write_streams(port: int, prefix: str, per: int, block: bytes) -> float:
+    """STREAMS clients at once, each writing its own file `prefix`N of `per` bytes; seconds."""
+    return timed_parallel([lambda i=i: write_stream(port, f"{prefix}{i}", per, block)
+                           for i in range(STREAMS)])
 
 
 def small_files(port: int, nclients: int, seconds: float, tag: str) -> float:
@@ -116,17 +139,14 @@ def measure(port: int, size: int, seconds: float, only: tuple[str, ...] = FIGURE
     """The figures named in `only` (read 1 stream needs write 1 stream first), in FIGURES order."""
     block = os.urandom(MiB)
     out = {}
-    setup = connect(port)
-    retrying(setup.mkdir, "bench", exist_ok=True)
-    setup.close()
+    mkdir(port, "bench")
     if WRITE1 in only or READ1 in only:
         t = timed_parallel([lambda: write_stream(port, "bench/one", size, block)])
         out[WRITE1] = size / t / 1e6
     if WRITE8 in only:
-        per = max(MiB, size // 8 // MiB * MiB)
-        t = timed_parallel([lambda i=i: write_stream(port, f"bench/s{i}", per, block)
-                            for i in range(8)])
-        out[WRITE8] = 8 * per / t / 1e6
+        per = stream_share(size)
+        t = write_streams(port, "bench/s", per, block)
+        out[WRITE8] = STREAMS * per / t / 1e6
     if READ1 in only:
         t0 = time.perf_counter()
         n = read_stream(port, "bench/one")

@@ -11,7 +11,6 @@ from .. import nfsrs_throughput as tp
 from ..record import MiB, Run
 from ..render import slug
 from ..stack import gateway, s3_server
-from tests.e2e.nfsrs_support import connect, retrying
 
 LOADS = ("small-file saves, 8 clients", "8 streams of 1 MiB durable writes")
 
@@ -19,14 +18,11 @@ LOADS = ("small-file saves, 8 clients", "8 streams of 1 MiB durable writes")
 def run(run: Run) -> None:
     s = run.sizes
     block = os.urandom(MiB)
-    per = max(MiB, s.stream_mib * MiB // 8 // MiB * MiB)
+    per = tp.stream_share(s.stream_mib * MiB)
     with s3_server() as s3, gateway(run.workdir / "profile", s3.endpoint) as gw:
-        c = connect(gw.port)
-        retrying(c.mkdir, "prof", exist_ok=True)
-        c.close()
+        tp.mkdir(gw.port, "prof")
         loads = {LOADS[0]: lambda: tp.small_files(gw.port, 8, s.small_seconds, "prof"),
-                 LOADS[1]: lambda: tp.timed_parallel([lambda i=i: tp.write_stream(gw.port, f"prof/s{i}", per, block)
-                                                      for i in range(8)])}
+                 LOADS[1]: lambda: tp.write_streams(gw.port, "prof/s", per, block)}
         for name, load in loads.items():
             raw = run.workdir / f"profile-{slug(name)}.txt"
             with flame.sampling(gw.pid, raw) as watched:

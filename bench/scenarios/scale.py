@@ -46,22 +46,13 @@ def startup_and_lookup(run: Run) -> None:
 
 def rss_while_saving(run: Run) -> None:
     s = run.sizes
-    per = max(1, s.rss_save_mib // 8) * MiB
+    per = tp.stream_share(s.rss_save_mib * MiB)
     block = bytes(range(256)) * (MiB // 256)
     for rep in range(s.reps):
         with s3_server() as s3, gateway(run.workdir / f"rss{rep}", s3.endpoint) as gw:
-            _mkdir(gw.port, "rss")
+            tp.mkdir(gw.port, "rss")
             with RssSampler(gw.pid, interval=0.1) as rss:
-                tp.timed_parallel([lambda i=i: tp.write_stream(gw.port, f"rss/shard{i}", per, block)
-                                   for i in range(8)])
+                tp.write_streams(gw.port, "rss/shard", per, block)
             run.add("scale.rss", rss.peak / MiB, 256.0)
-            run.timeline("RSS while saving", "MiB", f"ckptgw saving {8 * per // MiB} MiB",
+            run.timeline("RSS while saving", "MiB", f"ckptgw saving {tp.STREAMS * per // MiB} MiB",
                          [(t, b / MiB) for t, b in rss.samples])
-
-
-def _mkdir(port: int, path: str) -> None:
-    c = tp.connect(port)
-    try:
-        tp.retrying(c.mkdir, path, exist_ok=True)
-    finally:
-        c.close()
