@@ -22,9 +22,11 @@ log = structlog.get_logger(__name__)
 
 DEFAULT_LEASE_TIME = 90
 SEQID_MOD = 1 << 32
-# The reply caches of all sessions together (bytes): sessions get fewer slots when this
-# is nearly spent, none when it is (as Linux knfsd's DRC limit). 128 MiB = 8192 slots
-# of the 16 KiB a slot may keep (nfsd/ops/session.py REPLY_CACHE_LIMIT).
+# The reply caches of all sessions together (bytes): a new session gets at most an eighth
+# of what is free, and a client's only session one slot when nothing is (as Linux knfsd's
+# DRC limit; nfsd/ops/session.py slots_offered). 128 MiB = 8192 slots of the 16 KiB a
+# slot may keep (REPLY_CACHE_LIMIT): about 120 clients at 64 slots, then fewer each; the
+# one-slot overdraft adds at most max_clients x 16 KiB.
 DRC_BUDGET = 128 * 1024 * 1024
 
 

@@ -73,6 +73,9 @@ CREATE_SESSION4_FLAG_MASK = (CREATE_SESSION4_FLAG_PERSIST | CREATE_SESSION4_FLAG
                              | CREATE_SESSION4_FLAG_CONN_RDMA)
 # One client needs one session (two while it replaces one); more is a client in a loop.
 MAX_SESSIONS_PER_CLIENT = 16
+# A new session gets at most this fraction (1/N) of the reply-cache slots still free, so
+# the first clients to mount cannot take them all (Linux knfsd takes 1/8 too).
+SLOT_SHARE = 8
 
 SERVER_IMPL = nfs_impl_id4(nii_domain=b"ckptgw.invalid", nii_name=b"ckptgw nfsd",
                            nii_date=nfstime4(seconds=0, nseconds=0))
@@ -159,6 +162,17 @@ def server4_owner(server) -> server_owner4:
 
 # ---- CREATE_SESSION (RFC 8881 18.36) -----------------------------------------------
 
+def slots_offered(mgr, client) -> int:
+    """Reply-cache slots a new session of `client` may have. Up to 1/SLOT_SHARE of the free
+    budget; once it is spent, still one for a client's only session (as Linux knfsd), so
+    mount number N+1 works, with one request in flight, instead of failing. That overdraft
+    is bounded by the client records: one slot each, at most max_clients."""
+    free = mgr.slots_free(REPLY_CACHE_LIMIT)
+    if free >= 1:
+        return max(1, free // SLOT_SHARE)
+    return 0 if client.sessions else 1
+
+
 def negotiate_fore(attrs, slots_free: int) -> ChannelAttrs:
     if attrs.ca_maxrequestsize < MIN_REQUEST_SIZE or attrs.ca_maxresponsesize < MIN_REQUEST_SIZE:
         raise NfsError(NFS4ERR_TOOSMALL, "fore channel sizes too small")
@@ -217,7 +231,7 @@ async def op_create_session(ctx, args) -> CREATE_SESSION4res:
         raise NfsError(NFS4ERR_INVAL, f"csa_flags {args.csa_flags:#x}")
     if len(client.sessions) >= MAX_SESSIONS_PER_CLIENT:
         raise NfsError(NFS4ERR_NOSPC, f"client has {len(client.sessions)} sessions")
-    fore = negotiate_fore(args.csa_fore_chan_attrs, mgr.slots_free(REPLY_CACHE_LIMIT))
+    fore = negotiate_fore(args.csa_fore_chan_attrs, slots_offered(mgr, client))
     back = accept_back(args.csa_back_chan_attrs)
     if not client.confirmed:
         # Confirming a rebooted client's new record releases the old one (18.35.4 case 5).

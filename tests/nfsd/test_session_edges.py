@@ -5,6 +5,7 @@ FREE_STATEID, and READ clipped to the session's max response size."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 
@@ -22,8 +23,12 @@ def attrs(req: int, resp: int, cached: int = 8192, slots: int = 8) -> channel_at
     return channel_attrs4(0, req, resp, cached, 16, slots, [])
 
 
+_owner_numbers = itertools.count()
+
+
 async def new_client(c):
-    eid = (await c.exchange_id(owner=c.owner + b"-%d" % id(object()))).value
+    # a fresh owner each call (id(object()) was reused once its object was freed)
+    eid = (await c.exchange_id(owner=c.owner + b"-%d" % next(_owner_numbers))).value
     return eid.eir_clientid, eid.eir_sequenceid
 
 
@@ -110,16 +115,52 @@ def test_sessions_in_a_loop_are_bounded(nfs_client, nfs_server):
     nfs_client(body, setup=False)
 
 
-def test_reply_cache_budget_shrinks_then_refuses_sessions(nfs_client, nfs_server):
+def test_reply_cache_budget_is_shared_then_overdrawn_by_one_slot_per_client(nfs_client, nfs_server):
+    """Each new session gets at most an eighth of the free slots; once none are free a
+    client's only session still gets one (its mount works), a second one NFS4ERR_NOSPC."""
     async def body(c):
         mgr = nfs_server.server.sessions
-        nfs_server.call(lambda: setattr(mgr, "drc_budget", 20 * session_ops.REPLY_CACHE_LIMIT))
+        limit = session_ops.REPLY_CACHE_LIMIT
+        nfs_server.call(lambda: setattr(mgr, "drc_budget", 512 * limit))
+        granted = []
+        for _ in range(3):
+            clientid, seq = await new_client(c)
+            res = await c.create_session(clientid, seq, slots=64)
+            granted.append(res.value.csr_fore_chan_attrs.ca_maxrequests)
+        assert granted == [64, 56, 49]             # 512 // 8, 448 // 8, 392 // 8
+        nfs_server.call(lambda: setattr(mgr, "drc_budget", mgr.drc_reserved))   # all spent
         clientid, seq = await new_client(c)
-        a = await c.create_session(clientid, seq, slots=16)
-        b = await c.create_session(clientid, seq + 1, slots=16)
-        assert a.value.csr_fore_chan_attrs.ca_maxrequests == 16
-        assert b.value.csr_fore_chan_attrs.ca_maxrequests == 4     # what is left
-        assert (await c.create_session(clientid, seq + 2)).tag == NFS4ERR_NOSPC
+        only = await c.create_session(clientid, seq, slots=64)
+        assert only.tag == NFS4_OK and only.value.csr_fore_chan_attrs.ca_maxrequests == 1
+        assert (await c.create_session(clientid, seq + 1)).tag == NFS4ERR_NOSPC
+        reserved = nfs_server.call(lambda: mgr.drc_reserved)
+        assert reserved == (64 + 56 + 49 + 1) * limit
+        assert reserved == sum(s.drc_bytes for s in mgr.sessions.values())
+        # the overdraft is given back with its session, and then no more is over budget
+        check(await c.compound_raw([op(OP_DESTROY_SESSION,
+                                       DESTROY_SESSION4args(only.value.csr_sessionid))]))
+        assert nfs_server.call(lambda: mgr.drc_reserved) == (64 + 56 + 49) * limit
+    nfs_client(body, setup=False)
+
+
+def test_hundreds_of_clients_each_get_a_session(nfs_client, nfs_server):
+    """A cluster of 300 nodes mounts one gateway: with the default budget every client gets
+    a session (regression: each took 64 x 16 KiB of the 128 MiB, and from the 129th on
+    CREATE_SESSION failed with NFS4ERR_NOSPC, so the mount did), the first ones 64 slots,
+    the later ones fewer, and the reserved memory stays within the budget plus one slot
+    per client."""
+    async def body(c):
+        mgr = nfs_server.server.sessions
+        slots = []
+        for _ in range(300):
+            clientid, seq = await new_client(c)
+            res = await c.create_session(clientid, seq, slots=64)
+            assert res.tag == NFS4_OK
+            slots.append(res.value.csr_fore_chan_attrs.ca_maxrequests)
+        assert slots[:100] == [64] * 100
+        assert min(slots) >= 1 and slots == sorted(slots, reverse=True)
+        budget, reserved = nfs_server.call(lambda: (mgr.drc_budget, mgr.drc_reserved))
+        assert reserved <= budget + 300 * session_ops.REPLY_CACHE_LIMIT
     nfs_client(body, setup=False)
 
 
