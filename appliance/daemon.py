@@ -264,6 +264,7 @@ class Daemon:
         server.observer = self.ops          # called as observer(op, status, seconds, nbytes)
         if self.uploader is not None:       # read-through: nfsd/ops/io.py asks for ABSENT ranges
             server.fetch_missing = self.uploader.fetch_missing
+            server.note_read = self.uploader.note_read
         host, port = self.config.listen_address()
         try:
             await server.start(host, port)

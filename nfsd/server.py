@@ -45,6 +45,11 @@ SHUTDOWN_DRAIN_SECONDS = 30.0
 class NfsServer:
     # Per-op hook for metrics, set by the appliance: observer(op_name, status_name, seconds, nbytes).
     observer = None
+    # Read-through hooks, set by the appliance (nfsd/ops/io.py): fetch_missing(ino, ranges)
+    # brings ABSENT ranges in from S3; note_read(ino, offset, nbytes) hears of every READ of
+    # a file with ABSENT ranges, so readahead moves with a sequential reader.
+    fetch_missing = None
+    note_read = None
 
     def __init__(self, store, exports, lease_time: float = DEFAULT_LEASE_TIME, *,
                  handlers: dict | None = None, opens=None, limits: Limits | None = None,

@@ -3,9 +3,13 @@
 The NFS server calls `fetch_missing(ino, ranges)` when store.read raised EAGAIN with
 `.missing`, then retries the read. Fetches are ranged GETs aligned to `readahead_chunk`
 (8 MiB by default) so neighbouring small reads share one request; readers of the same
-chunk share one in-flight fetch; a reader that continues where the last fetch of that file
-ended gets `readahead_chunks` more chunks fetched in the background. store.fill writes only
-what is still ABSENT, so bytes a client wrote meanwhile always win.
+chunk share one in-flight fetch. A sequential reader (one that goes on where its last read
+of the file ended, or starts at 0) keeps `readahead_chunks` chunks past its position fetched
+or in flight: the NFS server reports every READ of a file that still has ABSENT ranges
+(`note_read`), the ones answered from local bytes too, so the window moves with the reader
+instead of only when it hits a missing chunk (then it stalled for a whole GET at every
+window's end). store.fill writes only what is still ABSENT, so bytes a client wrote
+meanwhile always win.
 
 Reads have their own RequestGate (own concurrency, retries), so a reader never queues
 behind a checkpoint's worth of upload parts.
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+from collections import OrderedDict
 from dataclasses import replace
 
 import structlog
@@ -28,6 +33,10 @@ from .stats import Counters
 
 log = structlog.get_logger(__name__)
 
+# Files whose read position is remembered for readahead (least recently read dropped first):
+# a reader forgotten this way only loses its readahead until its next miss.
+MAX_STREAMS = 1024
+
 
 class ReadThrough:
     def __init__(self, store, client: ObjectClient, keys: KeyMap, settings: UploadSettings, counters: Counters):
@@ -40,7 +49,8 @@ class ReadThrough:
         self.gate = RequestGate(replace(settings, bytes_per_second=0.0), counters,
                                 pool_size=settings.max_concurrency + 2)
         self._inflight: dict[tuple[int, int], asyncio.Task] = {}
-        self._last_end: dict[int, int] = {}          # ino -> end of the last demand fetch
+        # ino -> (where its last read ended, highest chunk fetched or scheduled ahead)
+        self._streams: OrderedDict[int, tuple[int, int]] = OrderedDict()
         self._background: set[asyncio.Task] = set()
 
     async def close(self) -> None:
@@ -57,28 +67,55 @@ class ReadThrough:
         NFS4ERR_DELAY) wraps this in asyncio.wait_for; the fetch itself carries on."""
         attr = self.store.getattr(ino)
         chunks: set[int] = set()
-        last_end = 0
+        first, last_end = None, 0
         for off, length in ranges:
             end = min(off + length, attr.size)
             if end <= off:
                 continue
             chunks.update(range(off // self.chunk, (end - 1) // self.chunk + 1))
+            first = off if first is None else min(first, off)
             last_end = max(last_end, end)
         if not chunks:
             return
-        first = min(chunks) * self.chunk
-        sequential = self._last_end.get(ino) is not None and first <= self._last_end[ino] <= first + self.chunk
         # shield: a reader that gives up (asyncio.wait_for around us) must not cancel the
         # fetch other readers of the same chunk are waiting for
         await asyncio.gather(*(asyncio.shield(self._chunk_task(ino, c)) for c in sorted(chunks)))
-        self._last_end[ino] = max(c for c in chunks) * self.chunk + self.chunk
-        if sequential or min(chunks) == 0:
-            top = max(chunks)
-            for c in range(top + 1, top + 1 + self.ahead):
-                if c * self.chunk < attr.size and (ino, c) not in self._inflight:
+        self._advance(ino, first, last_end, attr.size)
+
+    # ---- readahead -----------------------------------------------------------------------
+    def note_read(self, ino: int, offset: int, length: int) -> None:
+        """The NFS server answered a READ of `ino`, a file with ABSENT ranges, from local
+        bytes: a sequential reader's window moves on (see the module docstring)."""
+        if length > 0 and self.ahead:
+            self._advance(ino, offset, offset + length, None)
+
+    def _advance(self, ino: int, start: int, end: int, size: int | None) -> None:
+        """A read of [start, end) happened: if it continues the file's last read (within a
+        chunk of where that ended) or starts the file, fetch the chunks up to
+        `readahead_chunks` past `end` that are not fetched or on their way yet."""
+        pos, top = self._streams.pop(ino, (None, -1))
+        sequential = start < self.chunk or (pos is not None and pos - self.chunk <= start <= pos + self.chunk)
+        if not sequential:
+            top = -1                                 # a new position: a new window
+        here = (end - 1) // self.chunk
+        want = here + self.ahead if sequential else here
+        if want > top:
+            if size is None:
+                try:
+                    size = self.store.getattr(ino).size
+                except StoreError:               # removed meanwhile: nothing to read ahead
+                    return
+            for c in range(max(top, here) + 1, want + 1):
+                if c * self.chunk >= size:
+                    break
+                if (ino, c) not in self._inflight:
                     t = self._chunk_task(ino, c)
                     self._background.add(t)
                     t.add_done_callback(self._background_done)
+            top = want
+        self._streams[ino] = (end, top)
+        if len(self._streams) > MAX_STREAMS:
+            self._streams.popitem(last=False)
 
     def _background_done(self, t: asyncio.Task) -> None:
         self._background.discard(t)

@@ -403,6 +403,10 @@ class Uploader:
         """Read-through hook for the NFS server (store.read raised EAGAIN with .missing)."""
         await self.readthrough.fetch_missing(ino, ranges)
 
+    def note_read(self, ino: int, offset: int, nbytes: int) -> None:
+        """Readahead hook for the NFS server: a READ of a file with ABSENT ranges."""
+        self.readthrough.note_read(ino, offset, nbytes)
+
     async def import_bucket(self):
         """Add objects under the prefix that the namespace lacks as ABSENT files (local data
         always wins: see uploader.importer). Returns an ImportReport."""

@@ -12,7 +12,7 @@ import inspect
 
 import structlog
 
-from cache.api import StoreError
+from cache.api import DataState, StoreError
 from nfsd import attrs as fattr
 from nfsd.errors import NfsError
 from nfsd.exports import MAY_READ, MAY_WRITE, permitted
@@ -53,6 +53,9 @@ async def op_read(ctx, args) -> READ4res:
     buf = bytearray(count)
     n, eof = await with_read_through(ctx, obj.ino, store.read_into, obj.ino, args.offset,
                                      memoryview(buf))
+    note_read = getattr(ctx.server, "note_read", None)
+    if n and note_read is not None and obj.attr.data_state == DataState.ABSENT:
+        note_read(obj.ino, args.offset, n)          # readahead follows the reader
     data = memoryview(buf)[:n] if n < count else buf
     if count == 0:
         eof = args.offset >= obj.attr.size       # nothing asked: eof says where we are

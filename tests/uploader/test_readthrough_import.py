@@ -193,3 +193,58 @@ def test_a_reader_giving_up_does_not_cancel_the_shared_fetch(moto, proxy, bucket
             await up.stop()
 
     assert bytes(asyncio.run(main())) == data[:100]
+
+
+async def read_sequentially(store, up, ino, size, count):
+    """A reader slower than S3: every readahead ends before its next READ. Reports each READ
+    answered from local bytes (note_read), as the NFS server does. Returns the bytes and
+    the offsets of the READs that had to wait for a fetch."""
+    out, waited, off = bytearray(), [], 0
+    while off < size:
+        try:
+            data, _ = store.read(ino, off, count)
+        except StoreError as e:
+            waited.append(off)
+            await up.fetch_missing(ino, e.missing)
+            continue
+        up.note_read(ino, off, len(data))
+        await asyncio.gather(*up.readthrough._background)
+        out += data
+        off += len(data)
+    return bytes(out), waited
+
+
+def test_readahead_moves_with_a_sequential_reader(moto, bucket, store):
+    """Regression: readahead was started only by a READ that missed, so a reader that kept
+    finding its chunks local waited for a whole GET again at the end of every window (here
+    at chunks 0, 3 and 6 of 8). Now only the first READ waits, and a reader that starts in
+    the middle gets no readahead until it goes on from where it started."""
+    chunks = 8
+    data = payload(chunks * SMALL_PART, 51)
+
+    async def main():
+        up = make_uploader(store, moto.endpoint, bucket)      # readahead_chunks = 2
+        await up.start()
+        try:
+            ino = write_file(store, "seq", data)
+            assert await up.flush(timeout=60)
+            store.evict(ino)
+            got, waited = await read_sequentially(store, up, ino, len(data), SMALL_PART // 2)
+            fetched = up.status()["bytes_fetched"]
+            store.evict(ino)
+            middle = 5 * SMALL_PART
+            await up.fetch_missing(ino, [(middle, 100)])       # a random read: no readahead
+            alone = [e.offset for e in store.extents(ino) if e.state != DataState.ABSENT]
+            up.note_read(ino, middle + 100, 100)                 # it goes on: readahead
+            await asyncio.gather(*up.readthrough._background)
+            ahead = [e for e in store.extents(ino) if e.state != DataState.ABSENT]
+            return got, waited, fetched, alone, ahead
+        finally:
+            await up.stop()
+
+    got, waited, fetched, alone, ahead = asyncio.run(main())
+    assert sha(got) == sha(data)
+    assert waited == [0]
+    assert fetched == len(data)                                  # each byte fetched once
+    assert alone == [5 * SMALL_PART]
+    assert [(e.offset, e.offset + e.length) for e in ahead] == [(5 * SMALL_PART, 8 * SMALL_PART)]
