@@ -31,7 +31,10 @@ Invariant between the index and the extent files (this module owns it):
       pwrite and unregisters after its index update; fill, truncate and evict run under the
       index lock and only while no write of that file is registered, so a fill never
       overwrites bytes a client wrote and a truncate never cuts bytes a write is about to
-      describe. Tests: tests/cache/test_races.py.
+      describe. Unregistering needs only `_reg` (it guards `_inflight` and `_deferred`):
+      under the index lock the registrations can only shrink, so a decision made there on
+      "a write is registered" is at worst conservative, and a writer does not wait for a
+      batch commit's fdatasync to end its write. Tests: tests/cache/test_races.py.
 
 One process opens a store at a time (an flock on <path>/store.lock; a second open gets
 StoreError(EBUSY)). Layout: index.py (LMDB), data.py (extent files), extents.py (extent
@@ -127,9 +130,13 @@ class Store:
         # txn durable: another client may LOOKUP and write a new file before its create is
         # durable, and its first write skips the flag txn's sync (I2: see _bytes_changing)
         self._fresh: dict[int, int] = {}
-        # writers of a file unregister under the index lock and notify: fill, truncate and
-        # evict wait here for a file's registered writes to end (invariant I4)
+        # guards _inflight and _deferred; taken after the index lock, never before it
+        self._reg = threading.Lock()
+        # fill and truncate wait here, under the index lock, for a file's registered writes
+        # to end (invariant I4); the last writer to unregister takes the index lock to
+        # notify only when someone waits (_waiting, under _reg)
         self._writes_done = threading.Condition(self.ix.lock)
+        self._waiting = 0
         self._drops_lock = threading.Lock()
         self._pending_drops: list[tuple[int, int]] = []    # (txnid, ino): remove when durable
         self.committer.after_sync = self._drop_durable
@@ -212,7 +219,13 @@ class Store:
 
     def _reclaim_unlinked(self, w: Writer, ino: int) -> None:
         rec = w.inode(ino)
-        if rec is not None and rec.nlink == 0 and not self._is_open(ino):
+        if rec is None or rec.nlink != 0:
+            return
+        with self._reg:
+            if ino in self._inflight:       # a write registered since: reclaimed at its end
+                self._deferred.add(ino)
+                return
+        if not self._is_open(ino):
             self._reclaim(w, rec, rec)
 
     def _hook(self, point: str, ino: int) -> None:
@@ -221,10 +234,20 @@ class Store:
 
     def _wait_writes(self, ino: int) -> None:
         """Caller holds the index lock: wait until no write of `ino` is between its
-        registration and its index update (I4). New writes cannot register meanwhile."""
-        while self._inflight.get(ino):
-            self._hook("wait_writes", ino)
-            self._writes_done.wait()
+        registration and its index update (I4). New writes cannot register meanwhile.
+        `_waiting` is raised under _reg with the check, so the write that ends next sees
+        it and notifies, and the notify waits for the index lock that wait() gives up."""
+        while True:
+            with self._reg:
+                if not self._inflight.get(ino):
+                    return
+                self._waiting += 1
+            try:
+                self._hook("wait_writes", ino)
+                self._writes_done.wait()
+            finally:
+                with self._reg:
+                    self._waiting -= 1
 
     def _drop_durable(self) -> None:
         """Remove the data files of reclaimed inodes whose purge is durable now (I3)."""
@@ -244,10 +267,12 @@ class Store:
     def _reclaim(self, w: Writer, rec: Inode, old: Inode) -> None:
         """The last link of `rec` is gone (rec.nlink == 0): free it now, or at last close."""
         w.set_flag_key(self.ix.orphans, rec.ino, True)
-        if self._is_open(rec.ino):
-            w.put_inode(rec, old)            # stays readable through open state
-            if rec.ino in self._inflight:
+        with self._reg:                      # a write's unregister sees _deferred, or we see it gone
+            still_open = self._is_open(rec.ino)
+            if still_open and rec.ino in self._inflight:
                 self._deferred.add(rec.ino)
+        if still_open:
+            w.put_inode(rec, old)            # stays readable through open state
             return
         w.purge_inode(old)
         ino = rec.ino
@@ -725,8 +750,9 @@ class Store:
         fresh = None
         inos = (ino,) + also
         with self.ix.lock:
-            for i in inos:
-                self._inflight[i] = self._inflight.get(i, 0) + 1
+            with self._reg:
+                for i in inos:
+                    self._inflight[i] = self._inflight.get(i, 0) + 1
             try:
                 # read again under the lock: `rec` may predate a COMMIT that cleared the
                 # flag (a commit clears it only while no write is registered, as this one
@@ -769,17 +795,27 @@ class Store:
             self._unregister(inos)
 
     def _unregister(self, inos: tuple[int, ...]) -> None:
-        with self.ix.lock:
+        # not under the index lock: a batch commit holds it through its fdatasync, and
+        # every write unregisters (see I4 for why _reg is enough)
+        ended, unlinked = False, []
+        with self._reg:
             for ino in inos:
                 left = self._inflight[ino] - 1
                 if left:
                     self._inflight[ino] = left
                 else:
                     del self._inflight[ino]
-                    self._writes_done.notify_all()
+                    ended = True
                     if ino in self._deferred:      # unlinked while we wrote
                         self._deferred.discard(ino)
-                        self._reclaim_if_unlinked(ino)
+                        unlinked.append(ino)
+            wake = ended and self._waiting > 0
+        if wake:
+            with self.ix.lock:
+                self._writes_done.notify_all()
+        for ino in unlinked:
+            self._hook("unregister.reclaiming", ino)
+            self._reclaim_if_unlinked(ino)
 
     def _shrink_to_recorded(self, ino: int) -> None:
         """Cut the extent file back to the size the index records (after a failed pwrite or
@@ -1051,10 +1087,12 @@ class Store:
     def _datasynced(self, ino: int) -> tuple[int, int, int]:
         """fdatasync the file's data; returns what _record_commit needs: the write and
         truncate sequences and the recorded size, read before the sync, so every byte
-        below that size was pwritten before it."""
-        with self.ix.lock:
-            wseq, tseq = self._wseq.get(ino, 0), self._tseq.get(ino, 0)
-            size = self.ix.read_inode(ino).size
+        below that size was pwritten before it. No lock: a write bumps _wseq in its record
+        txn, after its pwrite, so whatever a racing txn has made visible here (a newer
+        sequence, a larger committed size) describes bytes already pwritten; what it has not
+        made visible yet stops _record_commit from clearing the flag."""
+        wseq, tseq = self._wseq.get(ino, 0), self._tseq.get(ino, 0)
+        size = self.ix.read_inode(ino).size
         self.data.datasync(ino)
         return wseq, tseq, size
 

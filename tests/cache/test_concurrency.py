@@ -2,9 +2,13 @@
 Afterwards every byte is right, the byte counters are exact and check() finds nothing."""
 from __future__ import annotations
 
+import errno
 import os
 import random
 import threading
+import time
+
+import pytest
 
 from cache.api import DataState, RemoteInfo, ROOT_INO, StoreError
 
@@ -83,4 +87,61 @@ def test_threads_keep_the_index_consistent(store):
                 store.fill(ino, off, body[off:off + n])
             got = store.read(ino, 0, len(body) + 1)[0]
         assert got == body
+    assert store.check() == []
+
+
+def test_threads_on_one_file_then_its_unlink_leave_nothing_behind(store):
+    """Writers, a committer and a truncator on one file; it is unlinked while they run, and
+    they stop after the call they are in.
+    Writers unregister without the index lock (cache/store.py I4), so this is the race of
+    the last write's end with the unlink's hand-off, of truncates waiting for writes, and of
+    commits reading the write sequence. Nobody deadlocks, and once all have stopped the
+    inode and its extent file are gone and check() finds nothing."""
+    from cache.api import SetAttr
+    ino = store.create(ROOT_INO, b"shared", 0o644, 0, 0)[0].ino
+    path = store.data.path(ino)
+    gone = threading.Event()
+    errors: list[BaseException] = []
+
+    def run(fn, seed):
+        rnd = random.Random(seed)
+        try:
+            while not gone.is_set():
+                try:
+                    fn(rnd)
+                except StoreError as e:
+                    if e.errno not in (errno.ESTALE, errno.ENOENT):
+                        raise
+                    gone.set()
+        except BaseException as e:              # surfaced by the assertion below
+            errors.append(e)
+            gone.set()
+
+    def write(rnd):
+        store.write(ino, rnd.randrange(1 << 16), os.urandom(rnd.randint(1, 8192)))
+
+    def commit(rnd):
+        store.commit(ino)
+
+    def truncate(rnd):
+        store.setattr(ino, SetAttr(size=rnd.randrange(1 << 16)))
+
+    threads = [threading.Thread(target=run, args=(fn, i))
+               for i, fn in enumerate([write] * 4 + [commit, truncate])]
+    for th in threads:
+        th.start()
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline and not errors:
+        time.sleep(0.01)
+    store.unlink(ROOT_INO, b"shared")           # writes may go on: the inode lives while
+    gone.set()                                  # one is registered, so stop them here
+    for th in threads:
+        th.join(30)
+    assert not any(th.is_alive() for th in threads), "deadlock"
+    assert not errors, errors
+    store.sync()
+    with pytest.raises(StoreError) as e:
+        store.getattr(ino)
+    assert e.value.errno == errno.ESTALE
+    assert not os.path.exists(path)
     assert store.check() == []

@@ -94,6 +94,53 @@ def test_a_truncate_never_cuts_bytes_a_racing_write_describes(store):
     assert store.check() == []
 
 
+def assert_reclaimed(store, f):
+    """Once durable, nothing of inode f is left: not in the index, not on disk."""
+    store.sync()
+    with pytest.raises(StoreError) as e:
+        store.getattr(f)
+    assert e.value.errno == errno.ESTALE
+    assert not os.path.exists(store.data.path(f))
+    assert store.check() == []
+
+
+def test_a_file_unlinked_during_a_write_is_reclaimed_when_the_write_ends(store):
+    """The unlink keeps the inode (a write is registered) and hands it to that write, which
+    reclaims it when it unregisters: nothing of the file is left, in the index or on disk."""
+    f = mkfile(store, b"f", b"A" * 100)
+    store.commit(f)
+    held = HeldWrite(store, f, 0, b"B" * 10)
+    store.unlink(ROOT_INO, b"f")
+    assert store.getattr(f).nlink == 0                  # kept: its write is still registered
+    held.go.set()
+    held.thread.join(WAIT)
+    assert not held.thread.is_alive()
+    assert_reclaimed(store, f)
+
+
+def test_a_write_registering_as_the_last_one_ends_takes_over_the_reclaim(store):
+    """Regression (found in review of unregistering without the index lock): the write
+    that ends last on an unlinked file reclaims it in a txn of its own, and another write
+    may register before that txn. The reclaim must hand the file on to that write, not
+    skip it as still open and leak the inode and its extent file."""
+    f = mkfile(store, b"f", b"A" * 100)
+    store.commit(f)
+    first = HeldWrite(store, f, 0, b"B" * 10)
+    store.unlink(ROOT_INO, b"f")
+    late = []
+
+    def hook(point, ino):
+        if point == "unregister.reclaiming" and not late:
+            late.append(HeldWrite(store, f, 50, b"C" * 10))    # registers in the gap
+    store.race_hook = hook
+    first.go.set()
+    first.thread.join(WAIT)
+    assert late and store.getattr(f).nlink == 0          # kept for the late write
+    late[0].go.set()
+    late[0].thread.join(WAIT)
+    assert_reclaimed(store, f)
+
+
 def counting_syncs(store, monkeypatch, name):
     """Record how many env syncs had happened each time DataFiles.<name> ran."""
     seen = []
