@@ -723,6 +723,9 @@ class Sim:
             for p, ino in sorted(self.held.items()):
                 n = self.node(p)
                 if not isinstance(n, MFile):
+                    # the promise ends with the file at p: a symlink or nothing there now, and
+                    # a file renamed there later starts anew (its object, or the symlink's)
+                    del self.held[p]
                     continue
                 # hard links share one object, under one of the file's names, or where the gateway
                 # finds it while a queued job moves it to one (the unlink of the name it was at)

@@ -480,3 +480,24 @@ def test_directory_moved_out_of_a_temporary_name_gets_the_markers_of_its_subdire
     sim.rename("step.tmp", "a")
     sim.drain()
     sim.check_drained()
+
+
+def test_file_renamed_over_a_symlink_that_replaced_an_uploaded_file(sim):
+    """Model bug, found by the long run of 2026-11-25 (seed 20261125): the path kept the
+    promise "S3 holds a good object here while it names a file" through a symlink renamed
+    over its file, so when a new file was renamed over the symlink (the symlink's object at
+    the path, the new file not uploaded yet) the model called the symlink's object lost.
+    The promise ends with the file at the path."""
+    sim.save("f", sim.payload(100))
+    sim.drain()
+    sim.check_drained()
+    sim.symlink("s", b"a")
+    sim.rename("s", "f")
+    sim.drain()
+    sim.check_drained()
+    sim.save("n", sim.payload(50))
+    sim.rename("n", "f")
+    sim.check()
+    sim.drain()
+    sim.check_drained()
+
