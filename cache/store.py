@@ -219,14 +219,19 @@ class Store:
 
     def _reclaim_unlinked(self, w: Writer, ino: int) -> None:
         rec = w.inode(ino)
-        if rec is None or rec.nlink != 0:
-            return
-        with self._reg:
-            if ino in self._inflight:       # a write registered since: reclaimed at its end
-                self._deferred.add(ino)
-                return
-        if not self._is_open(ino):
+        if (rec is not None and rec.nlink == 0 and not self._hand_to_writer(ino)
+                and not self._is_open(ino)):
             self._reclaim(w, rec, rec)
+
+    def _hand_to_writer(self, ino: int) -> bool:
+        """Under the index lock, for an unlinked `ino`: if a write of it is registered, that
+        write reclaims it when it unregisters (True). Checked and handed over under _reg, so
+        the write either sees `_deferred` or has already gone."""
+        with self._reg:
+            if ino in self._inflight:
+                self._deferred.add(ino)
+                return True
+        return False
 
     def _hook(self, point: str, ino: int) -> None:
         if self.race_hook is not None:
@@ -267,11 +272,7 @@ class Store:
     def _reclaim(self, w: Writer, rec: Inode, old: Inode) -> None:
         """The last link of `rec` is gone (rec.nlink == 0): free it now, or at last close."""
         w.set_flag_key(self.ix.orphans, rec.ino, True)
-        with self._reg:                      # a write's unregister sees _deferred, or we see it gone
-            still_open = self._is_open(rec.ino)
-            if still_open and rec.ino in self._inflight:
-                self._deferred.add(rec.ino)
-        if still_open:
+        if self._hand_to_writer(rec.ino) or self._is_open(rec.ino):
             w.put_inode(rec, old)            # stays readable through open state
             return
         w.purge_inode(old)
