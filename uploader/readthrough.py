@@ -95,11 +95,11 @@ class ReadThrough:
         `readahead_chunks` past `end` that are not fetched or on their way yet."""
         pos, top = self._streams.pop(ino, (None, -1))
         sequential = start < self.chunk or (pos is not None and pos - self.chunk <= start <= pos + self.chunk)
-        if not sequential:
-            top = -1                                 # a new position: a new window
         here = (end - 1) // self.chunk
-        want = here + self.ahead if sequential else here
-        if want > top:
+        want = here + self.ahead
+        if not sequential:
+            top = here                               # a new position: its window starts here
+        elif want > top:
             if size is None:
                 try:
                     size = self.store.getattr(ino).size
