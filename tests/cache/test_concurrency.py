@@ -8,9 +8,9 @@ import random
 import threading
 import time
 
-import pytest
-
 from cache.api import DataState, RemoteInfo, ROOT_INO, StoreError
+
+from tests.cache.test_races import assert_reclaimed
 
 
 def test_threads_keep_the_index_consistent(store):
@@ -99,7 +99,6 @@ def test_threads_on_one_file_then_its_unlink_leave_nothing_behind(store):
     inode and its extent file are gone and check() finds nothing."""
     from cache.api import SetAttr
     ino = store.create(ROOT_INO, b"shared", 0o644, 0, 0)[0].ino
-    path = store.data.path(ino)
     gone = threading.Event()
     errors: list[BaseException] = []
 
@@ -139,9 +138,4 @@ def test_threads_on_one_file_then_its_unlink_leave_nothing_behind(store):
         th.join(30)
     assert not any(th.is_alive() for th in threads), "deadlock"
     assert not errors, errors
-    store.sync()
-    with pytest.raises(StoreError) as e:
-        store.getattr(ino)
-    assert e.value.errno == errno.ESTALE
-    assert not os.path.exists(path)
-    assert store.check() == []
+    assert_reclaimed(store, ino)
