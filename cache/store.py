@@ -123,6 +123,10 @@ class Store:
         self._opens: dict[int, list[int]] = {}     # ino -> [readers, writers]
         self._wseq: dict[int, int] = {}            # ino -> writes since open (commit race)
         self._tseq: dict[int, int] = {}            # ino -> truncates since open
+        # ino -> (wseq, tseq) of a commit that found every byte committed while a writer
+        # still had the file open, so kept F_UNCOMMITTED (_record_commit); its last
+        # writer's close clears the flag if no write or truncate came after (_after_close)
+        self._settled_at: dict[int, tuple[int, int]] = {}
         self._inflight: dict[int, int] = {}        # ino -> writes between pwrite and index
         self._evictions = 0                        # bumped at each evicted data file
         self._deferred: set[int] = set()           # unlinked during a write: reclaim after
@@ -197,7 +201,7 @@ class Store:
             try:
                 with self.ix.write() as w:
                     for args in synced:
-                        self._record_commit(w, *args)
+                        self._record_commit(w, *args, writers_gone=True)
                 return
             except StoreError as e:
                 if e.errno != errno.EAGAIN or attempt == tries - 1:
@@ -268,6 +272,7 @@ class Store:
             self.ix.orphans_done.append(ino)     # the orphan key goes in the next txn
             self._wseq.pop(ino, None)
             self._tseq.pop(ino, None)
+            self._settled_at.pop(ino, None)
 
     def _reclaim(self, w: Writer, rec: Inode, old: Inode) -> None:
         """The last link of `rec` is gone (rec.nlink == 0): free it now, or at last close."""
@@ -636,19 +641,29 @@ class Store:
 
     def _after_close(self, w: Writer, ino: int, last_writer: bool, last: bool) -> None:
         if last_writer:
-            self._stamp_if_dirty(w, ino)
+            self._writers_gone(w, ino)
         if last:
             self._reclaim_unlinked(w, ino)
 
-    def _stamp_if_dirty(self, w: Writer, ino: int) -> None:
-        """The last writer closed: the settle window restarts (a temp file renamed right
-        after its close is never uploaded under the temp name). Need not be durable: the
-        stamp only schedules; recovery re-stamps every file it visits."""
+    def _writers_gone(self, w: Writer, ino: int) -> None:
+        """The last writer closed. The settle window restarts (a temp file renamed right
+        after its close is never uploaded under the temp name). And the F_UNCOMMITTED a
+        commit kept for the open writer goes, if nothing changed the bytes since: no write
+        or truncate record (same sequences) and none registered now (under the index lock a
+        write registers before its pwrite, so none is between pwrite and record). Neither
+        need be durable: the stamp only schedules (recovery re-stamps every file it
+        visits), and a flag left set only makes recovery visit a file that is whole."""
+        settled_at = self._settled_at.pop(ino, None)
         rec = w.inode(ino)
-        if rec is not None and rec.is_dirty:
-            new = rec.copy()
-            w.stamp(new)
-            w.put_inode(new, rec)
+        if rec is None or not rec.is_dirty:
+            return
+        new = rec.copy()
+        if (settled_at == (self._wseq.get(ino, 0), self._tseq.get(ino, 0))
+                and ino not in self._inflight and not rec.flags & F_TRUNCATED
+                and rec.committed_size == rec.size):
+            new.flags &= ~F_UNCOMMITTED
+        w.stamp(new)
+        w.put_inode(new, rec)
 
     def read(self, ino: int, offset: int, count: int) -> tuple[bytes | memoryview, bool]:
         """Up to `count` bytes at `offset` (holes read as zeros), and eof. Raises
@@ -861,6 +876,13 @@ class Store:
         attr = self._record_write(w, ino, offset, n)
         # this write is still registered, so the commit half keeps F_UNCOMMITTED
         self._record_commit(w, ino, wseq, tseq, size)
+        # whole, as after a COMMIT, if no other write is registered or recorded since the
+        # datasync (wseq + 1 is this record) and no truncate: the last close may clear it
+        rec = w.inode(ino)
+        if (self._inflight.get(ino) == 1 and self._wseq.get(ino, 0) == wseq + 1
+                and self._tseq.get(ino, 0) == tseq and rec.committed_size == rec.size
+                and self.is_open(ino, write=True)):
+            self._settled_at[ino] = (wseq + 1, tseq)
         return attr
 
     def _in_batch(self, fn, *args, durable: bool):
@@ -1097,8 +1119,13 @@ class Store:
         self.data.datasync(ino)
         return wseq, tseq, size
 
-    def _record_commit(self, w: Writer, ino: int, wseq: int, tseq: int, size: int) -> None:
-        """The index half of commit(): bytes below `size` are on disk (datasync before)."""
+    def _record_commit(self, w: Writer, ino: int, wseq: int, tseq: int, size: int,
+                       writers_gone: bool = False) -> None:
+        """The index half of commit(): bytes below `size` are on disk (datasync before).
+        While a writer has the file open the flag stays (its next write then needs no flag
+        txn and two syncs before its bytes: a stream of WRITE+COMMIT cycles costs one index
+        commit per cycle fewer); its last close clears it (_writers_gone). writers_gone:
+        close() of the store, whose open counts no longer matter."""
         cur = w.inode(ino)
         if cur is not None:
             new = cur.copy()
@@ -1107,7 +1134,10 @@ class Store:
                 new.flags &= ~F_TRUNCATED
                 if (self._wseq.get(ino, 0) == wseq and ino not in self._inflight
                         and new.committed_size == new.size):
-                    new.flags &= ~F_UNCOMMITTED
+                    if writers_gone or not self.is_open(ino, write=True):
+                        new.flags &= ~F_UNCOMMITTED
+                    else:
+                        self._settled_at[ino] = (wseq, tseq)
             if new != cur:
                 w.stamp(new)
                 w.put_inode(new, cur)
@@ -1221,14 +1251,20 @@ class Store:
 
     def mark_uploaded(self, ino: int, remote: RemoteInfo) -> bool:
         """*Blocking.* Record the object; the file becomes CLEAN if its change counter still
-        equals remote.uploaded_change (else stays DIRTY and returns False). Durable on
-        return. A file with ABSENT ranges left becomes ABSENT instead of CLEAN."""
+        equals remote.uploaded_change and nothing uncommitted may be in it (else stays DIRTY
+        and returns False). Durable on return. A file with ABSENT ranges left becomes ABSENT
+        instead of CLEAN.
+
+        F_UNCOMMITTED set means bytes the upload read may not be on disk (a client opened
+        and wrote the file after the uploader's commit_settled, a commit kept the flag for
+        that open writer): CLEAN would be a lie after a power cut, and recovery does not
+        visit clean files. It stays DIRTY and goes again once committed."""
         with self.ix.write() as w:
             rec = w.must_inode(ino)
             self._regular(rec)
             w.put_remote(ino, _keep_replaces(w.remote(ino), remote, overwritten=remote.key))
             new = rec.copy()
-            ok = rec.change == remote.uploaded_change
+            ok = rec.change == remote.uploaded_change and not rec.flags & F_UNCOMMITTED
             if ok:
                 extents.relabel(w.txn, self.ix.extents, ino, DataState.DIRTY, DataState.CLEAN)
                 absent = extents.absent_ranges(w.txn, self.ix.extents, ino, 0, rec.size)

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from cache.api import DataState, FileType, RemoteInfo, ROOT_INO, SetAttr, StoreError
+from cache.index import F_UNCOMMITTED
 from cache.store import Store
 
 from tests.cache.storehelp import crash
@@ -279,12 +280,17 @@ class StoreModel(RuleBasedStateMachine):
         s = self.store
         s.commit(f.ino)
         f.committed = len(f.data)
+        # a commit keeps F_UNCOMMITTED only while a writer has the file open (the real
+        # uploader takes only files no writer has open)
+        flagged = bool(s.ix.read_inode(f.ino).flags & F_UNCOMMITTED)
+        assert f.opens or not flagged
         change = s.getattr(f.ino).change
         assert s.set_data_state(f.ino, DataState.UPLOADING, change)
         body = self.read_through(f)
-        assert s.mark_uploaded(f.ino, RemoteInfo(key="k", uploaded_change=change))
+        clean = s.mark_uploaded(f.ino, RemoteInfo(key="k", uploaded_change=change))
         f.remote = body
-        assert s.getattr(f.ino).data_state == DataState.CLEAN
+        assert clean == (not flagged)       # maybe-uncommitted bytes are never CLEAN
+        assert s.getattr(f.ino).data_state == (DataState.CLEAN if clean else DataState.DIRTY)
 
     @precondition(lambda self: self.files())
     @rule(data=st.data())

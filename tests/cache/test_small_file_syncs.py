@@ -146,8 +146,7 @@ def test_a_stable_write_is_one_index_commit_and_durable_on_return(store):
         assert a.size == rec.size == rec.committed_size == (i + 1) * 4096
         assert rec.flags & F_UNCOMMITTED            # kept: the next write needs no flag txn
     store.close_file(f, True)
-    store.commit_settled(f)                         # the uploader's commit clears it
-    assert not store.ix.read_inode(f).unsettled
+    assert not store.ix.read_inode(f).unsettled     # nothing written since: the close clears it
 
 
 def test_a_stable_write_past_the_end_commits_the_gap_in_two_steps(store):
@@ -201,3 +200,97 @@ def test_close_commits_many_new_files_in_a_few_txns(store_dir):
     assert (rec.committed_size, rec.unsettled) == (100, False)
     assert s.check() == []
     s.close()
+
+
+def test_write_commit_cycles_of_an_open_file_write_no_flag_txn(store):
+    """nfs-rs (and the Linux client) save a big file as UNSTABLE WRITEs then a COMMIT, again
+    and again. A COMMIT used to clear F_UNCOMMITTED, so the next cycle's first WRITE wrote a
+    flag txn and waited for two syncs before its bytes. While a writer has the file open,
+    a COMMIT keeps the flag; the last writer's close clears it if nothing changed since."""
+    f = _fresh(store).ino
+    store.open_file(f, True)
+    for i in range(3):
+        txnid, syncs, ops = store.ix.txnid, store.committer.syncs, store.batch.ops
+        store.write(f, i * 4096, b"c" * 4096)
+        assert store.committer.syncs == syncs          # no flag txn, no sync before the bytes
+        assert (store.ix.txnid, store.batch.ops) == (txnid + 1, ops + 1)   # its record only
+        store.commit(f)
+        rec = store.ix.read_inode(f)
+        assert rec.committed_size == rec.size == (i + 1) * 4096 and store.durable()
+        assert rec.flags & F_UNCOMMITTED            # kept for the writer's next cycle
+    store.close_file(f, True)
+    rec = store.ix.read_inode(f)
+    assert not rec.unsettled and rec.is_dirty       # whole, and still to upload
+    assert store.ready_for_upload() == [f]
+    assert store.check() == []
+
+
+def test_a_write_after_the_last_commit_keeps_the_flag_through_the_close(store):
+    """The close clears the flag only if no write came after the commit that kept it; an
+    uncommitted write leaves it for the uploader's commit_settled (which fdatasyncs)."""
+    f = _fresh(store).ino
+    store.open_file(f, True)
+    store.write(f, 0, b"a" * 100)
+    store.commit(f)
+    store.write(f, 0, b"b" * 100)                    # same size, never committed
+    store.close_file(f, True)
+    assert store.ix.read_inode(f).flags & F_UNCOMMITTED
+    store.commit_settled(f)
+    assert not store.ix.read_inode(f).unsettled
+
+
+def test_a_truncate_after_the_last_commit_keeps_the_flag_through_the_close(store):
+    f = _fresh(store).ino
+    store.open_file(f, True)
+    store.write(f, 0, b"a" * 100)
+    store.commit(f)
+    store.setattr(f, SetAttr(size=10))
+    store.close_file(f, True)
+    rec = store.ix.read_inode(f)
+    assert rec.size == rec.committed_size == 10      # SETATTR(size) commits too...
+    store.commit_settled(f)                          # ...and whatever is left, this ends
+    assert not store.ix.read_inode(f).unsettled
+
+
+def test_an_unstable_write_after_a_commit_kept_the_flag_is_cut_by_a_crash(store_dir):
+    """The flag a commit kept is what sends recovery to the file: bytes written after the
+    commit without a flag txn are cut back to the committed size after kill -9."""
+    from cache.store import Store
+    from tests.cache.storehelp import crash
+    s = Store.open(store_dir)
+    f = _fresh(s).ino
+    s.open_file(f, True)
+    s.write(f, 0, b"k" * 4096)
+    s.commit(f)
+    s.write(f, 4096, b"u" * 4096)                    # no flag txn: the flag was kept
+    crash(s)
+    s = Store.open(store_dir)
+    rec = s.getattr(f)
+    assert rec.size == 4096
+    assert bytes(s.read(f, 0, 4096)[0]) == b"k" * 4096
+    assert s.check() == []
+    s.close()
+
+
+def test_an_upload_of_bytes_that_may_be_uncommitted_does_not_make_the_file_clean(store):
+    """Regression: the uploader commits a settled file (commit_settled), then reads its
+    change counter for the job. A client that opened and wrote the file in between left
+    bytes not yet on disk that the upload then sent; marking the file CLEAN made a power
+    cut leave torn local bytes that recovery never visits (it visits dirty files only).
+    mark_uploaded refuses CLEAN while F_UNCOMMITTED is set; the file goes again."""
+    from cache.api import DataState, RemoteInfo
+    f = _fresh(store).ino
+    store.write(f, 0, b"old" * 100)
+    store.commit_settled(f)                          # the uploader's commit: flag cleared
+    store.open_file(f, True)
+    store.write(f, 0, b"new" * 100)                  # flag txn, bytes in the page cache
+    change = store.getattr(f).change                 # the job's change: includes the write
+    assert store.set_data_state(f, DataState.UPLOADING, change)
+    assert not store.mark_uploaded(f, RemoteInfo(key="f", uploaded_change=change))
+    assert store.getattr(f).data_state == DataState.DIRTY
+    assert store.ix.read_inode(f).unsettled          # recovery still visits it
+    store.close_file(f, True)
+    store.commit_settled(f)
+    assert store.set_data_state(f, DataState.UPLOADING, change)
+    assert store.mark_uploaded(f, RemoteInfo(key="f", uploaded_change=change))
+    assert store.getattr(f).data_state == DataState.CLEAN

@@ -29,6 +29,20 @@ async def setup(c, name="f", data=b""):
     return exp, fh, sid
 
 
+async def uploaded(c, store, exp, name, fh, sid):
+    """What the uploader leaves: the file closed, committed (commit_settled) and CLEAN with
+    an object recorded; then opened again for writing. Returns the new stateid. (A file a
+    writer has open is never uploaded, and stays F_UNCOMMITTED while open.)"""
+    await c.close_file(fh, sid)
+    ino = await ino_of(None, c, fh)
+    store.commit_settled(ino)
+    a = store.getattr(ino)
+    assert store.mark_uploaded(ino, RemoteInfo(key=name, etag="e", size=a.size,
+                                               uploaded_change=a.change))
+    _, sid = await c.open_existing(exp, name, access=OPEN4_SHARE_ACCESS_BOTH)
+    return sid
+
+
 async def on(c, fh, *ops, saved_fh=None):
     """COMPOUND [PUTFH saved, SAVEFH,] PUTFH fh, ops...; the results after the PUTFHs."""
     pre = [] if saved_fh is None else [op(OP_PUTFH, PUTFH4args(saved_fh)), op(OP_SAVEFH)]
@@ -78,12 +92,10 @@ def test_seek_finds_data_and_holes(nfs_client):
 def test_deallocate_punches_a_hole_read_plus_shows_it(nfs_client, nfs_server):
     data = bytes(range(256)) * 768                          # 192 KiB
     async def body(c):
-        _, fh, sid = await setup(c, data=data)
+        exp, fh, sid = await setup(c, data=data)
         ino = await ino_of(nfs_server, c, fh)
         store = nfs_server.store
-        a = store.getattr(ino)
-        assert store.mark_uploaded(ino, RemoteInfo(key="f", etag="e", size=a.size,
-                                                   uploaded_change=a.change))
+        sid = await uploaded(c, store, exp, "f", fh, sid)
         seq = store.getattr(ino).data_seq
         check((await on(c, fh, op(OP_DEALLOCATE, DEALLOCATE4args(sid, 64 * KiB, 64 * KiB))))[0])
         a = store.getattr(ino)
@@ -128,9 +140,7 @@ def test_copy_and_clone_move_no_data_through_the_client(nfs_client, nfs_server):
         _, dst, dsid = await setup(c, "dst", b"old" * 100)
         dino = await ino_of(nfs_server, c, dst)
         store = nfs_server.store
-        a = store.getattr(dino)
-        assert store.mark_uploaded(dino, RemoteInfo(key="dst", etag="e", size=a.size,
-                                                    uploaded_change=a.change))
+        dsid = await uploaded(c, store, exp, "dst", dst, dsid)
         seq = store.getattr(dino).data_seq
         # COPY of the whole source (count 0 = to its end), asked asynchronous: done at once
         res, (r,) = await on(c, dst, op(OP_COPY, COPY4args(ssid, dsid, 0, 0, 0, False, False, [])),
