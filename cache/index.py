@@ -345,6 +345,7 @@ class Writer(View):
         self.d_used = 0
         self.d_dirty = 0
         self.after_commit: list = []     # callables run once the txn committed
+        self.on_end: list = []           # callables run when it ends, committed or not
         self.max_stamp = 0               # newest activity_ns stored by this txn
         self.map_full = False            # a nested txn hit MapFullError: grow after commit
 
@@ -578,6 +579,7 @@ class Index:
         finally:
             with self._txn_ended:
                 self.wanting -= 1
+        w = None
         try:
             txn = self.env.begin(write=True)
             self.writing = True
@@ -625,8 +627,12 @@ class Index:
             for fn in w.after_commit:
                 fn()
         finally:
-            self._end_txn()
-            self._wlock.release()
+            try:
+                for fn in (w.on_end if w is not None else ()):
+                    fn()
+            finally:
+                self._end_txn()
+                self._wlock.release()
 
     @contextmanager
     def nested(self, outer: Writer):
@@ -635,6 +641,7 @@ class Index:
         batch (batch.py): one op's error aborts only its own changes."""
         txn = self.env.begin(write=True, parent=outer.txn)
         w = Writer(self, txn)
+        outer.on_end.append(lambda: [fn() for fn in w.on_end])   # even if it aborts
         try:
             yield w
             txn.commit()

@@ -27,14 +27,18 @@ Invariant between the index and the extent files (this module owns it):
       naming the pending file operation (orphans, drops, F_TRUNCATED/unsettled) until it
       is done, and recovery finishes it after a crash.
   I4. One file's writes, read-through fills, truncates, evictions and commits are
-      linearizable: a write registers (`_inflight`, under the index lock) before its
-      pwrite and unregisters after its index update; fill, truncate and evict run under the
-      index lock and only while no write of that file is registered, so a fill never
-      overwrites bytes a client wrote and a truncate never cuts bytes a write is about to
-      describe. Unregistering needs only `_reg` (it guards `_inflight` and `_deferred`):
-      under the index lock the registrations can only shrink, so a decision made there on
-      "a write is registered" is at worst conservative, and a writer does not wait for a
-      batch commit's fdatasync to end its write. Tests: tests/cache/test_races.py.
+      linearizable: a write registers (`_inflight`) before its pwrite and unregisters
+      after its index update; fill, truncate and evict run under the index lock and only
+      while no write of that file is registered, so a fill never overwrites bytes a client
+      wrote and a truncate never cuts bytes a write is about to describe. Every decision
+      on "no write of X is registered" (those, a commit clearing F_UNCOMMITTED, a
+      reclaim) is taken under the index lock with X fenced (`_fences`, set under `_reg`
+      before the check, kept until that change is committed or abandoned), and a write of
+      a fenced file registers under the index lock: so while such a decision stands, the
+      registrations of X can only shrink, and a decision on "a write is registered" is at
+      worst conservative. Registering an unfenced file and unregistering need only `_reg`,
+      so a writer waits for no batch commit's fdatasync to start or end its write.
+      Tests: tests/cache/test_races.py.
 
 One process opens a store at a time (an flock on <path>/store.lock; a second open gets
 StoreError(EBUSY)). Layout: index.py (LMDB), data.py (extent files), extents.py (extent
@@ -134,8 +138,11 @@ class Store:
         # txn durable: another client may LOOKUP and write a new file before its create is
         # durable, and its first write skips the flag txn's sync (I2: see _bytes_changing)
         self._fresh: dict[int, int] = {}
-        # guards _inflight and _deferred; taken after the index lock, never before it
+        # guards _inflight, _fences and _deferred; taken after the index lock, never before it
         self._reg = threading.Lock()
+        # ino -> holders of the index lock deciding on "no write of ino is registered"
+        # (I4): a write of a fenced file registers under the index lock, so after them
+        self._fences: dict[int, int] = {}
         # fill and truncate wait here, under the index lock, for a file's registered writes
         # to end (invariant I4); the last writer to unregister takes the index lock to
         # notify only when someone waits (_waiting, under _reg)
@@ -222,6 +229,7 @@ class Store:
             self._reclaim_unlinked(w, ino)
 
     def _reclaim_unlinked(self, w: Writer, ino: int) -> None:
+        self._fence_txn(w, ino)
         rec = w.inode(ino)
         if (rec is not None and rec.nlink == 0 and not self._hand_to_writer(ino)
                 and not self._is_open(ino)):
@@ -242,8 +250,9 @@ class Store:
             self.race_hook(point, ino)
 
     def _wait_writes(self, ino: int) -> None:
-        """Caller holds the index lock: wait until no write of `ino` is between its
-        registration and its index update (I4). New writes cannot register meanwhile.
+        """Caller holds the index lock and has fenced `ino`: wait until no write of it is
+        between its registration and its index update (I4). New writes cannot register
+        while the caller holds the lock (they can while wait() gives it up).
         `_waiting` is raised under _reg with the check, so the write that ends next sees
         it and notifies, and the notify waits for the index lock that wait() gives up."""
         while True:
@@ -277,6 +286,7 @@ class Store:
     def _reclaim(self, w: Writer, rec: Inode, old: Inode) -> None:
         """The last link of `rec` is gone (rec.nlink == 0): free it now, or at last close."""
         w.set_flag_key(self.ix.orphans, rec.ino, True)
+        self._fence_txn(w, rec.ino)
         if self._hand_to_writer(rec.ino) or self._is_open(rec.ino):
             w.put_inode(rec, old)            # stays readable through open state
             return
@@ -326,7 +336,7 @@ class Store:
             if same is not None:
                 return same.attr()
             return self.batch.submit(self._ns_setattr, ino, sa, t).result()
-        with self.ix.lock:
+        with self.ix.lock, self._fenced((ino,)):
             self._wait_writes(ino)              # I4
             same = self._setattr_noop(ino, sa)
             if same is not None:
@@ -657,11 +667,13 @@ class Store:
         rec = w.inode(ino)
         if rec is None or not rec.is_dirty:
             return
+        self._fence_txn(w, ino)
         new = rec.copy()
         if (settled_at == (self._wseq.get(ino, 0), self._tseq.get(ino, 0))
                 and ino not in self._inflight and not rec.flags & F_TRUNCATED
                 and rec.committed_size == rec.size):
             new.flags &= ~F_UNCOMMITTED
+        self._hook("flag.decided", ino)
         w.stamp(new)
         w.put_inode(new, rec)
 
@@ -765,36 +777,33 @@ class Store:
         flagged = False
         fresh = None
         inos = (ino,) + also
-        with self.ix.lock:
-            with self._reg:
-                for i in inos:
-                    self._inflight[i] = self._inflight.get(i, 0) + 1
-            try:
-                # read again under the lock: `rec` may predate a COMMIT that cleared the
-                # flag (a commit clears it only while no write is registered, as this one
-                # now is)
-                now = self.ix.read_inode(ino)
-                if now.is_dirty and now.flags & F_UNCOMMITTED:
-                    # flagged by a sync'd flag txn, or by its create (new_inode): that txn
-                    # may not be durable yet if this writer found the file by LOOKUP
-                    fresh = self._fresh.pop(ino, None)
-                else:
-                    # the index says "dirty, uncommitted bytes may exist" BEFORE the bytes
-                    # change, so crash recovery visits this file and cuts what was not
-                    # committed
-                    with self.ix.write() as w:
-                        cur = w.must_inode(ino)
-                        new = cur.copy()
-                        if not cur.is_dirty:
-                            new.state = DataState.DIRTY
-                        new.flags |= F_UNCOMMITTED
-                        new.bump_data_seq()      # before the bytes change, as the flag
-                        w.stamp(new)
-                        w.put_inode(new, cur)
-                    flagged = True
-            except BaseException:
-                self._unregister(inos)
-                raise
+        self._register(inos)
+        try:
+            # read again, registered: `rec` may predate a COMMIT that cleared the flag (a
+            # commit clears it only while no write is registered, as this one now is, and
+            # the decision and its txn are over: the file was fenced meanwhile or not)
+            now = self.ix.read_inode(ino)
+            if now.is_dirty and now.flags & F_UNCOMMITTED:
+                # flagged by a sync'd flag txn, or by its create (new_inode): that txn
+                # may not be durable yet if this writer found the file by LOOKUP
+                fresh = self._fresh.pop(ino, None)
+            else:
+                # the index says "dirty, uncommitted bytes may exist" BEFORE the bytes
+                # change, so crash recovery visits this file and cuts what was not
+                # committed
+                with self.ix.write() as w:
+                    cur = w.must_inode(ino)
+                    new = cur.copy()
+                    if not cur.is_dirty:
+                        new.state = DataState.DIRTY
+                    new.flags |= F_UNCOMMITTED
+                    new.bump_data_seq()      # before the bytes change, as the flag
+                    w.stamp(new)
+                    w.put_inode(new, cur)
+                flagged = True
+        except BaseException:
+            self._unregister(inos)
+            raise
         try:
             if flagged:
                 # durable before the bytes change (once per commit cycle): after a power
@@ -809,6 +818,49 @@ class Store:
             yield
         finally:
             self._unregister(inos)
+
+    def _register(self, inos: tuple[int, ...]) -> None:
+        """A write of `inos` begins (I4). Without the index lock, unless one of them is
+        fenced: then under it, so after the decision that fenced it is committed."""
+        with self._reg:
+            if not any(i in self._fences for i in inos):
+                for i in inos:
+                    self._inflight[i] = self._inflight.get(i, 0) + 1
+                return
+        self._hook("register.fenced", inos[0])
+        with self.ix.lock:
+            with self._reg:
+                for i in inos:
+                    self._inflight[i] = self._inflight.get(i, 0) + 1
+
+    def _fence(self, inos) -> None:
+        with self._reg:
+            for i in inos:
+                self._fences[i] = self._fences.get(i, 0) + 1
+
+    def _unfence(self, inos) -> None:
+        with self._reg:
+            for i in inos:
+                left = self._fences[i] - 1
+                if left:
+                    self._fences[i] = left
+                else:
+                    del self._fences[i]
+
+    def _fence_txn(self, w: Writer, ino: int) -> None:
+        """Caller holds the index lock in txn `w` and is about to decide on "no write of
+        `ino` is registered": fence it until `w` ends (I4)."""
+        self._fence((ino,))
+        w.on_end.append(lambda: self._unfence((ino,)))
+
+    @contextmanager
+    def _fenced(self, inos):
+        """Caller holds the index lock: fence `inos` for the block (I4)."""
+        self._fence(inos)
+        try:
+            yield
+        finally:
+            self._unfence(inos)
 
     def _unregister(self, inos: tuple[int, ...]) -> None:
         # not under the index lock: a batch commit holds it through its fdatasync, and
@@ -1128,6 +1180,7 @@ class Store:
         close() of the store, whose open counts no longer matter."""
         cur = w.inode(ino)
         if cur is not None:
+            self._fence_txn(w, ino)
             new = cur.copy()
             if self._tseq.get(ino, 0) == tseq:   # a truncate sets it by itself
                 new.committed_size = max(new.committed_size, min(size, new.size))
@@ -1138,6 +1191,7 @@ class Store:
                         new.flags &= ~F_UNCOMMITTED
                     else:
                         self._settled_at[ino] = (wseq, tseq)
+            self._hook("flag.decided", ino)
             if new != cur:
                 w.stamp(new)
                 w.put_inode(new, cur)
@@ -1301,7 +1355,7 @@ class Store:
         the files go only once the index saying ABSENT is durable; `drops` names them until
         they are gone, for recovery (I3)."""
         freed = 0
-        with self.ix.lock:
+        with self.ix.lock, self._fenced(inos):
             done = []
             with self.ix.write() as w:
                 for ino in inos:
@@ -1379,7 +1433,8 @@ class Store:
         """Store bytes fetched from S3 for an ABSENT range (stays clean). Only the parts
         still ABSENT are written: bytes a client wrote meanwhile always win."""
         view = memoryview(data)
-        with self.ix.lock:             # no write/evict may interleave between check and store
+        # no write/evict may interleave between check and store
+        with self.ix.lock, self._fenced((ino,)):
             self._wait_writes(ino)     # a registered write's bytes may be in the file (I4)
             with self.ix.read() as v:
                 rec = v.must_inode(ino)

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 
@@ -139,6 +140,69 @@ def test_a_write_registering_as_the_last_one_ends_takes_over_the_reclaim(store):
     late[0].go.set()
     late[0].thread.join(WAIT)
     assert_reclaimed(store, f)
+
+
+@pytest.mark.parametrize("decider", ["commit", "last close"])
+def test_a_write_starting_while_the_flag_is_cleared_waits_for_that_txn(store, decider):
+    """Regression (found in review of registering without the index lock): a COMMIT (of a
+    file no writer has open) or a last writer's close decides "no write registered" and
+    clears F_UNCOMMITTED in a txn not yet committed. A write that registered then, without
+    the lock, read the committed inode (flag still set), skipped its flag txn and pwrote;
+    the txn then made the flag's clearing durable with those bytes in the file and not
+    yet recorded (I2: a power cut there leaves bytes recovery never cuts). The decider
+    fences the file, so the write registers under the index lock, after that txn, and
+    flags the file itself before its bytes change."""
+    from cache.index import F_UNCOMMITTED
+    f = mkfile(store, b"f", b"A" * 100)
+    if decider == "commit":
+        store.write(f, 0, b"B" * 10)                     # flagged, no writer has it open
+        decide = lambda: store.commit(f)                 # noqa: E731
+    else:
+        store.open_file(f, True)
+        store.write(f, 0, b"B" * 10)
+        store.commit(f)                                  # flag kept for the open writer
+        decide = lambda: store.close_file(f, True)       # noqa: E731
+    assert store.ix.read_inode(f).flags & F_UNCOMMITTED
+    decided, fenced, release = threading.Event(), threading.Event(), threading.Event()
+
+    def hook(point, ino):
+        if point == "flag.decided" and not decided.is_set():
+            decided.set()
+            assert release.wait(WAIT)                     # the decider's txn stays open
+        elif point == "register.fenced":
+            fenced.set()
+    store.race_hook = hook
+    decider_thread = threading.Thread(target=decide)
+    decider_thread.start()
+    assert decided.wait(WAIT)
+    pwritten, go, flag_at_pwrite = threading.Event(), threading.Event(), []
+    real = store.data.pwrite
+
+    def pwrite(i, off, buf):
+        real(i, off, buf)
+        if threading.current_thread() is writer:
+            flag_at_pwrite.append(bool(store.ix.read_inode(f).flags & F_UNCOMMITTED)
+                                  and store.durable())
+            pwritten.set()
+            assert go.wait(WAIT)
+    store.data.pwrite = pwrite
+    writer = threading.Thread(target=store.write, args=(f, 50, b"C" * 10))
+    writer.start()
+    # the fix: the write waits for the index lock; the old code: it reaches its pwrite
+    deadline = time.monotonic() + WAIT
+    while not (fenced.is_set() or pwritten.is_set()) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert fenced.is_set() and not pwritten.is_set()
+    release.set()
+    decider_thread.join(WAIT)
+    assert pwritten.wait(WAIT)
+    assert flag_at_pwrite == [True]                       # flagged durably before its bytes
+    go.set()
+    writer.join(WAIT)
+    store.race_hook = None
+    assert not decider_thread.is_alive() and not writer.is_alive()
+    assert store.ix.read_inode(f).flags & F_UNCOMMITTED
+    assert store.check() == []
 
 
 def counting_syncs(store, monkeypatch, name):
