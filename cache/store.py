@@ -841,11 +841,7 @@ class Store:
     def _unfence(self, inos) -> None:
         with self._reg:
             for i in inos:
-                left = self._fences[i] - 1
-                if left:
-                    self._fences[i] = left
-                else:
-                    del self._fences[i]
+                _count_down(self._fences, i)
 
     def _fence_txn(self, w: Writer, ino: int) -> None:
         """Caller holds the index lock in txn `w` and is about to decide on "no write of
@@ -868,11 +864,7 @@ class Store:
         ended, unlinked = False, []
         with self._reg:
             for ino in inos:
-                left = self._inflight[ino] - 1
-                if left:
-                    self._inflight[ino] = left
-                else:
-                    del self._inflight[ino]
+                if _count_down(self._inflight, ino):
                     ended = True
                     if ino in self._deferred:      # unlinked while we wrote
                         self._deferred.discard(ino)
@@ -1747,6 +1739,16 @@ def _own_import(w: Writer, ino: int, remote: RemoteInfo) -> None:
     never in the moved subtree; uploader.worker._move_dir)."""
     remote.imported_after_job = w.counter(b"next_job")
     w.put_remote(ino, remote)
+
+
+def _count_down(counts: dict[int, int], key: int) -> bool:
+    """One less of `key`; True when none is left (the key is gone then)."""
+    left = counts[key] - 1
+    if left:
+        counts[key] = left
+        return False
+    del counts[key]
+    return True
 
 
 def _not_local(ino: int, missing: list[tuple[int, int]]) -> StoreError:
