@@ -659,8 +659,9 @@ class Store:
         """The last writer closed. The settle window restarts (a temp file renamed right
         after its close is never uploaded under the temp name). And the F_UNCOMMITTED a
         commit kept for the open writer goes, if nothing changed the bytes since: no write
-        or truncate record (same sequences) and none registered now (under the index lock a
-        write registers before its pwrite, so none is between pwrite and record). Neither
+        or truncate record (same sequences) and none registered now (the file is fenced: a
+        write registering from now on does so after this txn, and flags the file itself,
+        I4). Neither
         need be durable: the stamp only schedules (recovery re-stamps every file it
         visits), and a flag left set only makes recovery visit a file that is whole."""
         settled_at = self._settled_at.pop(ino, None)
