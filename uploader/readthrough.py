@@ -142,10 +142,12 @@ class ReadThrough:
         lo = max(start, min(e.offset for e in holes))
         hi = min(end, max(e.offset + e.length for e in holes))
         data = await self._get(ino, lo, hi - lo)
+        # counted as it arrives, before the fill makes it readable: a reader that sees the
+        # bytes (or a stop that cancels this task in its fill) never sees them uncounted
+        self.counters.bytes_fetched += len(data)
         if len(data) != hi - lo:
             raise StoreError(errno.EIO, f"short read from S3 for ino {ino}: {len(data)} of {hi - lo} bytes")
         await asyncio.to_thread(self.store.fill, ino, lo, data)
-        self.counters.bytes_fetched += len(data)
         return len(data)
 
     async def _get(self, ino: int, offset: int, length: int) -> bytes:
