@@ -26,6 +26,15 @@ async def read_all(store, up, ino, size, count=100_000):
     return bytes(out)
 
 
+async def evicted(store, up, path, data) -> int:
+    """A file written, uploaded and evicted: every byte of it ABSENT."""
+    ino = write_file(store, path, data)
+    assert await up.flush(timeout=60)
+    assert store.evict(ino) > 0
+    assert store.getattr(ino).data_state == DataState.ABSENT
+    return ino
+
+
 def test_read_through_of_an_evicted_file(moto, proxy, bucket, store):
     data = payload(5 * SMALL_PART + 77, 11)
 
@@ -33,10 +42,7 @@ def test_read_through_of_an_evicted_file(moto, proxy, bucket, store):
         up = make_uploader(store, proxy.endpoint, bucket)
         await up.start()
         try:
-            ino = write_file(store, "ev/big", data)
-            assert await up.flush(timeout=60)
-            assert store.evict(ino) > 0
-            assert store.getattr(ino).data_state == DataState.ABSENT
+            ino = await evicted(store, up, "ev/big", data)
             gets_before = len(proxy.requests("GET"))
             # two concurrent readers of the same range share one fetch
             with pytest.raises(StoreError) as ei:
@@ -67,9 +73,7 @@ def test_fetched_bytes_are_counted_before_a_reader_can_see_them(moto, proxy, buc
         up = make_uploader(store, proxy.endpoint, bucket)
         await up.start()
         try:
-            ino = write_file(store, "ev/c", data)
-            assert await up.flush(timeout=60)
-            assert store.evict(ino) > 0
+            ino = await evicted(store, up, "ev/c", data)
             real = store.fill
 
             def fill(i, off, buf):
