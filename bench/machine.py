@@ -55,7 +55,10 @@ def _deb_version(name: str) -> str:
 
 def facts() -> dict[str, str]:
     commit = _run(["git", "rev-parse", "--short", "HEAD"])
-    dirty = " (with uncommitted changes)" if _run(["git", "status", "--porcelain", "--untracked-files=no"]) else ""
+    # the report's own output (bench/results, rewritten as the run goes) is not a change
+    # of the code under test
+    dirty = " (with uncommitted changes)" if _run(
+        ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results"]) else ""
     out = {
         "cpus (usable / online)": f"{len(os.sched_getaffinity(0))} / {os.cpu_count()}",
         "cpu model": _cpu_model(),
