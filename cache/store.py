@@ -1671,10 +1671,12 @@ class Store:
     def adopt_replaced(self, path: str, key: str, etag: str, exclude_ino: int) -> int | None:
         """*Blocking, durable.* A file unlinked (or renamed over) at `path` left its object
         (`key`, `etag`) in S3. If a regular file (not `exclude_ino`) now sits at `path`, its
-        upload or move will replace that object atomically: record it in that file's
-        `replaces` and return its ino; else None (nothing will: the caller deletes). Only a
-        file whose object goes to `path` replaces it: a dirty one whose first name (path_of,
-        where its upload goes) it is, or one a queued rename moves there."""
+        upload or move will replace that object atomically, or land its own object under
+        another of its names first: record it in that file's `replaces` and return its ino;
+        else None (nothing will: the caller deletes). Such a file: a dirty one (its upload
+        goes to its first name, path_of; if that is not `path`, the upload drops the adopted
+        object once its own has landed, so S3 never lacks both versions of the file at
+        `path`), or one a queued rename moves there."""
         try:
             parts = _import_parts(path)
         except StoreError:
@@ -1689,9 +1691,10 @@ class Store:
             rec = w.inode(ino)
             if rec is None or rec.type != FileType.REG or ino == exclude_ino:
                 return None
-            if not (rec.is_dirty and w.path_of(ino) == path) and not self._move_queued(w, ino, path):
-                # neither its upload (which goes to its first name) nor a queued move will put
-                # its object at `path` (e.g. a clean file hard-linked there): nothing replaces it
+            if not rec.is_dirty and not self._move_queued(w, ino, path):
+                # neither an upload nor a queued move will put its object at `path` (e.g. a
+                # clean file hard-linked there, its object at its first name): nothing will
+                # replace it, and the file is in S3 already
                 return None
             r = w.remote(ino)
             if (key, etag) not in r.replaces:

@@ -501,3 +501,25 @@ def test_file_renamed_over_a_symlink_that_replaced_an_uploaded_file(sim):
     sim.drain()
     sim.check_drained()
 
+
+
+def test_unuploaded_hard_linked_file_renamed_over_an_uploaded_file(sim):
+    """Found by the long run of 2026-11-25 (seed 20261128), on the code of that morning too.
+    `ln b a; mv b f` over an uploaded f, b written and never uploaded: b's upload goes to its
+    first name (a), so adopt_replaced did not hand it f's old object, and the unlink job of
+    the old f deleted that object before b reached S3 anywhere: S3 held neither version of
+    f. A dirty file at the path now adopts the object; its upload drops it once its own
+    object has landed (at a, its first name)."""
+    sim.create("f")
+    sim.drain()
+    sim.check_drained()
+    sim.create("b")
+    sim.link("b", "a")
+    sim.write("b", 0, sim.payload(1), stable=False)
+    sim.rename("b", "f")
+    sim.dispatch()                                  # the old f's unlink job runs first
+    for p in [p for p in sim.pending if p.op == "DeleteObject"]:
+        sim.grant(p)
+        sim.check()
+    sim.drain()
+    sim.check_drained()
