@@ -661,9 +661,8 @@ class Store:
         commit kept for the open writer goes, if nothing changed the bytes since: no write
         or truncate record (same sequences) and none registered now (the file is fenced: a
         write registering from now on does so after this txn, and flags the file itself,
-        I4). Neither
-        need be durable: the stamp only schedules (recovery re-stamps every file it
-        visits), and a flag left set only makes recovery visit a file that is whole."""
+        I4). Neither need be durable: the stamp only schedules (recovery re-stamps every
+        file it visits), and a flag left set only makes recovery visit a file that is whole."""
         settled_at = self._settled_at.pop(ino, None)
         rec = w.inode(ino)
         if rec is None or not rec.is_dirty:
@@ -825,19 +824,15 @@ class Store:
         fenced: then under it, so after the decision that fenced it is committed."""
         with self._reg:
             if not any(i in self._fences for i in inos):
-                for i in inos:
-                    self._inflight[i] = self._inflight.get(i, 0) + 1
+                _count_up(self._inflight, inos)
                 return
         self._hook("register.fenced", inos[0])
-        with self.ix.lock:
-            with self._reg:
-                for i in inos:
-                    self._inflight[i] = self._inflight.get(i, 0) + 1
+        with self.ix.lock, self._reg:
+            _count_up(self._inflight, inos)
 
     def _fence(self, inos) -> None:
         with self._reg:
-            for i in inos:
-                self._fences[i] = self._fences.get(i, 0) + 1
+            _count_up(self._fences, inos)
 
     def _unfence(self, inos) -> None:
         with self._reg:
@@ -1743,6 +1738,11 @@ def _own_import(w: Writer, ino: int, remote: RemoteInfo) -> None:
     never in the moved subtree; uploader.worker._move_dir)."""
     remote.imported_after_job = w.counter(b"next_job")
     w.put_remote(ino, remote)
+
+
+def _count_up(counts: dict[int, int], keys) -> None:
+    for key in keys:
+        counts[key] = counts.get(key, 0) + 1
 
 
 def _count_down(counts: dict[int, int], key: int) -> bool:
