@@ -24,6 +24,17 @@ buffer the connection never touches again, so it stays valid while the call runs
 Small records are copied out of a reusable scratch buffer (cheap, and it lets one
 recv syscall carry many pipelined small calls).
 
+Reused buffers for the common large record: a WRITE of up to 1 MiB is one fragment of
+about 1 MiB. A fresh bytearray for each of them cost page faults, zero-filling and the
+doubling copies below (py-spy, 8 nfs-rs write streams: a seventh of the event loop). A
+`RecordPool` (one per server) keeps a few buffers of POOL_BUFFER bytes: such a record is
+received into one, and the transport gives it back once the call's reply is sent. A
+buffer goes back into the pool only if nothing still views it (a resize probe: a
+bytearray with exported buffers cannot be resized), so a view that outlives its call (a
+cancelled WRITE whose pwrite still runs) keeps its buffer, which is then simply dropped.
+The pool is already-allocated memory, so lending a buffer to a client that announces a
+big fragment and sends slowly costs nothing new; with the pool empty, the growth below.
+
 Hostile input: a record mark is only a claim. A record's buffer starts at
 RECORD_INITIAL_ALLOC bytes and doubles as bytes actually arrive (never past what the
 marks announced), so a client announcing 2 MiB and sending 10 bytes costs 64 KiB, not
@@ -57,6 +68,9 @@ DIRECT_RECEIVE_THRESHOLD = 16 * 1024
 SCRATCH_SIZE = 64 * 1024         # per connection, allocated once
 # A record's buffer starts this small and doubles as its bytes arrive (see above).
 RECORD_INITIAL_ALLOC = 64 * 1024
+# Pooled record buffers: a 1 MiB WRITE (Linux wsize, nfs-rs' 1044480) with its headers fits.
+POOL_BUFFER = 1024 * 1024 + 64 * 1024
+POOL_BUFFERS = 16                # kept per server: 17 MiB at most
 # Fragments one record may have. RFC 5531 sets no bound, and endless empty non-last
 # fragments would otherwise never end a record (they add nothing to its size, so
 # max_record does not stop them). Linux and nfs-rs send one fragment per record, but
@@ -88,7 +102,8 @@ class CallReceived:
     proc: int
     cred: Cred
     args: memoryview          # the procedure arguments: a view into `record`
-    record: bytearray         # the buffer owning the whole record (never reused)
+    record: bytearray         # the buffer owning the record (a pooled one may be longer);
+                              # the connection never touches it again (RecordPool.give_back)
 
 
 @dataclass(slots=True)
@@ -101,7 +116,7 @@ class SendReply:
 @dataclass(slots=True)
 class ReplyReceived:
     xid: int
-    record: bytearray         # the whole reply record (no record mark), for parse_reply
+    record: bytes             # the whole reply record (no record mark), for parse_reply
 
 
 @dataclass(slots=True)
@@ -197,6 +212,33 @@ def parse_authsys(body: memoryview) -> Cred:
     return Cred(flavor=AUTH_SYS, uid=uid, gid=gid, gids=tuple(gids), machinename=bytes(machine))
 
 
+class RecordPool:
+    """Free record buffers of POOL_BUFFER bytes (see the module's docstring). Not thread
+    safe: used from the event loop only."""
+
+    def __init__(self, keep: int = POOL_BUFFERS):
+        self.keep = keep
+        self._free: list[bytearray] = []
+        self.reused = 0             # records received into a pooled buffer (tests, metrics)
+
+    def take(self) -> bytearray:
+        if self._free:
+            self.reused += 1
+            return self._free.pop()
+        return bytearray(POOL_BUFFER)
+
+    def give_back(self, record: bytearray) -> None:
+        """`record`'s call is over. Kept only if it is a pool buffer nothing views."""
+        if len(record) != POOL_BUFFER or len(self._free) >= self.keep:
+            return
+        try:
+            record.append(0)        # a resize: BufferError while any view of it exists
+        except BufferError:
+            return
+        del record[-1]
+        self._free.append(record)
+
+
 class RpcConnection:
     """The RPC state of one server-side connection (no I/O).
 
@@ -208,8 +250,9 @@ class RpcConnection:
     def __init__(self, programs: dict[int, Program], max_record: int = DEFAULT_MAX_RECORD,
                  direct_threshold: int = DIRECT_RECEIVE_THRESHOLD,
                  scratch_size: int = SCRATCH_SIZE,
-                 max_fragments: int = DEFAULT_MAX_FRAGMENTS):
+                 max_fragments: int = DEFAULT_MAX_FRAGMENTS, pool: RecordPool | None = None):
         self.programs = programs
+        self.pool = pool
         self.max_record = max_record
         self.max_fragments = max_fragments
         self._fragments = 0        # fragments of the record being assembled
@@ -335,7 +378,11 @@ class RpcConnection:
     def _grow_record(self, fragment_len: int) -> None:
         """A fragment starts: make sure a record exists; bytes are reserved as they come."""
         if self._record is None:
-            self._record = bytearray(min(fragment_len, RECORD_INITIAL_ALLOC))
+            if (self.pool is not None and self._frag_last
+                    and self.direct_threshold <= fragment_len <= POOL_BUFFER):
+                self._record = self.pool.take()     # one fragment that fits: no growth
+            else:
+                self._record = bytearray(min(fragment_len, RECORD_INITIAL_ALLOC))
             self._record_len = 0
 
     def _reserve(self, n: int) -> None:
@@ -354,12 +401,14 @@ class RpcConnection:
             return
         record = self._record
         assert record is not None
-        del record[self._record_len:]          # announced bytes all arrived: a no-op
+        length = self._record_len
+        if len(record) != POOL_BUFFER:
+            del record[length:]                # announced bytes all arrived: a no-op
         self._record = None
         self._record_len = 0
         self._fragments = 0
         self.records += 1
-        events.append(self._parse_call(record))
+        events.append(self._parse_call(record, length))
 
     def _fail(self, events: list, reason: str) -> None:
         self._broken = True
@@ -367,14 +416,14 @@ class RpcConnection:
         events.append(ConnectionError(reason))
 
     # -- call header (RFC 5531 section 9) --
-    def _parse_call(self, record: bytearray):
-        buf = memoryview(record)
+    def _parse_call(self, record: bytearray, length: int):
+        buf = memoryview(record)[:length]
         if len(buf) < 4:
             return SendReply(b"", 0, "record shorter than an xid")   # nothing to answer to
         if len(buf) >= 8 and _U32.unpack_from(buf, 4)[0] == REPLY:
             # The client answering a callback we sent on this connection (back channel);
             # a MSG_DENIED reply is shorter than a call header.
-            return ReplyReceived(_U32.unpack_from(buf, 0)[0], record)
+            return ReplyReceived(_U32.unpack_from(buf, 0)[0], bytes(buf))
         if len(buf) < _CALL_HEAD.size:
             (xid,) = _U32.unpack_from(buf, 0)
             return SendReply(garbage_args_reply(xid), xid, "truncated call header")

@@ -24,7 +24,7 @@ from nfsd.errors import NfsError
 from nfsd.grace import Grace
 from nfsd.limits import Limits, RateLimitedLog
 from nfsd.rpc import (
-    Program, auth_error_reply, finish_reply, garbage_args_reply,
+    Program, RecordPool, auth_error_reply, finish_reply, garbage_args_reply,
     start_success_reply, system_err_reply,
 )
 from nfsd.offload import OffloadTable
@@ -101,6 +101,7 @@ class NfsServer:
         self._sweeper: asyncio.Task | None = None
         self.programs = {NFS_PROGRAM: Program(NFS_PROGRAM, NFS_V4, NFS_V4,
                                               frozenset({PROC_NULL, PROC_COMPOUND}))}
+        self.record_pool = RecordPool()       # large WRITE records, received without allocating
         self.log = log
         self.connections: set[NfsConnection] = set()
         self._executor = ThreadPoolExecutor(blocking_threads, thread_name_prefix="nfsd-blocking")

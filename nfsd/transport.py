@@ -52,7 +52,8 @@ class NfsConnection(asyncio.BufferedProtocol):
     def __init__(self, server, limits: Limits | None = None):
         limits = limits or Limits()
         self.server = server
-        self.rpc = RpcConnection(server.programs, limits.max_record, max_fragments=limits.max_fragments)
+        self.rpc = RpcConnection(server.programs, limits.max_record, max_fragments=limits.max_fragments,
+                                 pool=getattr(server, "record_pool", None))
         self.max_inflight = limits.max_inflight
         self.transport: asyncio.Transport | None = None
         self.peer: tuple = ()
@@ -174,9 +175,15 @@ class NfsConnection(asyncio.BufferedProtocol):
 
     # ---- calls --------------------------------------------------------------------
     async def _serve(self, call: CallReceived) -> None:
-        reply = await self.server.handle_call(call, self)
-        if reply and not self.closed:
-            self.transport.write(reply)
+        record = call.record
+        try:
+            reply = await self.server.handle_call(call, self)
+            if reply and not self.closed:
+                self.transport.write(reply)
+        finally:
+            del call                           # its args view the record
+            if self.rpc.pool is not None:
+                self.rpc.pool.give_back(record)
 
     def _start(self, call: CallReceived) -> None:
         task = asyncio.get_running_loop().create_task(self._serve(call))

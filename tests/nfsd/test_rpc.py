@@ -7,7 +7,8 @@ from hypothesis import given, settings, strategies as st
 
 from nfsd.context import Cred
 from nfsd.rpc import (
-    CallReceived, ConnectionError as RpcConnectionError, Program, ReplyReceived, RpcConnection,
+    POOL_BUFFER, CallReceived, ConnectionError as RpcConnectionError, Program, RecordPool, ReplyReceived,
+    RpcConnection,
     SendReply, encode_call, parse_reply,
 )
 from nfsd.xdr.rpc import (
@@ -275,3 +276,50 @@ def test_several_large_fragments_are_received_directly_and_joined():
     for i in range(0, len(data), 7000):                    # reads of a realistic size
         events += c.receive_data(data[i:i + 7000])
     assert bytes(only_call(events).args) == payload
+
+
+# ---- pooled record buffers ------------------------------------------------------
+def _feed_in_chunks(c: RpcConnection, framed: bytes, chunk: int = 65536) -> list:
+    events = []
+    for i in range(0, len(framed), chunk):
+        events += c.receive_data(framed[i:i + chunk])
+    return events
+
+
+def test_a_large_single_fragment_record_reuses_a_pooled_buffer_once_its_call_is_over():
+    pool = RecordPool()
+    c = conn(pool=pool)
+    a, b = bytes(range(256)) * 4000, bytes(reversed(range(256))) * 4001     # ~1 MiB each
+    first = only_call(_feed_in_chunks(c, call_bytes(xid=1, args=a)))
+    assert bytes(first.args) == a and len(first.record) == POOL_BUFFER
+    buf = first.record
+    pool.give_back(first.record)
+    assert pool.reused == 0
+    del first
+    pool.give_back(buf)                                   # nothing views it now
+    second = only_call(_feed_in_chunks(c, call_bytes(xid=2, args=b)))
+    assert second.record is buf and pool.reused == 1
+    assert second.xid == 2 and bytes(second.args) == b    # exactly its own bytes, none of a's
+
+
+def test_a_pooled_buffer_still_viewed_is_never_handed_out_again():
+    pool = RecordPool()
+    c = conn(pool=pool)
+    first = only_call(_feed_in_chunks(c, call_bytes(xid=1, args=b"a" * 500_000)))
+    kept = first.args[-10:]               # e.g. a WRITE whose pwrite still runs after its call
+    pool.give_back(first.record)
+    second = only_call(_feed_in_chunks(c, call_bytes(xid=2, args=b"b" * 500_000)))
+    assert second.record is not first.record and pool.reused == 0
+    assert bytes(kept) == b"a" * 10
+
+
+def test_small_oversized_and_multi_fragment_records_do_not_use_the_pool():
+    pool = RecordPool()
+    c = conn(pool=pool, max_record=4 << 20)
+    small = only_call(c.receive_data(call_bytes(args=b"x" * 100)))
+    big = only_call(_feed_in_chunks(c, call_bytes(args=b"y" * (POOL_BUFFER + 1))))
+    multi = only_call(_feed_in_chunks(c, fragments(call_bytes(args=b"z" * 300_000), [100_000, 100_000, 200_000])))
+    for call in (small, big, multi):
+        assert len(call.record) != POOL_BUFFER
+    assert bytes(multi.args) == b"z" * 300_000 and bytes(big.args) == b"y" * (POOL_BUFFER + 1)
+    assert pool.reused == 0 and not pool._free
