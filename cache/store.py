@@ -54,6 +54,7 @@ import os
 import struct
 import threading
 import time
+from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -330,12 +331,9 @@ class Store:
         """Size changes truncate/extend (truncate up reads zeros). Bumps change/ctime.
         Durable on return. Without a size it is applied by the batch committer, in one txn
         with whatever namespace ops are queued at that moment (one sync for them all)."""
-        t = time.time_ns()
         if sa.size is None:
-            same = self._setattr_noop(ino, sa)
-            if same is not None:
-                return same.attr()
-            return self.batch.submit(self._ns_setattr, ino, sa, t).result()
+            return self.setattr_submit(ino, sa).result()
+        t = time.time_ns()
         with self.ix.lock, self._fenced((ino,)):
             self._wait_writes(ino)              # I4
             same = self._setattr_noop(ino, sa)
@@ -359,6 +357,20 @@ class Store:
                     self.data.truncate(ino, sa.size)
         self.committer.sync(mine)               # free when the truncate's sync covered it
         return new.attr()
+
+    def setattr_submit(self, ino: int, sa: SetAttr) -> Future | None:
+        """setattr() without waiting, for a SETATTR without a size (an index change only):
+        a concurrent.futures.Future of its Attr, set once it is durable (asyncio callers
+        await it with no worker thread in between). None for a size change: that one
+        waits for writes and truncates, so it runs as setattr() on a worker thread."""
+        if sa.size is not None:
+            return None
+        same = self._setattr_noop(ino, sa)
+        if same is not None:
+            done: Future = Future()
+            done.set_result(same.attr())
+            return done
+        return self.batch.submit(self._ns_setattr, ino, sa, time.time_ns())
 
     def setattr_unchanged(self, ino: int, sa: SetAttr) -> Attr | None:
         """The file's attributes if setattr(ino, sa) would change nothing (see _setattr_noop),

@@ -1,6 +1,8 @@
 """GETATTR SETATTR ACCESS VERIFY NVERIFY (RFC 8881 sections 18.7, 18.30, 18.1, 18.31, 18.15)."""
 from __future__ import annotations
 
+import asyncio
+
 import structlog
 
 from cache.api import FileType, SetAttr, StoreError
@@ -127,8 +129,9 @@ def setattr_request(ctx, obj: Obj, values: dict, *, stateid=None, creating: bool
 
 
 async def apply_setattr(ctx, obj: Obj, sa: SetAttr):
-    """store.setattr on a worker thread, durable when it returns: one thread round trip
-    (a group sync in the batch committer, or for a size its own txn and sync, I3)."""
+    """Durable when it returns: without a size, straight to the store's batch committer
+    (a group sync, no worker thread); with a size, store.setattr on a worker thread (its
+    own txn and sync, I3)."""
     if sa == SetAttr():
         return obj.attr
     try:
@@ -137,7 +140,11 @@ async def apply_setattr(ctx, obj: Obj, sa: SetAttr):
             obj.attr = same
             await sync_namespace(ctx)       # what it saw is durable before the reply
             return obj.attr
-        obj.attr = await blocking(ctx, ctx.server.store.setattr, obj.ino, sa)
+        pending = ctx.server.store.setattr_submit(obj.ino, sa)    # None: a size, see there
+        if pending is not None:
+            obj.attr = await asyncio.wrap_future(pending)
+        else:
+            obj.attr = await blocking(ctx, ctx.server.store.setattr, obj.ino, sa)
     except StoreError as e:
         raise nfs_error(e) from e
     log.debug("setattr", ino=obj.ino, attrs=repr(sa))
