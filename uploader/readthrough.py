@@ -189,14 +189,9 @@ class ReadThrough:
     async def warmup(self, path: str) -> int:
         """Fetch every ABSENT byte of the file, or of every file below the directory."""
         root = self.resolve(path)
-        files = []
-        stack = [root]
-        while stack:
-            a = stack.pop()
-            if a.type == FileType.REG:
-                files.append(a.ino)
-            elif a.type == FileType.DIR:
-                stack.extend(e.attr for e in self.store.readdir(a.ino))
+        files = [root.ino] if root.type == FileType.REG else []
+        if root.type == FileType.DIR:
+            files = [a.ino for _, a in self.store.walk(root.ino) if a.type == FileType.REG]
         before = self.counters.bytes_fetched
         for ino in files:
             holes = [(e.offset, e.length) for e in self.store.extents(ino) if e.state == DataState.ABSENT]

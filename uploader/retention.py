@@ -494,14 +494,12 @@ def remove_tree(store, rel: str, ino: int, *, allow_dirty: bool = False) -> tupl
         return 0, "replaced by another entry"
     entries = [(parent.ino, rel.rsplit("/", 1)[-1], attr)]
     if attr.type == FileType.DIR:
-        stack = [(attr.ino, rel)]
-        while stack:
-            d, base = stack.pop()
-            for ent in store.readdir(d):
-                name = ent.name.decode("utf-8", "surrogateescape")
-                entries.append((d, name, ent.attr))
-                if ent.attr.type == FileType.DIR:
-                    stack.append((ent.attr.ino, f"{base}/{name}"))
+        dirs = {"": attr.ino}                     # walk paths are relative to the subtree
+        for path, a in store.walk(attr.ino):      # a directory before its content
+            head, _, name = path.rpartition("/")
+            entries.append((dirs[head], name, a))
+            if a.type == FileType.DIR:
+                dirs[path] = a.ino
     for _, name, a in entries:
         why = _unsafe(a, store, allow_dirty=allow_dirty)
         if why:
@@ -601,15 +599,7 @@ def set_pin(store, rel: str, pinned: bool, reason: str = "", settings=None) -> d
     _, attr = _resolve(store, rel)
     items = [(rel, attr)]
     if attr.type == FileType.DIR:
-        stack = [(rel, attr.ino)]
-        while stack:
-            base, d = stack.pop()
-            for ent in store.readdir(d):
-                p = f"{base}/{ent.name.decode('utf-8', 'surrogateescape')}" if base else \
-                    ent.name.decode("utf-8", "surrogateescape")
-                items.append((p, ent.attr))
-                if ent.attr.type == FileType.DIR:
-                    stack.append((p, ent.attr.ino))
+        items += store.walk(attr.ino, rel)
     files, jobs = 0, 0
     for path, a in items:
         store.set_pinned(a.ino, pinned, reason)

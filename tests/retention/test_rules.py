@@ -230,3 +230,20 @@ def test_a_permanent_s3_error_ends_a_retention_job_loudly(store):
     assert outcome == "failed: AccessDenied"
     [entry] = [e for e in retention.Records(store).entries() if e.get("status") == "failed"]
     assert entry["action"] == "tag" and "AccessDenied" in entry["detail"]
+
+
+def test_a_nested_tree_is_removed_children_first_and_pinned_through_every_level(store):
+    # remove_tree and set_pin walk the subtree with Store.walk, the one subtree walk
+    for path in ("runs/n/step_000100/model.pt", "runs/n/step_000100/shards/0.pt",
+                 "runs/n/step_000100/shards/deep/1.pt", "runs/n/step_000100/shards/deep/2.pt"):
+        write_file(store, path, path.encode())
+    mark_clean(store, "runs/n/step_000100")
+    retention.set_pin(store, "runs/n/step_000100", True, "keep")
+    pinned = retention.pin_reasons(store)
+    assert len(pinned) == 7                  # the checkpoint, 2 directories below it, 4 files
+    ino = store.lookup(store.lookup(store.lookup(1, b"runs").ino, b"n").ino, b"step_000100").ino
+    assert retention.remove_tree(store, "runs/n/step_000100", ino) == (0, "step_000100: pinned")
+    retention.set_pin(store, "runs/n/step_000100", False)
+    assert retention.pin_reasons(store) == {}
+    assert retention.remove_tree(store, "runs/n/step_000100", ino) == (7, None)
+    assert not exists(store, "runs/n/step_000100") and exists(store, "runs/n")

@@ -136,7 +136,8 @@ def test_warmup_fetches_a_tree(moto, bucket, store):
         up = make_uploader(store, moto.endpoint, bucket)
         await up.start()
         try:
-            inos = [write_file(store, f"w/f{i}", d) for i, d in enumerate(data)]
+            paths = ("w/f0", "w/sub/f1", "w/sub/deep/f2")          # every level of the tree
+            inos = [write_file(store, p, d) for p, d in zip(paths, data)]
             assert await up.flush(timeout=60)
             for ino in inos:
                 store.evict(ino)
