@@ -139,6 +139,7 @@ class Store:
         # txn durable: another client may LOOKUP and write a new file before its create is
         # durable, and its first write skips the flag txn's sync (I2: see _bytes_changing)
         self._fresh: dict[int, int] = {}
+        self._lru_touching: set[int] = set()       # files whose LRU re-stamp is queued
         # guards _inflight, _fences and _deferred; taken after the index lock, never before it
         self._reg = threading.Lock()
         # ino -> holders of the index lock deciding on "no write of ino is registered"
@@ -730,12 +731,26 @@ class Store:
         return n, rec.size
 
     def _touch_lru(self, ino: int) -> None:
-        with self.ix.write() as w:
-            rec = w.inode(ino)
-            if rec is not None and rec.state == DataState.CLEAN:
-                new = rec.copy()
-                new.lru_ns = new.atime_ns = time.time_ns()
-                w.put_inode(new, rec)
+        """Re-stamp a read file's LRU key, without waiting: a READ runs on the event loop,
+        which must not wait for the index write lock (a batch commit holds it through its
+        fdatasync) nor for a commit. An eviction-order hint, so a non-durable batch op; one
+        in flight per file, and none once the store closes."""
+        if ino in self._lru_touching or self.batch.closing:
+            return
+        self._lru_touching.add(ino)
+        try:
+            fut = self.batch.submit(self._ns_touch_lru, ino, durable=False)
+        except StoreError:                  # the store began to close meanwhile
+            self._lru_touching.discard(ino)
+            return
+        fut.add_done_callback(lambda f: (self._lru_touching.discard(ino), _log_failure(f)))
+
+    def _ns_touch_lru(self, w: Writer, ino: int) -> None:
+        rec = w.inode(ino)
+        if rec is not None and rec.state == DataState.CLEAN:
+            new = rec.copy()
+            new.lru_ns = new.atime_ns = time.time_ns()
+            w.put_inode(new, rec)
 
     def write(self, ino: int, offset: int, data: bytes | memoryview) -> Attr:
         """pwrite into the page cache; updates live size/mtime/change; marks the range dirty.

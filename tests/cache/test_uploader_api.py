@@ -251,3 +251,43 @@ def test_setattr_size_is_durable_over_uncommitted_writes(store, grow):
         assert s.read(f, 0, 100) == (want, True)
     finally:
         s.close()
+
+
+def test_reading_a_clean_file_never_waits_for_the_index_write_lock(store_dir, monkeypatch):
+    # READ runs on the event loop: re-stamping the file's LRU key must not wait for the
+    # index write lock, which a batch commit holds through its fdatasync (here: held by
+    # another thread until the read has returned or failed to within the limit)
+    import threading
+    import time
+    import cache.store as store_mod
+    s = Store.open(store_dir)
+    f = mkfile(s, b"f", b"x" * 100)
+    s.commit(f)
+    upload(s, f)
+    monkeypatch.setattr(store_mod, "LRU_GRANULARITY_NS", 0)        # every read re-stamps
+    before = s.getattr(f)
+    held, release, done = threading.Event(), threading.Event(), threading.Event()
+
+    def hold_the_lock():
+        with s.ix.write():
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold_the_lock)
+    holder.start()
+    assert held.wait(10)
+    result = []
+    reader = threading.Thread(target=lambda: (result.append(s.read(f, 0, 100)), done.set()))
+    reader.start()
+    returned = done.wait(10)        # before the fix: blocked until the lock was released
+    release.set()
+    holder.join(10)
+    reader.join(10)
+    assert returned and result[0][0] == b"x" * 100
+    s.sync()
+    for _ in range(100):            # the re-stamp lands with the next batch
+        if s.getattr(f).atime_ns > before.atime_ns:
+            break
+        time.sleep(0.05)
+    assert s.getattr(f).atime_ns > before.atime_ns and s.check() == []
+    s.close()
