@@ -50,7 +50,7 @@ class BatchCommitter:
         waits for): set at the commit, and never the reason for a sync."""
         fut: Future = Future()
         fut.durable = durable
-        if self.ix.lock._is_owned() or threading.current_thread() is self._thread:
+        if not self.can_wait():
             self._inline(fut, fn, args)
             return fut
         with self._cv:
@@ -63,6 +63,11 @@ class BatchCommitter:
                 self._thread.start()
             self._cv.notify()
         return fut
+
+    def can_wait(self) -> bool:
+        """Whether this thread may wait for a queued op: not the committer thread itself,
+        nor a caller holding the index lock (the committer needs it)."""
+        return not (self.ix.lock._is_owned() or threading.current_thread() is self._thread)
 
     @property
     def closing(self) -> bool:

@@ -140,6 +140,7 @@ class Store:
         # durable, and its first write skips the flag txn's sync (I2: see _bytes_changing)
         self._fresh: dict[int, int] = {}
         self._lru_touching: set[int] = set()       # files whose LRU re-stamp is queued
+        self._jobs_leaving: dict[int, Future] = {}  # queue jobs done: their queued delete
         # guards _inflight, _fences and _deferred; taken after the index lock, never before it
         self._reg = threading.Lock()
         # ino -> holders of the index lock deciding on "no write of ino is registered"
@@ -604,7 +605,11 @@ class Store:
         return StatFS(cap, free, free, FILES_TOTAL, FILES_TOTAL - files, FILES_TOTAL - files)
 
     def sync(self) -> None:
-        """*Blocking.* Make every namespace change applied so far durable (group commit)."""
+        """*Blocking.* Make every namespace change applied so far durable (group commit),
+        and every queue job removed so far (queue_done) removed durably."""
+        if self.batch.can_wait():
+            for fut in list(self._jobs_leaving.values()):
+                fut.exception()             # applied (a failure was logged: the job stays)
         self.committer.sync()
 
     def durable(self) -> bool:
@@ -1576,24 +1581,47 @@ class Store:
             return w.queue_put(job)
 
     def queue_list(self, limit: int = 1000) -> list[tuple[int, dict]]:
+        # copied before the read txn: a job leaves the set only after its delete committed,
+        # so a job missing from the copy is missing from the txn too (see queue_done)
+        leaving = set(self._jobs_leaving)
         out = []
         with self.ix.read() as v:
             for key, val in v.txn.cursor(db=self.ix.queue):
                 if len(out) >= limit:
                     break
-                out.append((U64.unpack(key)[0], json.loads(bytes(val))))
+                job_id = U64.unpack(key)[0]
+                if job_id not in leaving:
+                    out.append((job_id, json.loads(bytes(val))))
         return out
 
     def queue_update(self, job_id: int, job: dict) -> None:
         with self.ix.write() as w:
             key = U64.pack(job_id)
-            if w.txn.get(key, db=self.ix.queue) is None:
+            if job_id in self._jobs_leaving or w.txn.get(key, db=self.ix.queue) is None:
                 raise StoreError(errno.ENOENT, f"no queue job {job_id}")
             w.txn.put(key, json.dumps(job).encode(), db=self.ix.queue)
 
     def queue_done(self, job_id: int) -> None:
-        with self.ix.write() as w:
-            w.txn.delete(U64.pack(job_id), db=self.ix.queue)
+        """Remove a finished job, without waiting: the uploader calls this on the event loop,
+        where a write txn of its own would wait for the index lock a batch commit holds
+        through its fdatasync (every client waiting with it). A non-durable batch op, like
+        every queue call not synced by itself (a crash before a commit covers it runs the
+        job again); queue_list hides the job from the moment this returns."""
+        if self.batch.closing:
+            with self.ix.write() as w:
+                w.txn.delete(U64.pack(job_id), db=self.ix.queue)
+            return
+        try:
+            fut = self.batch.submit(self._ns_queue_done, job_id, durable=False)
+        except StoreError:                  # the store began to close meanwhile
+            with self.ix.write() as w:
+                w.txn.delete(U64.pack(job_id), db=self.ix.queue)
+            return
+        self._jobs_leaving[job_id] = fut
+        fut.add_done_callback(lambda f: (self._jobs_leaving.pop(job_id, None), _log_failure(f)))
+
+    def _ns_queue_done(self, w: Writer, job_id: int) -> None:
+        w.txn.delete(U64.pack(job_id), db=self.ix.queue)
 
     # ---- client records (nfsd's stable storage for reclaim after a restart) ---------------
     # Opaque to the store: `record` bytes keyed by a client owner string. Not synced by

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
+from contextlib import contextmanager
 
 import pytest
 
@@ -253,20 +255,11 @@ def test_setattr_size_is_durable_over_uncommitted_writes(store, grow):
         s.close()
 
 
-def test_reading_a_clean_file_never_waits_for_the_index_write_lock(store_dir, monkeypatch):
-    # READ runs on the event loop: re-stamping the file's LRU key must not wait for the
-    # index write lock, which a batch commit holds through its fdatasync (here: held by
-    # another thread until the read has returned or failed to within the limit)
-    import threading
-    import time
-    import cache.store as store_mod
-    s = Store.open(store_dir)
-    f = mkfile(s, b"f", b"x" * 100)
-    s.commit(f)
-    upload(s, f)
-    monkeypatch.setattr(store_mod, "LRU_GRANULARITY_NS", 0)        # every read re-stamps
-    before = s.getattr(f)
-    held, release, done = threading.Event(), threading.Event(), threading.Event()
+@contextmanager
+def _index_lock_held(s):
+    """The index write lock held by another thread for the block (as a batch commit holds
+    it through its fdatasync)."""
+    held, release = threading.Event(), threading.Event()
 
     def hold_the_lock():
         with s.ix.write():
@@ -276,13 +269,35 @@ def test_reading_a_clean_file_never_waits_for_the_index_write_lock(store_dir, mo
     holder = threading.Thread(target=hold_the_lock)
     holder.start()
     assert held.wait(10)
+    try:
+        yield
+    finally:
+        release.set()
+        holder.join(10)
+
+
+def _returns_within(fn, seconds: float = 10) -> bool:
+    """Whether fn() returns within `seconds` (run in a thread, which is left to finish)."""
+    done = threading.Event()
+    threading.Thread(target=lambda: (fn(), done.set()), daemon=True).start()
+    return done.wait(seconds)
+
+
+def test_reading_a_clean_file_never_waits_for_the_index_write_lock(store_dir, monkeypatch):
+    # READ runs on the event loop: re-stamping the file's LRU key must not wait for the
+    # index write lock, which a batch commit holds through its fdatasync (here: held by
+    # another thread until the read has returned or failed to within the limit)
+    import time
+    import cache.store as store_mod
+    s = Store.open(store_dir)
+    f = mkfile(s, b"f", b"x" * 100)
+    s.commit(f)
+    upload(s, f)
+    monkeypatch.setattr(store_mod, "LRU_GRANULARITY_NS", 0)        # every read re-stamps
+    before = s.getattr(f)
     result = []
-    reader = threading.Thread(target=lambda: (result.append(s.read(f, 0, 100)), done.set()))
-    reader.start()
-    returned = done.wait(10)        # before the fix: blocked until the lock was released
-    release.set()
-    holder.join(10)
-    reader.join(10)
+    with _index_lock_held(s):
+        returned = _returns_within(lambda: result.append(s.read(f, 0, 100)))
     assert returned and result[0][0] == b"x" * 100
     s.sync()
     for _ in range(100):            # the re-stamp lands with the next batch
@@ -291,3 +306,25 @@ def test_reading_a_clean_file_never_waits_for_the_index_write_lock(store_dir, mo
         time.sleep(0.05)
     assert s.getattr(f).atime_ns > before.atime_ns and s.check() == []
     s.close()
+
+
+def test_queue_done_never_waits_for_the_index_write_lock(store_dir):
+    # the uploader marks a job done on the event loop: a write txn of its own would wait for
+    # the index write lock, which a batch commit holds through its fdatasync (here: held by
+    # another thread until queue_done has returned or failed to within the limit)
+    s = Store.open(store_dir)
+    a = s.queue_put({"kind": "put", "ino": 5})
+    b = s.queue_put({"kind": "put", "ino": 6})
+    with _index_lock_held(s):
+        returned = _returns_within(lambda: s.queue_done(a))
+        listed = s.queue_list()     # gone from the list at once, its delete still queued
+    assert returned and listed == [(b, {"kind": "put", "ino": 6})]
+    with pytest.raises(StoreError) as e:
+        s.queue_update(a, {})
+    assert e.value.errno == errno.ENOENT
+    s.sync()                        # waits for the queued delete, then makes it durable
+    crash(s)
+    s = Store.open(store_dir)
+    assert s.queue_list() == [(b, {"kind": "put", "ino": 6})]
+    s.close()
+
