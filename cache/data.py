@@ -33,6 +33,8 @@ _NO_REFLINK = frozenset({errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINV
                          errno.ENOSYS, errno.ETXTBSY, errno.EPERM})
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+# preadv2 flag: fail with EAGAIN instead of waiting for the disk (Linux 4.14+)
+_RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 
 
 def fallocate(fd: int, mode: int, offset: int, length: int) -> None:
@@ -64,6 +66,7 @@ class DataFiles:
         self._lock = threading.Lock()
         self._open: OrderedDict[int, _Handle] = OrderedDict()
         self._unsynced_dirs: set[int] = set()   # files created since their dir was synced
+        self.nowait_reads = bool(_RWF_NOWAIT)   # pread_into_cached can ask the page cache
         for i in range(256):
             os.makedirs(os.path.join(self.root, f"{i:02x}"), exist_ok=True)
 
@@ -166,6 +169,32 @@ class DataFiles:
                     raise _io_error(e, "read", ino) from None
         if done < len(buf):
             buf[done:] = bytes(len(buf) - done)
+
+    def pread_into_cached(self, ino: int, offset: int, buf: memoryview) -> bool:
+        """pread_into() only if the page cache holds every byte (preadv RWF_NOWAIT), for a
+        caller that must not wait for the disk (the event loop). False, with `buf` partly
+        filled, when a byte would have to come from the disk or the kernel cannot tell."""
+        if not self.nowait_reads:
+            return False
+        with self.fd(ino, create=False) as fd:
+            done = 0
+            if fd is not None:
+                try:
+                    while done < len(buf):
+                        n = os.preadv(fd, [buf[done:]], offset + done, _RWF_NOWAIT)
+                        if n == 0:
+                            break
+                        done += n
+                except BlockingIOError:
+                    return False
+                except OSError as e:
+                    if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                        raise _io_error(e, "read", ino) from None
+                    self.nowait_reads = False   # this kernel or file system cannot tell
+                    return False
+        if done < len(buf):
+            buf[done:] = bytes(len(buf) - done)
+        return True
 
     def datasync(self, ino: int) -> None:
         """Make the file's bytes durable; the first time after creating it, also its

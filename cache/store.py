@@ -709,12 +709,24 @@ class Store:
         return data, offset + n >= size
 
     def read_into(self, ino: int, offset: int, buf: memoryview) -> tuple[int, bool]:
-        """Like read() but preadv straight into `buf`; returns (nbytes, eof)."""
+        """*Blocking* (the disk, when the page cache misses). Like read() but preadv straight
+        into `buf`; returns (nbytes, eof)."""
+        return self._read_into(ino, offset, buf, self.data.pread_into)
+
+    def read_into_cached(self, ino: int, offset: int, buf: memoryview) -> tuple[int, bool] | None:
+        """read_into() for the event loop: answered from the page cache only, None when a
+        byte would have to come from the disk (a cold cache after a restart), and then the
+        caller runs read_into() in a worker thread; a disk read on the loop would stall
+        every client for its duration, and serialize the readers on one disk request."""
+        return self._read_into(ino, offset, buf, self.data.pread_into_cached)
+
+    def _read_into(self, ino: int, offset: int, buf: memoryview, pread):
         seq = self._evictions
         n, size = self._read_check(ino, offset, len(buf))
         if n == 0:
             return 0, True
-        self.data.pread_into(ino, offset, buf[:n])
+        if pread(ino, offset, buf[:n]) is False:
+            return None
         if self._evictions != seq:
             self._read_check(ino, offset, n)    # evicted under us: bytes may be zeros
         return n, offset + n >= size

@@ -49,10 +49,8 @@ async def op_read(ctx, args) -> READ4res:
     # short and not eof, and the client asks again).
     count = max(0, min(args.count, fattr.MAX_IO, obj.attr.size - args.offset,
                        data_room(ctx)))
-    store = ctx.server.store
     buf = bytearray(count)
-    n, eof = await with_read_through(ctx, obj.ino, store.read_into, obj.ino, args.offset,
-                                     memoryview(buf))
+    n, eof = await read_local(ctx, obj.ino, args.offset, memoryview(buf))
     note_read = getattr(ctx.server, "note_read", None)
     if n and note_read is not None and obj.attr.data_state == DataState.ABSENT:
         note_read(obj.ino, args.offset, n)          # readahead follows the reader
@@ -60,6 +58,19 @@ async def op_read(ctx, args) -> READ4res:
     if count == 0:
         eof = args.offset >= obj.attr.size       # nothing asked: eof says where we are
     return READ4res(NFS4_OK, READ4resok(eof=bool(eof), data=data))
+
+
+async def read_local(ctx, ino: int, offset: int, buf: memoryview) -> tuple[int, bool]:
+    """(nbytes, eof) of the file's bytes at offset into buf, fetched from S3 first where
+    they are not local. On the loop when the page cache holds them; a read that would wait
+    for the disk goes to the worker pool, so it stalls neither the other clients nor the
+    other readers' disk requests."""
+    store = ctx.server.store
+    got = await with_read_through(ctx, ino, store.read_into_cached, ino, offset, buf)
+    if got is None:
+        got = await with_read_through(ctx, ino, store.read_into, ino, offset, buf,
+                                      blocking_call=True)
+    return got
 
 
 async def with_read_through(ctx, ino: int, fn, *args, blocking_call: bool = False):

@@ -26,7 +26,7 @@ from nfsd.errors import NfsError
 from nfsd.exports import MAY_READ, MAY_WRITE
 from nfsd.ops._common import (blocking, clientid_of, current, io_state, require_regular,
                               require_writable_fs, same_export, saved, store_errors)
-from nfsd.ops.io import check_anonymous_io, data_room, with_read_through
+from nfsd.ops.io import check_anonymous_io, data_room, read_local, with_read_through
 from nfsd.xdr.nfs4 import (
     FILE_SYNC4, NFS4_CONTENT_DATA, NFS4_CONTENT_HOLE, NFS4_OK, NFS4ERR_FBIG, NFS4ERR_INVAL,
     NFS4ERR_NOTSUPP, NFS4ERR_UNION_NOTSUPP, NFS4ERR_WRONG_TYPE, UNSTABLE4,
@@ -139,8 +139,7 @@ async def op_read_plus(ctx, args) -> READ_PLUS4res:
             if length <= 0:
                 break
             buf = bytearray(length)
-            n, _eof = await with_read_through(ctx, obj.ino, store.read_into, obj.ino, start,
-                                              memoryview(buf))
+            n, _eof = await read_local(ctx, obj.ino, start, memoryview(buf))
             contents.append(read_plus_content(NFS4_CONTENT_DATA,
                                               data4(d_offset=start, d_data=bytes(buf[:n]))))
             room -= _DATA_SEGMENT_BYTES + ((n + 3) & ~3)

@@ -328,3 +328,31 @@ def test_queue_done_never_waits_for_the_index_write_lock(store_dir):
     assert s.queue_list() == [(b, {"kind": "put", "ino": 6})]
     s.close()
 
+
+def _evict_page_cache(s, ino):
+    fd = os.open(s.data.path(ino), os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def test_read_into_cached_answers_from_the_page_cache_only(store_dir):
+    # READ runs read_into_cached on the event loop and read_into in a worker only when the
+    # bytes must come from the disk (a cold page cache after a restart)
+    s = Store.open(store_dir)
+    data = os.urandom(256 << 10)
+    f = mkfile(s, b"f", data)
+    s.commit(f)
+    buf = memoryview(bytearray(len(data) + 10))
+    assert s.read_into_cached(f, 0, buf) == (len(data), True) and buf[:len(data)] == data
+    if s.data.nowait_reads:         # a kernel with preadv2 RWF_NOWAIT (Linux 4.14+)
+        _evict_page_cache(s, f)
+        assert s.read_into_cached(f, 0, buf) is None
+        assert s.read_into(f, 0, buf) == (len(data), True) and buf[:len(data)] == data
+        assert s.read_into_cached(f, 100, buf[:50]) == (50, False) and buf[:50] == data[100:150]
+    s.data.nowait_reads = False     # a file system that cannot tell: always the worker
+    assert s.read_into_cached(f, 0, buf) is None
+    assert s.read_into_cached(f, len(data), buf) == (0, True)     # nothing to read: no I/O
+    s.close()

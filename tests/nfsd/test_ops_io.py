@@ -1,6 +1,7 @@
 """READ WRITE COMMIT: stability, verifiers, special stateids, permissions, read-through."""
 import asyncio
 import errno
+import os
 
 import pytest
 
@@ -54,6 +55,30 @@ def test_write_stability_is_reported_truthfully(fs):
     run(main())
 
 
+def test_read_waits_for_the_disk_in_a_worker_only(fs):
+    """READ answers from the page cache on the event loop; bytes that must come from the disk
+    (a cold cache after a restart) are read in the worker pool, not on the loop."""
+    async def main():
+        exp = await fs.root_fh()
+        f, sid, _ = await fs.open(exp, "f")
+        data = bytes(range(256)) * 1024
+        await fs.write(f, sid, 0, data, FILE_SYNC4)
+        store = fs.server.store
+        fs.server.blocking_calls.clear()
+        assert await fs.read(f, sid, 0, 1 << 20) == (data, True)
+        assert fs.server.blocking_calls == []
+        if not store.data.nowait_reads:
+            pytest.skip("no preadv2 RWF_NOWAIT here")
+        fd = os.open(store.data.path(store.lookup(ROOT_INO, b"f").ino), os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        assert await fs.read(f, sid, 4096, 8192) == (data[4096:4096 + 8192], False)
+        assert fs.server.blocking_calls == ["read_into"]
+    run(main())
+
+
 def test_io_on_wrong_types_and_bad_stateids(fs):
     async def main():
         exp = await fs.root_fh()
@@ -93,16 +118,16 @@ async def _file_with_absent_data(fs, monkeypatch):
     f, sid, _ = await fs.open(exp, "f")
     await fs.write(f, sid, 0, b"local")
     store = fs.server.store
-    real = store.read_into
+    real = store._read_check            # what every read path asks first
     state = {"absent": True}
 
-    def read_into(ino, off, buf):
+    def read_check(ino, off, count):
         if state["absent"]:
             e = StoreError(errno.EAGAIN, "absent")
             e.missing = [(0, 5)]
             raise e
-        return real(ino, off, buf)
-    monkeypatch.setattr(store, "read_into", read_into)
+        return real(ino, off, count)
+    monkeypatch.setattr(store, "_read_check", read_check)
     return f, sid, state
 
 
