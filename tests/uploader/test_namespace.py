@@ -157,7 +157,9 @@ def test_rename_while_parts_wait_for_rate_tokens_aborts_and_restarts(moto, proxy
         try:
             ino = write_file(store, "w.tmp", data)
             await up.flush(wait=False)
-            await wait_for(lambda: up.file_state(ino)["state"] == "uploading", timeout=30, interval=0.005)
+            # the upload's progress, not only its state: the store says UPLOADING a moment
+            # before the worker registers its progress (it syncs in between)
+            await wait_for(lambda: "bytes_in_flight" in up.file_state(ino), timeout=30, interval=0.005)
             assert up.file_state(ino)["bytes_in_flight"] == 0
             rename(store, "w.tmp", "w")
             assert await up.flush(timeout=60)
