@@ -1592,6 +1592,27 @@ class Store:
         with self.ix.write() as w:
             return w.queue_put(job)
 
+    def queue_uploads(self, jobs: list[dict]) -> list[int]:
+        """*Blocking.* Queue upload jobs (opaque dicts with the file's "ino" and its "change"
+        when the job was made) and move their files to QUEUED, all in one write txn: a
+        checkpoint's shards settle together, and one commit for all of them holds the index
+        write lock (which the namespace batches need) for one fdatasync, not two per file.
+        A file gone, not regular, or written since (its change moved) is skipped: it settles
+        anew. Returns the inos queued; not synced, as no queue call is."""
+        queued = []
+        with self.ix.write() as w:
+            for job in jobs:
+                rec = w.inode(job["ino"])
+                if rec is None or rec.type != FileType.REG or rec.change != job["change"]:
+                    continue
+                w.queue_put(job)
+                if rec.state != DataState.QUEUED:
+                    new = rec.copy()
+                    new.state = DataState.QUEUED
+                    w.put_inode(new, rec)
+                queued.append(rec.ino)
+        return queued
+
     def queue_list(self, limit: int = 1000) -> list[tuple[int, dict]]:
         # copied before the read txn: a job leaves the set only after its delete committed,
         # so a job missing from the copy is missing from the txn too (see queue_done)

@@ -203,19 +203,23 @@ class Uploader:
                     continue
                 if path is not None and any(_under(path, p) for p in self._flush_prefixes):
                     ready.append(ino)
-        for ino in ready:
-            if ino in self._upload_inos:
-                continue
+        todo = list(dict.fromkeys(ino for ino in ready if ino not in self._upload_inos))
+        if todo:
+            self._upload_inos.update(await asyncio.to_thread(self._queue_uploads, todo))
+
+    def _queue_uploads(self, inos: list[int]) -> list[int]:
+        """*Blocking* (a worker thread: fdatasyncs and index commits stay off the event loop).
+        Commit the bytes a client never COMMITted, then queue the files' jobs in one txn."""
+        jobs = []
+        for ino in inos:
             try:
-                await asyncio.to_thread(self.store.commit_settled, ino)   # bytes a client never COMMITted
+                self.store.commit_settled(ino)
                 attr = self.store.getattr(ino)
             except StoreError:
                 continue
-            job = {"kind": UPLOAD, "ino": ino, "change": attr.change, "data_seq": attr.data_seq,
-                   "t": time.time()}
-            self.store.queue_put(job)
-            self.store.set_data_state(ino, DataState.QUEUED, attr.change)
-            self._upload_inos.add(ino)
+            jobs.append({"kind": UPLOAD, "ino": ino, "change": attr.change, "data_seq": attr.data_seq,
+                         "t": time.time()})
+        return self.store.queue_uploads(jobs) if jobs else []
 
     def _upload_path(self, ino: int) -> str | None:
         try:

@@ -356,3 +356,27 @@ def test_read_into_cached_answers_from_the_page_cache_only(store_dir):
     assert s.read_into_cached(f, 0, buf) is None
     assert s.read_into_cached(f, len(data), buf) == (0, True)     # nothing to read: no I/O
     s.close()
+
+
+def test_queue_uploads_queues_settled_files_in_one_commit(store_dir):
+    # a checkpoint's shards settle together: one index commit for all their jobs and states,
+    # not two per file (each holds the index write lock the namespace batches need)
+    s = Store.open(store_dir)
+    a, b, c = (mkfile(s, n, b"x" * 10) for n in (b"a", b"b", b"c"))
+    d = s.mkdir(ROOT_INO, b"d", 0o755, 0, 0)[0].ino
+    for f in (a, b, c):
+        s.commit(f)
+    jobs = [{"kind": "upload", "ino": f, "change": s.getattr(f).change} for f in (a, b, c, d)]
+    s.write(b, 0, b"y")                         # written since its job was made: settles anew
+    s.remove(ROOT_INO, b"c")                    # gone
+    before = s.ix.txnid
+    assert s.queue_uploads(jobs + [{"kind": "upload", "ino": 999, "change": 1}]) == [a]
+    assert s.ix.txnid == before + 1
+    uploads = lambda: [j for _, j in s.queue_list() if j["kind"] == "upload"]    # noqa: E731
+    assert uploads() == [jobs[0]]
+    assert s.getattr(a).data_state == DataState.QUEUED and s.getattr(b).data_state == DataState.DIRTY
+    s.sync()
+    crash(s)
+    s = Store.open(store_dir)
+    assert uploads() == [jobs[0]] and s.check() == []
+    s.close()
