@@ -117,6 +117,17 @@ class Worker:
     async def _store(self, fn, *args):
         return await asyncio.to_thread(fn, *args)
 
+    def _begin_upload(self, ino: int, change: int) -> bool:
+        """*Blocking* (a worker thread: an index write txn waits for the lock a batch commit
+        holds through its fdatasync). The file UPLOADING if its change counter is still
+        `change`, else DIRTY (written again since: eligible after its next settle) and False;
+        then F_SENT (mark_sent) durable before the first S3 write."""
+        if not self.store.set_data_state(ino, DataState.UPLOADING, change):
+            self.store.set_data_state(ino, DataState.DIRTY)
+            return False
+        self.store.sync()
+        return True
+
     def _remote(self, ino: int) -> RemoteInfo | None:
         try:
             return self.store.remote_info(ino)
@@ -176,12 +187,8 @@ class Worker:
         if change != job.get("change", change) and not _same_data(attr, job.get("data_seq")):
             self.store.set_data_state(ino, DataState.DIRTY)
             return "changed"
-        if not self.store.set_data_state(ino, DataState.UPLOADING, change):
-            # written again since: it becomes eligible again after its next settle
-            self.store.set_data_state(ino, DataState.DIRTY)
+        if not await self._store(self._begin_upload, ino, change):
             return "changed"
-        if not self.store.durable():
-            await self._store(self.store.sync)   # F_SENT durable before the first S3 write
         multipart = attr.size >= self.settings.multipart_threshold
         # an imported (or evicted) file written in part: the object is the old bytes where
         # nothing was written, so fetch those before sending (fill never overwrites writes)
