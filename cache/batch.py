@@ -39,6 +39,7 @@ class BatchCommitter:
         self._queue: collections.deque = collections.deque()
         self._thread: threading.Thread | None = None
         self._closing = False
+        self._abandoned = False
         self.batches = 0                    # write txns committed (metrics/tests)
         self.ops = 0                        # ops applied through them
         self.hook = None                    # tests: hook(point) at "batch.applied"
@@ -84,6 +85,18 @@ class BatchCommitter:
         else:
             fut.set_result(result)
 
+    def abandon(self) -> None:
+        """Tests (a simulated kill -9 in one process): stop the thread once the batch it is
+        applying, if any, has committed, and drop every queued op unapplied (its future gets
+        ESHUTDOWN, as a killed process's callers get nothing). The environment may then be
+        closed: no thread of this store is inside LMDB any more."""
+        with self._cv:
+            self._closing = self._abandoned = True
+            self._cv.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
     def close(self) -> None:
         """Finish every queued op (durably) and stop the thread."""
         with self._cv:
@@ -100,6 +113,13 @@ class BatchCommitter:
             with self._cv:
                 while not self._queue and not pending and not self._closing:
                     self._cv.wait()
+                if self._abandoned:
+                    dropped = [fut for fut, _fn, _args in self._queue]
+                    self._queue.clear()
+                    dropped += [out[0] for _, outs in pending for out in outs]
+                    for fut in dropped:
+                        fut.set_exception(StoreError(errno.ESHUTDOWN, "store killed"))
+                    return
                 batch = [self._queue.popleft() for _ in range(min(len(self._queue), MAX_BATCH))]
                 if not batch and not pending:
                     return                           # closing, all done
