@@ -259,7 +259,7 @@ async def run_compound(server, cred, peer, conn, args_buf: memoryview,
         results.finish()
         outcome.status = results.status
         if slot is not None:
-            session_ops.store_reply(slot, out, body_start, cachethis)
+            session_ops.store_reply(server.sessions, ctx.session, slot, out, body_start, cachethis)
             slot = None
         return outcome
     finally:

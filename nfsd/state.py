@@ -22,12 +22,18 @@ log = structlog.get_logger(__name__)
 
 DEFAULT_LEASE_TIME = 90
 SEQID_MOD = 1 << 32
-# The reply caches of all sessions together (bytes): a new session gets at most an eighth
-# of what is free, and a client's only session one slot when nothing is (as Linux knfsd's
-# DRC limit; nfsd/ops/session.py slots_offered). 128 MiB = 8192 slots of the 16 KiB a
-# slot may keep (REPLY_CACHE_LIMIT): about 120 clients at 64 slots, then fewer each; the
-# one-slot overdraft adds at most max_clients x 16 KiB.
+# The reply caches of all sessions together (bytes), reserved per slot at the size a slot
+# must be able to keep: the cached-reply size its session negotiated (what sa_cachethis can
+# make it hold), at least 2 KiB (nfsd/ops/session.py slot_bytes). A new session gets at most
+# an eighth of what is free, and a client's only session one slot when nothing is (as Linux
+# knfsd's DRC limit). The Linux client asks about the size of an OPEN reply, so 128 MiB is
+# about a thousand clients at 64 slots, then fewer each; the one-slot overdraft adds at most
+# max_clients x 16 KiB.
 DRC_BUDGET = 128 * 1024 * 1024
+# Replies bigger than their slot's reservation (a READDIR, say) that no sa_cachethis asked
+# for are kept too while this shared pool lasts, so a retransmission is answered exactly;
+# past it they go uncached (a retry gets NFS4ERR_RETRY_UNCACHED_REP, RFC 8881 2.10.6.1.3).
+DRC_EXTRA_BUDGET = 32 * 1024 * 1024
 
 
 def next_seqid(seqid: int) -> int:
@@ -60,7 +66,7 @@ class ChannelAttrs:
 
 class Slot:
     """One slot of a session's fore channel with its reply cache (RFC 8881 2.10.6)."""
-    __slots__ = ("seqid", "reply", "cached", "in_progress", "used", "signature")
+    __slots__ = ("seqid", "reply", "cached", "in_progress", "used", "signature", "extra")
 
     def __init__(self) -> None:
         self.seqid = 0             # the last sequence id seen; the first request uses 1
@@ -69,11 +75,12 @@ class Slot:
         self.reply: bytes | None = None   # the encoded COMPOUND4res of the last request
         self.cached = False        # False: the last reply was not kept (sa_cachethis unset)
         self.in_progress = False
+        self.extra = 0             # bytes of `reply` charged to the shared extra pool
 
 
 class Session:
     def __init__(self, sessionid: bytes, client: "Client", flags: int, fore: ChannelAttrs,
-                 back: ChannelAttrs, cb_program: int, drc_bytes: int = 0):
+                 back: ChannelAttrs, cb_program: int, slot_bytes: int = 0):
         self.sessionid = sessionid
         self.client = client
         self.flags = flags
@@ -83,7 +90,8 @@ class Session:
         self.slots = [Slot() for _ in range(fore.maxrequests)]
         self.connections: set = set()      # transport connections bound to this session
         self.destroyed = False
-        self.drc_bytes = drc_bytes         # reply-cache memory reserved for its slots
+        self.slot_bytes = slot_bytes       # reply bytes reserved per slot (always kept)
+        self.drc_bytes = slot_bytes * len(self.slots)   # reserved for all its slots
         self.backchannel = None            # nfsd.callback.BackChannel once one is asked for
 
     @property
@@ -145,6 +153,8 @@ class SessionManager:
         self.max_clients = max_clients
         self.drc_budget = drc_budget
         self.drc_reserved = 0
+        self.drc_extra_budget = DRC_EXTRA_BUDGET
+        self.drc_extra = 0                 # bytes kept beyond their slots' reservations
         # clientids (RFC 8881 2.4): boot epoch in the high half, so ids from an earlier
         # server instance are recognisably stale (NFS4ERR_STALE_CLIENTID).
         self.boot_epoch = (boot_time if boot_time is not None else int(time.time())) & 0xFFFFFFFF
@@ -215,11 +225,11 @@ class SessionManager:
         return max(0, self.drc_budget - self.drc_reserved) // slot_bytes
 
     def new_session(self, client: Client, flags: int, fore: ChannelAttrs, back: ChannelAttrs,
-                    cb_program: int, drc_bytes: int = 0) -> Session:
+                    cb_program: int, slot_bytes: int = 0) -> Session:
         sessionid = struct.pack(">QI", client.clientid, next(self._counter) & 0xFFFFFFFF) \
             + self._session_salt
-        session = Session(sessionid, client, flags, fore, back, cb_program, drc_bytes)
-        self.drc_reserved += drc_bytes
+        session = Session(sessionid, client, flags, fore, back, cb_program, slot_bytes)
+        self.drc_reserved += session.drc_bytes
         self.sessions[sessionid] = session
         client.sessions[sessionid] = session
         return session
@@ -228,9 +238,30 @@ class SessionManager:
         self._drop_session(session)
         log.info("session_destroyed", client=session.client.name, session=session.sessionid.hex())
 
+    def keep_reply(self, session: Session, slot: Slot, reply: bytes) -> bool:
+        """Keep a finished request's reply in its slot if it fits the slot's reservation,
+        or else the shared extra pool (never for a session already destroyed)."""
+        self.forget_reply(slot)
+        size = len(reply)
+        if size > session.slot_bytes:
+            if session.destroyed or self.drc_extra + size > self.drc_extra_budget:
+                return False
+            slot.extra = size
+            self.drc_extra += size
+        slot.reply, slot.cached = reply, True
+        return True
+
+    def forget_reply(self, slot: Slot) -> None:
+        """Drop a slot's kept reply (a new request in the slot, or its session gone)."""
+        self.drc_extra -= slot.extra
+        slot.extra = 0
+        slot.reply, slot.cached = None, False
+
     def _drop_session(self, session: Session) -> None:
         if not session.destroyed:
             self.drc_reserved -= session.drc_bytes
+            for slot in session.slots:
+                self.forget_reply(slot)
         session.destroyed = True
         self.sessions.pop(session.sessionid, None)
         session.client.sessions.pop(session.sessionid, None)

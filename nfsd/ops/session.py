@@ -63,9 +63,13 @@ MAX_OPERATIONS = 256
 MAX_SLOTS = 64
 # Replies up to this size are kept in the slot whatever sa_cachethis says, so a
 # retransmission is answered exactly (READ data and big READDIRs are usually bigger;
-# their retries get NFS4ERR_RETRY_UNCACHED_REP and are simply sent again). At most
-# 64 slots x 16 KiB = 1 MiB per session.
+# their retries get NFS4ERR_RETRY_UNCACHED_REP and are simply sent again): up to the
+# slot's reservation (slot_bytes) always, above it while the shared extra pool lasts
+# (nfsd/state.py DRC_EXTRA_BUDGET). Also the most a session's cached size can be.
 REPLY_CACHE_LIMIT = 16 * 1024
+# A slot's reservation is at least this (as Linux knfsd's NFSD_SLOT_CACHE_SIZE): the
+# replies of the common ops (WRITE, COMMIT, GETATTR, OPEN, CLOSE) are smaller.
+MIN_SLOT_BYTES = 2048
 # Below this no COMPOUND with a SEQUENCE (or CB_SEQUENCE), RPC header and credential
 # included, fits: NFS4ERR_TOOSMALL (RFC 8881 18.36.3).
 MIN_REQUEST_SIZE = 256
@@ -162,12 +166,19 @@ def server4_owner(server) -> server_owner4:
 
 # ---- CREATE_SESSION (RFC 8881 18.36) -----------------------------------------------
 
-def slots_offered(mgr, client) -> int:
-    """Reply-cache slots a new session of `client` may have. Up to 1/SLOT_SHARE of the free
-    budget; once it is spent, still one for a client's only session (as Linux knfsd), so
-    mount number N+1 works, with one request in flight, instead of failing. That overdraft
-    is bounded by the client records: one slot each, at most max_clients."""
-    free = mgr.slots_free(REPLY_CACHE_LIMIT)
+def slot_bytes(attrs) -> int:
+    """The reply-cache bytes reserved per slot of a session asking for fore channel `attrs`:
+    its cached-reply size (what sa_cachethis can make a slot hold; the Linux client asks
+    the size of an OPEN reply), capped at REPLY_CACHE_LIMIT, at least MIN_SLOT_BYTES."""
+    return max(MIN_SLOT_BYTES, min(attrs.ca_maxresponsesize_cached, REPLY_CACHE_LIMIT))
+
+
+def slots_offered(mgr, client, nbytes: int) -> int:
+    """Reply-cache slots of `nbytes` a new session of `client` may have. Up to 1/SLOT_SHARE
+    of the free budget; once it is spent, still one for a client's only session (as Linux
+    knfsd), so mount number N+1 works, with one request in flight, instead of failing. That
+    overdraft is bounded by the client records: one slot each, at most max_clients."""
+    free = mgr.slots_free(nbytes)
     if free >= 1:
         return max(1, free // SLOT_SHARE)
     return 0 if client.sessions else 1
@@ -231,7 +242,8 @@ async def op_create_session(ctx, args) -> CREATE_SESSION4res:
         raise NfsError(NFS4ERR_INVAL, f"csa_flags {args.csa_flags:#x}")
     if len(client.sessions) >= MAX_SESSIONS_PER_CLIENT:
         raise NfsError(NFS4ERR_NOSPC, f"client has {len(client.sessions)} sessions")
-    fore = negotiate_fore(args.csa_fore_chan_attrs, slots_offered(mgr, client))
+    nbytes = slot_bytes(args.csa_fore_chan_attrs)
+    fore = negotiate_fore(args.csa_fore_chan_attrs, slots_offered(mgr, client, nbytes))
     back = accept_back(args.csa_back_chan_attrs)
     if not client.confirmed:
         # Confirming a rebooted client's new record releases the old one (18.35.4 case 5).
@@ -240,8 +252,7 @@ async def op_create_session(ctx, args) -> CREATE_SESSION4res:
             mgr.remove_client(old, "client rebooted")
         client.confirmed = True
     flags = args.csa_flags & CREATE_SESSION4_FLAG_CONN_BACK_CHAN   # no persistence, no RDMA
-    session = mgr.new_session(client, flags, fore, back, args.csa_cb_program,
-                              drc_bytes=fore.maxrequests * REPLY_CACHE_LIMIT)
+    session = mgr.new_session(client, flags, fore, back, args.csa_cb_program, slot_bytes=nbytes)
     mgr.bind_connection(session, ctx.conn)
     session.backchannel = BackChannel(session, args.csa_cb_program, args.csa_sec_parms,
                                       back.maxrequests)
@@ -254,7 +265,7 @@ async def op_create_session(ctx, args) -> CREATE_SESSION4res:
     client.cs_seqid = args.csa_sequence
     client.cs_reply = res
     log.info("session_created", client=client.name, session=session.sessionid.hex(),
-             slots=fore.maxrequests, maxrequestsize=fore.maxrequestsize,
+             slots=fore.maxrequests, slot_bytes=nbytes, maxrequestsize=fore.maxrequestsize,
              back_channel=bool(flags))
     return res
 
@@ -398,8 +409,7 @@ def sequence(ctx, args, request_size: int, nops: int, signature: tuple = ()) -> 
     slot.seqid = args.sa_sequenceid
     slot.used = True
     slot.signature = signature
-    slot.reply = None
-    slot.cached = False
+    mgr.forget_reply(slot)
     slot.in_progress = True
     # A SEQUENCE on an unbound connection binds it (SP4_NONE, 2.10.3.1).
     if ctx.conn is not None and ctx.conn not in session.connections:
@@ -442,16 +452,15 @@ def _back_down(session: Session) -> bool:
     return bc is not None and bc.wanted and bc.path_down
 
 
-def store_reply(slot: Slot, out: bytearray, start: int, cachethis: bool) -> None:
+def store_reply(mgr, session, slot: Slot, out: bytearray, start: int, cachethis: bool) -> None:
     """Keep a finished request's reply (out[start:], the encoded COMPOUND4res) in its
-    slot (2.10.6.1). Large replies (READ data) are not copied, only remembered as
+    slot (2.10.6.1): within the slot's reservation always, up to REPLY_CACHE_LIMIT while
+    the shared extra pool lasts. Others (READ data) are not copied, only remembered as
     uncached: a retry of one gets NFS4ERR_RETRY_UNCACHED_REP."""
     size = len(out) - start
-    if size <= REPLY_CACHE_LIMIT:
-        slot.reply, slot.cached = bytes(out[start:]), True
-    else:
-        slot.reply, slot.cached = None, False
-        if cachethis:
+    if size > REPLY_CACHE_LIMIT or not mgr.keep_reply(session, slot, bytes(out[start:])):
+        mgr.forget_reply(slot)
+        if cachethis:       # cannot happen: such a reply is held to the session's cached size
             log.warning("reply_too_big_to_cache", size=size)
     slot.in_progress = False
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 
 import pytest
 
+from nfsd import state as state_mod
 from nfsd.ops import session as session_ops
 from nfsd.xdr.nfs4 import *  # noqa: F403
 from tests.nfsclient import (BASIC_ATTRS, DEFAULT_CRED, NfsStatusError, bitmap, check, op,
@@ -120,7 +122,8 @@ def test_reply_cache_budget_is_shared_then_overdrawn_by_one_slot_per_client(nfs_
     client's only session still gets one (its mount works), a second one NFS4ERR_NOSPC."""
     async def body(c):
         mgr = nfs_server.server.sessions
-        limit = session_ops.REPLY_CACHE_LIMIT
+        limit = session_ops.slot_bytes(c.channel_attrs())      # what the test client asks: 8 KiB
+        assert limit == 8192
         nfs_server.call(lambda: setattr(mgr, "drc_budget", 512 * limit))
         granted = []
         for _ in range(3):
@@ -154,13 +157,81 @@ def test_hundreds_of_clients_each_get_a_session(nfs_client, nfs_server):
         slots = []
         for _ in range(300):
             clientid, seq = await new_client(c)
-            res = await c.create_session(clientid, seq, slots=64)
+            res = await c.create_session(clientid, seq, slots=64,
+                                         fore=attrs(1 << 20, 1 << 20, cached=16384, slots=64))
             assert res.tag == NFS4_OK
             slots.append(res.value.csr_fore_chan_attrs.ca_maxrequests)
         assert slots[:100] == [64] * 100
         assert min(slots) >= 1 and slots == sorted(slots, reverse=True)
         budget, reserved = nfs_server.call(lambda: (mgr.drc_budget, mgr.drc_reserved))
         assert reserved <= budget + 300 * session_ops.REPLY_CACHE_LIMIT
+    nfs_client(body, setup=False)
+
+
+# What the Linux client asks as ca_maxresponsesize_cached: the size of an OPEN reply
+# (fs/nfs/nfs4xdr.c encode_create_session: (NFS4_dec_open_sz + RPC_REPHDRSIZE + 2) * 4,
+# about 1.3 KiB); nfs-rs and Linux clients alike get MIN_SLOT_BYTES per slot.
+LINUX_CACHED = 1344
+
+
+def test_a_thousand_linux_clients_get_64_slots_each(nfs_client, nfs_server):
+    """Slots are reserved at the size their session can make them keep (its cached-reply
+    size, at least 2 KiB), not at the 16 KiB the biggest kept reply may take (regression:
+    past ~120 clients each new session got fewer slots, down to one for life, so a cluster
+    of 200+ nodes ran its late mounts one request at a time). Checked on the manager with
+    the test client's real CREATE_SESSION for the first and a budget as if 999 came before."""
+    async def body(c):
+        mgr = nfs_server.server.sessions
+        fore = attrs(1 << 20, 1 << 20, cached=LINUX_CACHED, slots=64)
+        assert session_ops.slot_bytes(fore) == session_ops.MIN_SLOT_BYTES
+        clientid, seq = await new_client(c)
+        res = await c.create_session(clientid, seq, fore=fore)
+        assert res.tag == NFS4_OK and res.value.csr_fore_chan_attrs.ca_maxrequests == 64
+        one = nfs_server.call(lambda: mgr.drc_reserved)
+        assert one == 64 * session_ops.MIN_SLOT_BYTES
+        # 999 more such sessions: the eighth of what is then free is still >= 64 slots
+        nfs_server.call(lambda: setattr(mgr, "drc_reserved", 1000 * one))
+        clientid, seq = await new_client(c)
+        res = await c.create_session(clientid, seq, fore=fore)
+        assert res.value.csr_fore_chan_attrs.ca_maxrequests == 64
+        nfs_server.call(lambda: setattr(mgr, "drc_reserved", mgr.drc_reserved - 1000 * one))
+    nfs_client(body, setup=False)
+
+
+def test_replies_beyond_the_slot_reservation_use_the_bounded_extra_pool(nfs_client, nfs_server):
+    """A reply bigger than its slot's reservation is kept (a retransmission gets it back
+    exactly) while the shared extra pool lasts, and charged to it until the slot's next
+    request; past the pool it is not kept, and its retry is RETRY_UNCACHED_REP."""
+    async def body(c):
+        mgr = nfs_server.server.sessions
+        await session_with(c, attrs(1 << 20, 1 << 20, cached=0, slots=1))    # one slot: slot 0
+        assert nfs_server.call(lambda: mgr.sessions[c.sessionid].slot_bytes) == session_ops.MIN_SLOT_BYTES
+        exp = await c.lookup_path("/checkpoints")
+        d = b"big-" + os.urandom(4).hex().encode()
+        check(await c.compound([op(OP_PUTFH, PUTFH4args(exp)),
+                                op(OP_CREATE, CREATE4args(createtype4(NF4DIR), d, fattr4([], b"")))]))
+        for i in range(30):         # names long enough for a READDIR reply above 2 KiB
+            check(await c.compound([op(OP_PUTFH, PUTFH4args(exp)), op(OP_LOOKUP, LOOKUP4args(d)),
+                                    op(OP_CREATE, CREATE4args(createtype4(NF4DIR), b"%03d-" % i + b"x" * 100,
+                                                              fattr4([], b"")))]))
+        readdir = [op(OP_PUTFH, PUTFH4args(exp)), op(OP_LOOKUP, LOOKUP4args(d)),
+                   op(OP_READDIR, READDIR4args(0, bytes(8), 8192, 8192, bitmap()))]
+        base = nfs_server.call(lambda: mgr.drc_extra)
+        check(await c.compound(readdir))
+        kept = nfs_server.call(lambda: mgr.drc_extra) - base
+        assert kept > session_ops.MIN_SLOT_BYTES            # kept, beyond the reservation
+        retry = await c.compound_raw([sequence_op(c.sessionid, c.slot_seqids[0], 0)] + readdir)
+        assert retry.status == NFS4_OK and len(retry.resarray) == 4      # the kept reply
+        check(await c.compound([op(OP_PUTFH, PUTFH4args(exp))]))      # the slot's next request
+        assert nfs_server.call(lambda: mgr.drc_extra) == base           # gave it back
+        nfs_server.call(lambda: setattr(mgr, "drc_extra_budget", base))  # the pool spent
+        try:
+            check(await c.compound(readdir))
+            assert nfs_server.call(lambda: mgr.drc_extra) == base        # not kept
+            retry = await c.compound_raw([sequence_op(c.sessionid, c.slot_seqids[0], 0)] + readdir)
+            assert retry.status == NFS4ERR_RETRY_UNCACHED_REP
+        finally:
+            nfs_server.call(lambda: setattr(mgr, "drc_extra_budget", state_mod.DRC_EXTRA_BUDGET))
     nfs_client(body, setup=False)
 
 
