@@ -85,6 +85,12 @@ class BatchCommitter:
         else:
             fut.set_result(result)
 
+    def applied(self) -> None:
+        """Wait until every op submitted so far has been applied (its batch committed, not
+        necessarily synced), and their done-callbacks have run: a model test's step must not
+        depend on when this thread gets to ops nobody waits for (queue_done, LRU stamps)."""
+        self.submit(_nothing, durable=False).result()
+
     def abandon(self) -> None:
         """Tests (a simulated kill -9 in one process): stop the thread once the batch it is
         applying, if any, has committed, and drop every queued op unapplied (its future gets
@@ -175,6 +181,10 @@ class BatchCommitter:
         self.batches += 1
         self.ops += len(batch)
         return outcomes
+
+
+def _nothing(_writer) -> None:
+    return None
 
 
 def _complete(outcomes: list) -> None:

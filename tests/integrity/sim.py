@@ -284,12 +284,17 @@ class Sim:
             raise Violation(f"{coro!r} did not finish within {timeout} s (hang)") from None
 
     def settle(self) -> None:
-        """Run the loop until every task waits for a grant (or is done)."""
+        """Run the loop until every task waits for a grant (or is done), with every op queued
+        to the store's batch committer applied (queue_done is not waited for by the uploader):
+        hypothesis replays an example and needs the same state at each draw, not one that
+        depends on how far that thread got (and a kill must not race it)."""
         async def idle():
             for _ in range(10_000):
                 await asyncio.sleep(0)
                 if not self.loop._ready:
                     return
+        self.loop.run_until_complete(idle())
+        self.store.batch.applied()
         self.loop.run_until_complete(idle())
         self.pending = [p for p in self.pending if not p.fut.done()]
 
