@@ -23,12 +23,11 @@ log = structlog.get_logger(__name__)
 DEFAULT_LEASE_TIME = 90
 SEQID_MOD = 1 << 32
 # The reply caches of all sessions together (bytes), reserved per slot at the size a slot
-# must be able to keep: the cached-reply size its session negotiated (what sa_cachethis can
-# make it hold), at least 2 KiB (nfsd/ops/session.py slot_bytes). A new session gets at most
-# an eighth of what is free, and a client's only session one slot when nothing is (as Linux
-# knfsd's DRC limit). The Linux client asks about the size of an OPEN reply, so 128 MiB is
-# about a thousand clients at 64 slots, then fewer each; the one-slot overdraft adds at most
-# max_clients x 16 KiB.
+# must be able to keep: the cached-reply size its session was granted (what sa_cachethis can
+# make it hold), 2 to 4 KiB (nfsd/ops/session.py slot_bytes). A new session gets at most an
+# eighth of what is free, and a client's only session one slot when nothing is (as Linux
+# knfsd's DRC limit). Linux and nfs-rs clients get 4 KiB slots, so 128 MiB is about 500
+# clients at 64 slots, then fewer each; the one-slot overdraft adds at most max_clients x 4 KiB.
 DRC_BUDGET = 128 * 1024 * 1024
 # Replies bigger than their slot's reservation (a READDIR, say) that no sa_cachethis asked
 # for are kept too while this shared pool lasts, so a retransmission is answered exactly;

@@ -65,11 +65,17 @@ MAX_SLOTS = 64
 # retransmission is answered exactly (READ data and big READDIRs are usually bigger;
 # their retries get NFS4ERR_RETRY_UNCACHED_REP and are simply sent again): up to the
 # slot's reservation (slot_bytes) always, above it while the shared extra pool lasts
-# (nfsd/state.py DRC_EXTRA_BUDGET). Also the most a session's cached size can be.
+# (nfsd/state.py DRC_EXTRA_BUDGET).
 REPLY_CACHE_LIMIT = 16 * 1024
-# A slot's reservation is at least this (as Linux knfsd's NFSD_SLOT_CACHE_SIZE): the
+# A slot's reservation is at least this (Linux knfsd's NFSD_SLOT_CACHE_SIZE): the
 # replies of the common ops (WRITE, COMMIT, GETATTR, OPEN, CLOSE) are smaller.
 MIN_SLOT_BYTES = 2048
+# The most ca_maxresponsesize_cached we grant, so the most a slot reserves: what
+# sa_cachethis can make a slot hold. The Linux client asks 7584 (the biggest OPEN reply it
+# can decode; seen in the kclient guest), nfs-rs 4096; knfsd grants at most 2128, and
+# cachethis replies above the grant get NFS4ERR_REP_TOO_BIG_TO_CACHE. OPEN replies are
+# well under 1 KiB here.
+MAX_CACHED_REPLY = 4096
 # Below this no COMPOUND with a SEQUENCE (or CB_SEQUENCE), RPC header and credential
 # included, fits: NFS4ERR_TOOSMALL (RFC 8881 18.36.3).
 MIN_REQUEST_SIZE = 256
@@ -168,9 +174,9 @@ def server4_owner(server) -> server_owner4:
 
 def slot_bytes(attrs) -> int:
     """The reply-cache bytes reserved per slot of a session asking for fore channel `attrs`:
-    its cached-reply size (what sa_cachethis can make a slot hold; the Linux client asks
-    the size of an OPEN reply), capped at REPLY_CACHE_LIMIT, at least MIN_SLOT_BYTES."""
-    return max(MIN_SLOT_BYTES, min(attrs.ca_maxresponsesize_cached, REPLY_CACHE_LIMIT))
+    the cached-reply size it is granted (what sa_cachethis can make a slot hold), at least
+    MIN_SLOT_BYTES."""
+    return max(MIN_SLOT_BYTES, min(attrs.ca_maxresponsesize_cached, MAX_CACHED_REPLY))
 
 
 def slots_offered(mgr, client, nbytes: int) -> int:
@@ -195,7 +201,7 @@ def negotiate_fore(attrs, slots_free: int) -> ChannelAttrs:
         headerpadsize=0,
         maxrequestsize=min(attrs.ca_maxrequestsize, MAX_REQUEST_SIZE),
         maxresponsesize=min(attrs.ca_maxresponsesize, MAX_RESPONSE_SIZE),
-        maxresponsesize_cached=min(attrs.ca_maxresponsesize_cached, REPLY_CACHE_LIMIT),
+        maxresponsesize_cached=min(attrs.ca_maxresponsesize_cached, MAX_CACHED_REPLY),
         # The Linux client refuses fewer operations than it asked for.
         maxoperations=min(attrs.ca_maxoperations, MAX_OPERATIONS) or MAX_OPERATIONS,
         maxrequests=min(attrs.ca_maxrequests, MAX_SLOTS, slots_free),
