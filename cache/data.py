@@ -66,7 +66,7 @@ class DataFiles:
         self._lock = threading.Lock()
         self._open: OrderedDict[int, _Handle] = OrderedDict()
         self._unsynced_dirs: set[int] = set()   # files created since their dir was synced
-        self.nowait_reads = bool(_RWF_NOWAIT)   # pread_into_cached can ask the page cache
+        self.nowait_reads = bool(_RWF_NOWAIT)   # pread_into(cached_only=True) can ask the page cache
         for i in range(256):
             os.makedirs(os.path.join(self.root, f"{i:02x}"), exist_ok=True)
 
@@ -154,41 +154,27 @@ class DataFiles:
             buf += bytes(count - len(buf))
         return buf
 
-    def pread_into(self, ino: int, offset: int, buf: memoryview) -> None:
-        """Fill all of `buf`; past the file's end (or with no file) zeros."""
-        with self.fd(ino, create=False) as fd:
-            done = 0
-            if fd is not None:
-                try:
-                    while done < len(buf):
-                        n = os.preadv(fd, [buf[done:]], offset + done)
-                        if n == 0:
-                            break
-                        done += n
-                except OSError as e:
-                    raise _io_error(e, "read", ino) from None
-        if done < len(buf):
-            buf[done:] = bytes(len(buf) - done)
-
-    def pread_into_cached(self, ino: int, offset: int, buf: memoryview) -> bool:
-        """pread_into() only if the page cache holds every byte (preadv RWF_NOWAIT), for a
-        caller that must not wait for the disk (the event loop). False, with `buf` partly
-        filled, when a byte would have to come from the disk or the kernel cannot tell."""
-        if not self.nowait_reads:
+    def pread_into(self, ino: int, offset: int, buf: memoryview, *, cached_only: bool = False) -> bool:
+        """Fill all of `buf`; past the file's end (or with no file) zeros. cached_only: only
+        from the page cache (preadv RWF_NOWAIT), for a caller that must not wait for the disk
+        (the event loop); False, with `buf` partly filled, when a byte would have to come
+        from the disk or the kernel cannot tell."""
+        if cached_only and not self.nowait_reads:
             return False
+        flags = _RWF_NOWAIT if cached_only else 0
         with self.fd(ino, create=False) as fd:
             done = 0
             if fd is not None:
                 try:
                     while done < len(buf):
-                        n = os.preadv(fd, [buf[done:]], offset + done, _RWF_NOWAIT)
+                        n = os.preadv(fd, [buf[done:]], offset + done, flags)
                         if n == 0:
                             break
                         done += n
-                except BlockingIOError:
+                except BlockingIOError:         # EAGAIN: only RWF_NOWAIT says it
                     return False
                 except OSError as e:
-                    if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    if not cached_only or e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                         raise _io_error(e, "read", ino) from None
                     self.nowait_reads = False   # this kernel or file system cannot tell
                     return False

@@ -711,21 +711,21 @@ class Store:
     def read_into(self, ino: int, offset: int, buf: memoryview) -> tuple[int, bool]:
         """*Blocking* (the disk, when the page cache misses). Like read() but preadv straight
         into `buf`; returns (nbytes, eof)."""
-        return self._read_into(ino, offset, buf, self.data.pread_into)
+        return self._read_into(ino, offset, buf, cached_only=False)
 
     def read_into_cached(self, ino: int, offset: int, buf: memoryview) -> tuple[int, bool] | None:
         """read_into() for the event loop: answered from the page cache only, None when a
         byte would have to come from the disk (a cold cache after a restart), and then the
         caller runs read_into() in a worker thread; a disk read on the loop would stall
         every client for its duration, and serialize the readers on one disk request."""
-        return self._read_into(ino, offset, buf, self.data.pread_into_cached)
+        return self._read_into(ino, offset, buf, cached_only=True)
 
-    def _read_into(self, ino: int, offset: int, buf: memoryview, pread):
+    def _read_into(self, ino: int, offset: int, buf: memoryview, *, cached_only: bool):
         seq = self._evictions
         n, size = self._read_check(ino, offset, len(buf))
         if n == 0:
             return 0, True
-        if pread(ino, offset, buf[:n]) is False:
+        if not self.data.pread_into(ino, offset, buf[:n], cached_only=cached_only):
             return None
         if self._evictions != seq:
             self._read_check(ino, offset, n)    # evicted under us: bytes may be zeros
@@ -1640,18 +1640,17 @@ class Store:
         through its fdatasync (every client waiting with it). A non-durable batch op, like
         every queue call not synced by itself (a crash before a commit covers it runs the
         job again); queue_list hides the job from the moment this returns."""
-        if self.batch.closing:
-            with self.ix.write() as w:
-                w.txn.delete(U64.pack(job_id), db=self.ix.queue)
-            return
-        try:
-            fut = self.batch.submit(self._ns_queue_done, job_id, durable=False)
-        except StoreError:                  # the store began to close meanwhile
-            with self.ix.write() as w:
-                w.txn.delete(U64.pack(job_id), db=self.ix.queue)
-            return
-        self._jobs_leaving[job_id] = fut
-        fut.add_done_callback(lambda f: (self._jobs_leaving.pop(job_id, None), _log_failure(f)))
+        if not self.batch.closing:
+            try:
+                fut = self.batch.submit(self._ns_queue_done, job_id, durable=False)
+            except StoreError:              # the store began to close meanwhile
+                pass
+            else:
+                self._jobs_leaving[job_id] = fut
+                fut.add_done_callback(lambda f: (self._jobs_leaving.pop(job_id, None), _log_failure(f)))
+                return
+        with self.ix.write() as w:          # closing: its own txn, synced by close()
+            self._ns_queue_done(w, job_id)
 
     def _ns_queue_done(self, w: Writer, job_id: int) -> None:
         w.txn.delete(U64.pack(job_id), db=self.ix.queue)
