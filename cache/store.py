@@ -69,6 +69,7 @@ from .data import DataFiles
 from .index import (F_PINNED, F_SENT, F_TRUNCATED, F_UNCOMMITTED, FIRST_COOKIE, SENT_SINCE, U64, U64x2,
                     Index, Inode, Writer, client_key, pack_client, unpack_client)
 from .namespace import Namespace, validate_name
+from .readcache import ReadCache
 from .recovery import recover
 from .space import Space
 
@@ -156,6 +157,8 @@ class Store:
         self.committer.after_sync = self._drop_durable
         self.batch = BatchCommitter(self.ix, self.committer, after_durable=self._drop_durable)
         self.race_hook = None      # tests: called as race_hook(point, ino) at race windows
+        # getattr / lookup answers until the next index commit (readcache.py)
+        self._reads = ReadCache(self.ix)
         self._ensure_root()
         self.recovery_stats = recover(self.ix, self.data)
         with self.ix.write() as w:
@@ -310,18 +313,26 @@ class Store:
 
     # ---- namespace (nfsd) -------------------------------------------------------
     def getattr(self, ino: int) -> Attr:
-        """Attributes including unstable writes (live size/mtime). ESTALE if ino is gone."""
+        """Attributes including unstable writes (live size/mtime). ESTALE if ino is gone.
+        The Attr may be shared with other callers until the next index commit: never mutate it."""
+        return self._reads.get(ino, self._read_attr, ino)
+
+    def _read_attr(self, ino: int) -> Attr:
         with self.ix.read() as v:
             return v.must_inode(ino).attr()
 
     def lookup(self, parent: int, name: bytes) -> Attr:
-        """ENOENT, ENOTDIR (parent not a dir), ESTALE (parent gone)."""
+        """ENOENT, ENOTDIR (parent not a dir), ESTALE (parent gone). Shared Attr as getattr's."""
         validate_name(name)
+        name = bytes(name)
+        return self._reads.get((parent, name), self._read_lookup, parent, name)
+
+    def _read_lookup(self, parent: int, name: bytes) -> Attr:
         with self.ix.read() as v:
             v.must_dir(parent)
             ent = v.dirent(parent, name)
             if ent is None:
-                raise StoreError(errno.ENOENT, f"{bytes(name)!r} not in directory {parent}")
+                raise StoreError(errno.ENOENT, f"{name!r} not in directory {parent}")
             return v.must_inode(ent[0]).attr()
 
     def lookup_parent(self, ino: int) -> Attr:
