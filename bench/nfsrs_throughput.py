@@ -97,22 +97,28 @@ def stream_share(size: int) -> int:
     return max(MiB, size // STREAMS // MiB * MiB)
 
 
-def write_streams(port: int, prefix: str, per: int, block: bytes) -> float:
-    """STREAMS clients at once, each writing its own file `prefix`N of `per` bytes; seconds."""
-    return timed_parallel([lambda i=i: write_stream(port, f"{prefix}{i}", per, block)
+def write_streams(port: int | list[int], prefix: str, per: int, block: bytes) -> float:
+    """STREAMS clients at once, each writing its own file `prefix`N of `per` bytes; seconds.
+    A list of ports: client N writes to server ports[N % len(ports)]."""
+    ports = port if isinstance(port, list) else [port]
+    return timed_parallel([lambda i=i: write_stream(ports[i % len(ports)], f"{prefix}{i}", per, block)
                            for i in range(STREAMS)])
 
 
-def small_files(port: int, nclients: int, seconds: float, tag: str) -> float:
+def small_files(port: int | list[int], nclients: int, seconds: float, tag: str) -> float:
+    """files/s of nclients small-file loops at once (a list of ports: client N uses
+    ports[N % len(ports)])."""
+    ports = port if isinstance(port, list) else [port]
     counts = [0] * nclients
     payload = os.urandom(4096)
-    setup = connect(port)
-    for i in range(nclients):
-        retrying(setup.mkdir, f"small-{tag}-{i}", exist_ok=True)
-    setup.close()
+    for p in ports:
+        setup = connect(p)
+        for i in range(nclients):
+            retrying(setup.mkdir, f"small-{tag}-{i}", exist_ok=True)
+        setup.close()
 
     def worker(i: int) -> None:
-        c = connect(port)
+        c = connect(ports[i % len(ports)])
         try:
             d, n, stop = f"small-{tag}-{i}", 0, time.monotonic() + seconds
             while time.monotonic() < stop:
@@ -135,17 +141,23 @@ SMALL1, SMALL8 = "small files, 1 client (files/s)", "small files, 8 clients (fil
 FIGURES = (WRITE1, WRITE8, READ1, SMALL1, SMALL8)
 
 
-def measure(port: int, size: int, seconds: float, only: tuple[str, ...] = FIGURES) -> dict[str, float]:
-    """The figures named in `only` (read 1 stream needs write 1 stream first), in FIGURES order."""
+def measure(port: int | list[int], size: int, seconds: float,
+            only: tuple[str, ...] = FIGURES) -> dict[str, float]:
+    """The figures named in `only` (read 1 stream needs write 1 stream first), in FIGURES order.
+    A list of ports (independent servers): the 8 streams and the 8 small-file clients are
+    split over them, the one-client figures use the first."""
+    ports = port if isinstance(port, list) else [port]
+    port = ports[0]
     block = os.urandom(MiB)
     out = {}
-    mkdir(port, "bench")
+    for p in ports:
+        mkdir(p, "bench")
     if WRITE1 in only or READ1 in only:
         t = timed_parallel([lambda: write_stream(port, "bench/one", size, block)])
         out[WRITE1] = size / t / 1e6
     if WRITE8 in only:
         per = stream_share(size)
-        t = write_streams(port, "bench/s", per, block)
+        t = write_streams(ports, "bench/s", per, block)
         out[WRITE8] = STREAMS * per / t / 1e6
     if READ1 in only:
         t0 = time.perf_counter()
@@ -154,7 +166,7 @@ def measure(port: int, size: int, seconds: float, only: tuple[str, ...] = FIGURE
     if SMALL1 in only:
         out[SMALL1] = small_files(port, 1, seconds, "a")
     if SMALL8 in only:
-        out[SMALL8] = small_files(port, 8, seconds, "b")
+        out[SMALL8] = small_files(ports, 8, seconds, "b")
     return {k: v for k, v in out.items() if k in only}
 
 

@@ -2,7 +2,9 @@
 NFS-Ganesha (VFS), plus FILE_SYNC ack latency and the one-core baseline for the cores goals.
 
 Per repetition, fresh servers each: the gateway on all CPUs, the gateway on CPU 0 only (the
-'one process' baseline: whatever the gateway's process layout, confined to one core), NFS-Ganesha;
+'one process' baseline: whatever the gateway's process layout, confined to one core), two
+independent gateways one per CPU with the 8 clients split over them (the bound of the cores goal:
+shared-nothing servers, what no layout of one gateway can beat), NFS-Ganesha;
 their order alternates between repetitions so a drift in the host's load hits each side alike.
 """
 from __future__ import annotations
@@ -13,12 +15,13 @@ from .. import nfsrs_throughput as tp
 from ..latency import file_sync_writes, local_fdatasync_writes
 from ..procs import CpuMeter, RssSampler
 from ..record import MiB, Run
-from ..stack import ganesha, ganesha_missing, gateway, s3_server
+from ..stack import BUCKET, ganesha, ganesha_missing, gateway, s3_client, s3_server
 from ..stats import percentile
 
 GOAL_OF = {tp.WRITE1: "nfsrs.write1", tp.WRITE8: "nfsrs.write8", tp.READ1: "nfsrs.read1",
            tp.SMALL1: "nfsrs.small1", tp.SMALL8: "nfsrs.small8"}
 CORES_OF = {tp.WRITE8: "cores.write8", tp.SMALL8: "cores.small8"}
+BOUND_OF = {tp.WRITE8: "cores.bound_write8", tp.SMALL8: "cores.bound_small8"}
 ACK_SIZE = 256 * 1024
 SCENARIO = "nfs-rs throughput"
 
@@ -49,6 +52,24 @@ def _gateway_side(run: Run, rep: int, cpus=None) -> tuple[dict, list[float], lis
         return figures, lat, local
 
 
+def _two_gateways_side(run: Run, rep: int, cpus: list[int]) -> dict:
+    """The bound of the cores goal on this host: two gateways sharing nothing (own stores, own
+    buckets), each confined to its own CPU, the clients split over them. No process layout of
+    one gateway can beat it: it has no shared state to coordinate."""
+    wd = run.workdir / f"nfs-gw2-{rep}"
+    with s3_server() as s3:
+        s3_client(s3.endpoint).create_bucket(Bucket=BUCKET + "-2")
+        with gateway(wd / "a", s3.endpoint, cpus={cpus[0]}) as a, \
+                gateway(wd / "b", s3.endpoint, bucket=BUCKET + "-2", cpus={cpus[1]}) as b:
+            s = run.sizes
+            meter = CpuMeter({"ckptgw a": a.pid, "ckptgw b": b.pid, "moto": s3.pid}).start()
+            figures = tp.measure([a.port, b.port], s.stream_mib * MiB, s.small_seconds, tuple(BOUND_OF))
+            cpu = meter.stop()
+            run.cpu.append({"scenario": SCENARIO, "server": "two ckptgw, one per CPU", "rep": rep,
+                            "wall_s": meter.wall, "cpu_s": cpu})
+            return figures
+
+
 def _ganesha_side(run: Run, rep: int) -> tuple[dict, list[float]]:
     with ganesha(run.workdir / f"nfs-ganesha{rep}") as g:
         figures = _measure(run, "ganesha", rep, {"ganesha": g.pid}, g.port)
@@ -68,7 +89,7 @@ def run(run: Run) -> None:
     if one_cpu:
         run.mark(CORES_OF.values(), "not run", "this host gives the benchmark one CPU")
     for rep in range(run.sizes.reps):
-        sides = ["gw", "gw1", "ganesha"]
+        sides = ["gw", "gw1", "gw2", "ganesha"]
         if rep % 2:
             sides.reverse()
         got: dict[str, dict] = {}
@@ -82,6 +103,8 @@ def run(run: Run) -> None:
                 run.samples("ack latency", "ms", "local write+fdatasync 256 KiB", lms)
             elif side == "gw1" and not one_cpu:
                 got["gw1"], _, _ = _gateway_side(run, rep, cpus={min(os.sched_getaffinity(0))})
+            elif side == "gw2" and not one_cpu:
+                got["gw2"] = _two_gateways_side(run, rep, sorted(os.sched_getaffinity(0))[:2])
             elif side == "ganesha" and not missing:
                 got["ganesha"], glat = _ganesha_side(run, rep)
                 run.samples("ack latency", "ms", "NFS-Ganesha FILE_SYNC 256 KiB", [x * 1e3 for x in glat])
@@ -96,3 +119,7 @@ def run(run: Run) -> None:
                 run.add(gid, got["gw"][fig], got["gw1"][fig])
                 run.bar("cores", "MB/s or files/s", fig, "ckptgw, all CPUs", got["gw"][fig])
                 run.bar("cores", "MB/s or files/s", fig, "ckptgw, 1 CPU", got["gw1"][fig])
+        for fig, gid in BOUND_OF.items():
+            if "gw2" in got and "gw1" in got:
+                run.add(gid, got["gw2"][fig], got["gw1"][fig])
+                run.bar("cores", "MB/s or files/s", fig, "two gateways, one per CPU", got["gw2"][fig])
