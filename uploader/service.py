@@ -339,7 +339,7 @@ class Uploader:
             log.error("s3_permanent_error", job_id=job_id, kind=kind, op=job.get("op"), ino=ino,
                       code=e.code, error=str(e), retry_in=self.permanent_retry_seconds)
             if kind == UPLOAD:
-                self._set_dirty(ino)
+                await asyncio.to_thread(self._set_dirty, ino)
         except TransientError as e:
             # S3 unreachable past a bounded retry (an upload's read-through of an imported or
             # evicted file's old bytes gives up as a client's read does): expected, retried

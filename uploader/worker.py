@@ -185,7 +185,7 @@ class Worker:
             return "already-clean"
         change = attr.change
         if change != job.get("change", change) and not _same_data(attr, job.get("data_seq")):
-            self.store.set_data_state(ino, DataState.DIRTY)
+            await self._store(self.store.set_data_state, ino, DataState.DIRTY)
             return "changed"
         if not await self._store(self._begin_upload, ino, change):
             return "changed"
@@ -210,12 +210,14 @@ class Worker:
         except DataChanged:
             self.counters.uploads_aborted += 1
             log.info("upload_dropped_data_changed", ino=ino, path=path, data_seq=attr.data_seq)
-            self.store.set_data_state(ino, DataState.DIRTY)
+            await self._store(self.store.set_data_state, ino, DataState.DIRTY)
             return "changed"
         except BaseException:
-            # leave it eligible again (the job stays queued and will retry or restart)
+            # leave it eligible again (the job stays queued and will retry or restart); in a
+            # worker thread, as every index write of the uploader: a write txn waits for the
+            # index lock, which a batch commit holds through its fdatasync
             try:
-                self.store.set_data_state(ino, DataState.QUEUED, change)
+                await self._store(self.store.set_data_state, ino, DataState.QUEUED, change)
             except StoreError:
                 pass                     # gone meanwhile: the job finds out when it runs again
             raise
@@ -750,7 +752,7 @@ class Worker:
             remote.key, remote.etag = None, None
             try:
                 await self._store(self.store.set_remote_info, ino, remote)
-                self.store.set_data_state(ino, DataState.DIRTY)
+                await self._store(self.store.set_data_state, ino, DataState.DIRTY)
             except StoreError:
                 pass
         log.info("unlinked_object", ino=ino, path=old, etag=etag, outcome=outcome)

@@ -84,3 +84,58 @@ def test_bytes_rewritten_during_an_upload_with_size_and_mtime_restored_are_sent_
     up, fstate = asyncio.run(main())
     assert object_sha(up.client, "gw/ck/model.pt") == sha(new)
     assert fstate["state"] == "clean"
+
+
+def test_a_failed_upload_never_blocks_the_event_loop_on_the_index_lock(moto, bucket, store):
+    """The failure path leaves the file QUEUED with an index write. On the event loop that
+    write waited for the index lock, which a batch commit holds through its fdatasync: every
+    NFS client stalled behind each failed upload. Here another thread holds the lock for
+    1.5 s from the moment the upload fails; the loop must keep running meanwhile."""
+    import threading
+    import time
+    data = payload(1000, 7)
+    hold_seconds = 1.5
+    released = threading.Event()
+
+    def hold_the_index_lock(held: threading.Event) -> None:
+        with store.ix.write():
+            held.set()
+            time.sleep(hold_seconds)
+        released.set()
+
+    async def main():
+        up = make_uploader(store, moto.endpoint, bucket)
+        real_put = up.worker._put
+        failed = asyncio.Event()
+
+        async def put_fails_while_the_lock_is_held(*args):
+            if not failed.is_set():
+                failed.set()
+                held = threading.Event()
+                threading.Thread(target=hold_the_index_lock, args=(held,), daemon=True).start()
+                held.wait(10)
+                raise RuntimeError("injected upload failure")
+            return await real_put(*args)
+        up.worker._put = put_fails_while_the_lock_is_held
+
+        lateness = [0.0]
+
+        async def ticker():
+            while not released.is_set():
+                t0 = time.monotonic()
+                await asyncio.sleep(0.01)
+                lateness[0] = max(lateness[0], time.monotonic() - t0 - 0.01)
+        await up.start()
+        ticking = asyncio.create_task(ticker())
+        try:
+            ino = write_file(store, "run/f.bin", data)
+            await wait_for(failed.is_set)
+            await ticking
+            assert await up.flush("run", timeout=60)     # the job retried: uploaded now
+            return ino, lateness[0]
+        finally:
+            await up.stop()
+
+    ino, late = asyncio.run(main())
+    assert late < hold_seconds / 2, f"the event loop stood still for {late:.2f} s"
+    assert store.getattr(ino).data_state == DataState.CLEAN
