@@ -1667,9 +1667,26 @@ class Store:
         w.txn.delete(U64.pack(job_id), db=self.ix.queue)
 
     # ---- client records (nfsd's stable storage for reclaim after a restart) ---------------
-    # Opaque to the store: `record` bytes keyed by a client owner string. Not synced by
-    # themselves: call sync() before promising anything that depends on one.
+    # Opaque to the store: `record` bytes keyed by a client owner string. Batch ops, durable
+    # when their future is set: nfsd writes one at each client's first state and deletes it
+    # at its unmount, on the event loop, where a write txn of its own would wait for the
+    # index lock a batch commit holds through its fdatasync (a whole cluster mounting at a
+    # job's start would queue behind each other's syncs; as batch ops they share them).
     MAX_CLIENT_RECORD = 4096
+
+    def submit_client_record(self, owner: bytes, record: bytes | None) -> Future:
+        """Put `record` for `owner` (None: delete it) in the next batch; a
+        concurrent.futures.Future set once it is durable (or of the StoreError it raised)."""
+        if record is not None and len(owner) + len(record) > self.MAX_CLIENT_RECORD:
+            raise StoreError(errno.ENAMETOOLONG, "client record too large")
+        return self.batch.submit(self._ns_client_record, bytes(owner),
+                                 None if record is None else bytes(record))
+
+    def _ns_client_record(self, w: Writer, owner: bytes, record: bytes | None) -> None:
+        if record is None:
+            w.txn.delete(client_key(owner), db=self.ix.clients)
+        else:
+            w.txn.put(client_key(owner), pack_client(owner, record), db=self.ix.clients)
 
     def client_records(self) -> dict[bytes, bytes]:
         """Every client record: {owner: record}."""
@@ -1677,14 +1694,12 @@ class Store:
             return dict(unpack_client(val) for _, val in v.txn.cursor(db=self.ix.clients))
 
     def put_client_record(self, owner: bytes, record: bytes) -> None:
-        if len(owner) + len(record) > self.MAX_CLIENT_RECORD:
-            raise StoreError(errno.ENAMETOOLONG, "client record too large")
-        with self.ix.write() as w:
-            w.txn.put(client_key(owner), pack_client(owner, record), db=self.ix.clients)
+        """*Blocking.* submit_client_record, waited for."""
+        self.submit_client_record(owner, record).result()
 
     def delete_client_record(self, owner: bytes) -> None:
-        with self.ix.write() as w:
-            w.txn.delete(client_key(owner), db=self.ix.clients)
+        """*Blocking.* submit_client_record of a delete, waited for."""
+        self.submit_client_record(owner, None).result()
 
     # ---- object records (uploader identity bookkeeping, issue 13) ------------------------
     def remote_records_under(self, prefix: str) -> list[tuple[int, RemoteInfo]]:

@@ -4,7 +4,7 @@ Open and lock state lives in memory, so a restart loses it; clients get it back 
 reclaiming (CLAIM_PREVIOUS OPENs, LOCKs with `reclaim` set) during a grace period in
 which nobody else may take new state that could conflict. Which clients may reclaim
 is kept on stable storage, as knfsd's nfsdcld does (one record per client owner in the
-store, `store.put_client_record`):
+store, `store.submit_client_record`):
 
 - a record is written, durably, before a client first gets state: at a 4.1 client's
   RECLAIM_COMPLETE (it may OPEN only after that) or a 4.0 client's first OPEN;
@@ -57,12 +57,16 @@ def decode_record(buf: bytes) -> int:
     return 0
 
 
+def _log_failed_delete(done, client: str) -> None:
+    if not done.cancelled() and done.exception() is not None:
+        log.warning("client_record_remove_failed", client=client, error=str(done.exception()))
+
+
 class Grace:
     """Client records on stable storage and the grace period they imply."""
 
-    def __init__(self, store, grace_time: float, run_blocking):
+    def __init__(self, store, grace_time: float):
         self.store = store
-        self._run_blocking = run_blocking       # store.sync off the event loop
         self.grace_time = grace_time
         self.in_grace = False
         self.reclaimable: dict[bytes, int] = {}   # owner -> minor version, from the last instance
@@ -111,11 +115,11 @@ class Grace:
     async def _end(self, reason: str) -> None:
         """Forget the clients that did not come back, durably, then leave grace."""
         gone = [o for o in self.reclaimable if o not in self.kept and o in self.on_disk]
+        deletes = [self.store.submit_client_record(owner, None) for owner in gone]
         for owner in gone:
-            self.store.delete_client_record(owner)
             self.on_disk.discard(owner)
-        if gone:
-            await self._run_blocking(self.store.sync)
+        for done in deletes:        # durable before new state is granted
+            await asyncio.wrap_future(done)
         if self._end_timer is not None:
             self._end_timer.cancel()
             self._end_timer = None
@@ -154,8 +158,8 @@ class Grace:
         if client.recorded:
             return
         if client.owner not in self.on_disk:
-            self.store.put_client_record(client.owner, encode_record(client.minorversion))
-            await self._run_blocking(self.store.sync)
+            await asyncio.wrap_future(
+                self.store.submit_client_record(client.owner, encode_record(client.minorversion)))
             self.on_disk.add(client.owner)
             log.info("client_recorded", client=client.name)
         client.recorded = True
@@ -177,6 +181,9 @@ class Grace:
             return
         client.recorded = False
         if client.owner in self.on_disk:
-            self.store.delete_client_record(client.owner)
+            # not waited for: a record left by a crash before its commit only lets this
+            # client reclaim once more after the restart (grace ends by time anyway)
+            done = self.store.submit_client_record(client.owner, None)
+            done.add_done_callback(lambda f, name=client.name: _log_failed_delete(f, name))
             self.on_disk.discard(client.owner)
             log.info("client_record_removed", client=client.name)

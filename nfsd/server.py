@@ -69,8 +69,7 @@ class NfsServer:
         self.replies_v40 = ReplyCache()        # 4.0 retransmissions (4.1: session slots)
         # Reclaim after a restart (nfsd/grace.py): as long as a lease by default, so every
         # client that held state has renewed (and so noticed the restart) before it ends.
-        self.grace = Grace(store, lease_time if grace_time is None else grace_time,
-                           self.run_blocking)
+        self.grace = Grace(store, lease_time if grace_time is None else grace_time)
         self.sessions.on_client_expired.append(self.grace.forget)
         self.sessions.reclaim_needed = self.grace.reclaim_needed
         if handlers is None:

@@ -19,6 +19,7 @@ import asyncio
 import os
 import sys
 import threading
+from concurrent.futures import Future
 
 import pytest
 
@@ -42,11 +43,14 @@ class FakeStore:
     def client_records(self) -> dict[bytes, bytes]:
         return dict(self.records)
 
-    def put_client_record(self, owner: bytes, record: bytes) -> None:
-        self.records[owner] = record
-
-    def delete_client_record(self, owner: bytes) -> None:
-        self.records.pop(owner, None)
+    def submit_client_record(self, owner: bytes, record: bytes | None) -> Future:
+        if record is None:
+            self.records.pop(owner, None)
+        else:
+            self.records[owner] = record
+        done: Future = Future()
+        done.set_result(None)
+        return done
 
     def sync(self) -> None:
         pass

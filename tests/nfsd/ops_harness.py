@@ -38,7 +38,7 @@ class FakeServer:
         self.lease_time = 90
         self.offloads = OffloadTable(write_verifier=store.write_verifier, keep_seconds=90)
         self.blocking_calls = []
-        self.grace = Grace(store, 0, self.run_blocking)    # never started: no grace period
+        self.grace = Grace(store, 0)    # never started: no grace period
 
     async def run_blocking(self, fn, *args):
         self.blocking_calls.append(getattr(fn, "__name__", repr(fn)))

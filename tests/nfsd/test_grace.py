@@ -256,8 +256,46 @@ def test_destroyed_client_loses_its_record(gateway):
         await c.destroy_session()
         res = await c.compound_raw([op(OP_DESTROY_CLIENTID, DESTROY_CLIENTID4args(c.clientid))])
         assert res.status == NFS4_OK
+        # the delete is a batch op nobody waits for (nfsd/grace.py forget): applied soon
+        await asyncio.to_thread(gateway.store.batch.applied)
         assert c.owner not in gateway.store.client_records()
         await c.close()
+    run(body())
+
+
+def test_a_client_record_never_blocks_the_event_loop_on_the_index_lock(gateway):
+    """A client's record is written at its RECLAIM_COMPLETE. On the event loop that write
+    waited for the index lock, which a batch commit holds through its fdatasync: every other
+    client stood still meanwhile (a whole cluster mounting at a job's start, behind each
+    other's syncs). Here another thread holds the lock while a client mounts; a client
+    already mounted is served meanwhile, and the new one is answered once its record is
+    durable."""
+    import threading
+
+    async def body():
+        a = await connect(gateway)
+        d = await a.lookup_path(EXPORT)
+        held, release = threading.Event(), threading.Event()
+
+        def hold_the_index_lock():
+            with gateway.store.ix.write():
+                held.set()
+                release.wait(30)
+        holder = threading.Thread(target=hold_the_index_lock)
+        holder.start()
+        assert held.wait(10)
+        try:
+            mounting = asyncio.ensure_future(connect(gateway))
+            await asyncio.sleep(0.3)                 # its RECLAIM_COMPLETE waits for the lock
+            await asyncio.wait_for(a.getattr(d), 5)  # before: the loop stood still here
+            assert not mounting.done()               # not answered before its record
+        finally:
+            release.set()
+            holder.join()
+        b = await asyncio.wait_for(mounting, 10)
+        assert b.owner in gateway.store.client_records()
+        for c in (a, b):
+            await c.close()
     run(body())
 
 
@@ -272,6 +310,7 @@ def test_expired_client_loses_its_record(gateway):
             mgr = gateway.st.server.sessions
             mgr.expire(mgr.clients[c.clientid], "test: lease expired")
         gateway.st.call(expire)
+        await asyncio.to_thread(gateway.store.batch.applied)    # the delete: a batch op
         assert c.owner not in gateway.store.client_records()
         await c.close()
     run(body())
