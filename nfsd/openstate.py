@@ -235,7 +235,8 @@ class OpenStateTable:
             return
         self.store.open_file(st.ino, write)
         try:
-            self.store.close_file(st.ino, st.write_open)
+            # the open stays, so at most a last writer's settle stamp: queued (an event-loop call)
+            self.store.close_file(st.ino, st.write_open, wait=False)
         finally:
             st.write_open = write
 
