@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import threading
+from contextlib import contextmanager
 
 
 def crash(store) -> None:
@@ -14,3 +16,24 @@ def crash(store) -> None:
     store.ix.close()
     os.close(store._lockfd)
     store._closed = True
+
+
+@contextmanager
+def index_lock_held(store):
+    """The index write lock held by another thread for the block (as a batch commit holds
+    it through its fdatasync): what an event-loop caller must never wait for."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_lock():
+        with store.ix.write():
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold_the_lock)
+    holder.start()
+    assert held.wait(10)
+    try:
+        yield
+    finally:
+        release.set()
+        holder.join(10)

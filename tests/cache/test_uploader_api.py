@@ -4,14 +4,13 @@ from __future__ import annotations
 import errno
 import os
 import threading
-from contextlib import contextmanager
 
 import pytest
 
 from cache.api import DataState, RemoteInfo, ROOT_INO, SetAttr, StoreError
 from cache.store import Store
 
-from tests.cache.storehelp import crash
+from tests.cache.storehelp import crash, index_lock_held
 
 FAR = 1 << 62
 
@@ -255,27 +254,6 @@ def test_setattr_size_is_durable_over_uncommitted_writes(store, grow):
         s.close()
 
 
-@contextmanager
-def _index_lock_held(s):
-    """The index write lock held by another thread for the block (as a batch commit holds
-    it through its fdatasync)."""
-    held, release = threading.Event(), threading.Event()
-
-    def hold_the_lock():
-        with s.ix.write():
-            held.set()
-            release.wait(30)
-
-    holder = threading.Thread(target=hold_the_lock)
-    holder.start()
-    assert held.wait(10)
-    try:
-        yield
-    finally:
-        release.set()
-        holder.join(10)
-
-
 def _returns_within(fn, seconds: float = 10) -> bool:
     """Whether fn() returns within `seconds` (run in a thread, which is left to finish)."""
     done = threading.Event()
@@ -296,7 +274,7 @@ def test_reading_a_clean_file_never_waits_for_the_index_write_lock(store_dir, mo
     monkeypatch.setattr(store_mod, "LRU_GRANULARITY_NS", 0)        # every read re-stamps
     before = s.getattr(f)
     result = []
-    with _index_lock_held(s):
+    with index_lock_held(s):
         returned = _returns_within(lambda: result.append(s.read(f, 0, 100)))
     assert returned and result[0][0] == b"x" * 100
     s.sync()
@@ -315,7 +293,7 @@ def test_queue_done_never_waits_for_the_index_write_lock(store_dir):
     s = Store.open(store_dir)
     a = s.queue_put({"kind": "put", "ino": 5})
     b = s.queue_put({"kind": "put", "ino": 6})
-    with _index_lock_held(s):
+    with index_lock_held(s):
         returned = _returns_within(lambda: s.queue_done(a))
         listed = s.queue_list()     # gone from the list at once, its delete still queued
     assert returned and listed == [(b, {"kind": "put", "ino": 6})]

@@ -270,28 +270,16 @@ def test_a_client_record_never_blocks_the_event_loop_on_the_index_lock(gateway):
     other's syncs). Here another thread holds the lock while a client mounts; a client
     already mounted is served meanwhile, and the new one is answered once its record is
     durable."""
-    import threading
+    from tests.cache.storehelp import index_lock_held
 
     async def body():
         a = await connect(gateway)
         d = await a.lookup_path(EXPORT)
-        held, release = threading.Event(), threading.Event()
-
-        def hold_the_index_lock():
-            with gateway.store.ix.write():
-                held.set()
-                release.wait(30)
-        holder = threading.Thread(target=hold_the_index_lock)
-        holder.start()
-        assert held.wait(10)
-        try:
+        with index_lock_held(gateway.store):
             mounting = asyncio.ensure_future(connect(gateway))
             await asyncio.sleep(0.3)                 # its RECLAIM_COMPLETE waits for the lock
             await asyncio.wait_for(a.getattr(d), 5)  # before: the loop stood still here
             assert not mounting.done()               # not answered before its record
-        finally:
-            release.set()
-            holder.join()
         b = await asyncio.wait_for(mounting, 10)
         assert b.owner in gateway.store.client_records()
         for c in (a, b):
