@@ -147,7 +147,7 @@ async def apply_setattr(ctx, obj: Obj, sa: SetAttr):
             obj.attr = await blocking(ctx, ctx.server.store.setattr, obj.ino, sa)
     except StoreError as e:
         raise nfs_error(e) from e
-    log.debug("setattr", ino=obj.ino, attrs=repr(sa))
+    log.debug("setattr", ino=obj.ino, attrs=sa)            # rendered only when debug is on
     return obj.attr
 
 
