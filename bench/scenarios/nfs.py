@@ -67,6 +67,12 @@ def _two_gateways_side(run: Run, rep: int, cpus: list[int]) -> dict:
             cpu = meter.stop()
             run.cpu.append({"scenario": SCENARIO, "server": "two ckptgw, one per CPU", "rep": rep,
                             "wall_s": meter.wall, "cpu_s": cpu})
+            if rep == 0:
+                run.notes.append(
+                    "cores bound: with every CPU taken by one of the two gateways, moto (nice 19) gets "
+                    "little CPU, so that side's uploads wait (its moto CPU seconds in the CPU table against "
+                    "the one-CPU side's): the bound does less upload work than the baseline and so "
+                    "over-estimates what a layout of one gateway can reach on this host")
             return figures
 
 
