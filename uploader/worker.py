@@ -212,6 +212,8 @@ class Worker:
             log.info("upload_dropped_data_changed", ino=ino, path=path, data_seq=attr.data_seq)
             await self._store(self.store.set_data_state, ino, DataState.DIRTY)
             return "changed"
+        except GeneratorExit:
+            raise                        # the coroutine is being closed: it may not await now
         except BaseException:
             # leave it eligible again (the job stays queued and will retry or restart); in a
             # worker thread, as every index write of the uploader: a write txn waits for the
