@@ -40,6 +40,7 @@ log = structlog.get_logger(__name__)
 QUEUE_WINDOW = 1000          # jobs considered per scheduling pass (the oldest ones)
 PERMANENT_RETRY_SECONDS = 60.0
 MANIFEST_IDLE_SECONDS = 30.0     # a manifest pass at least this often while jobs finish
+FLUSH_RECHECK_SECONDS = 0.5      # a waiting flush looks again this often when no job moved
 
 
 def _under(path: str, prefix: str | None) -> bool:
@@ -80,6 +81,10 @@ class Uploader:
         self._last_jobs: list[tuple[int, dict]] = []
         self._kick = asyncio.Event()
         self._pass_done = asyncio.Event()
+        # set (and replaced) when a job ends or a pass queues jobs: what a waiting flush
+        # needs to look again, so it never spins the scheduler (see flush)
+        self._jobs_moved = asyncio.Event()
+        self.passes = 0                  # scheduler passes so far (tests)
         self._tasks: list[asyncio.Task] = []
         self._started = False
         self.permanent_error: str | None = None
@@ -112,6 +117,7 @@ class Uploader:
         self._started = False
         self._kick.set()
         self._pass_done.set()            # a flush waiting for a pass returns (not flushed)
+        self._jobs_moved.set()
         tasks = self._tasks + list(self._running.values())
         for t in tasks:
             t.cancel()
@@ -172,6 +178,7 @@ class Uploader:
         # the flag, not only cancellation, ends the loop: Python 3.11's wait_for can swallow
         # a cancel that lands as the awaited event fires (gh-86296)
         while self._started:
+            self.passes += 1
             try:
                 await self._enqueue_ready()
                 await self._dispatch()
@@ -206,6 +213,7 @@ class Uploader:
         todo = list(dict.fromkeys(ino for ino in ready if ino not in self._upload_inos))
         if todo:
             self._upload_inos.update(await asyncio.to_thread(self._queue_uploads, todo))
+            self._note_jobs_moved()
 
     def _queue_uploads(self, inos: list[int]) -> list[int]:
         """*Blocking* (a worker thread: fdatasyncs and index commits stay off the event loop).
@@ -369,6 +377,11 @@ class Uploader:
             if kind == UPLOAD:
                 self._progress.pop(ino, None)
             self._kick.set()
+            self._note_jobs_moved()
+
+    def _note_jobs_moved(self) -> None:
+        self._jobs_moved.set()
+        self._jobs_moved = asyncio.Event()
 
     def _set_dirty(self, ino: int) -> None:
         try:
@@ -439,17 +452,23 @@ class Uploader:
                 return self._flushed(prefix)
             deadline = None if timeout is None else time.monotonic() + timeout
             while self._started:
+                moved = self._jobs_moved        # before the look: a job ending during it counts
                 if await asyncio.to_thread(self._flushed, prefix):
                     await self.manifests.run_quietly()     # written last, once all is in
                     return True
-                if deadline is not None and time.monotonic() >= deadline:
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
                     return False
-                self.kick()
+                # Look again when a job ends or a pass queues more, not after every pass: a
+                # look walks the queue and the tree, and kicking a pass after each one kept
+                # the scheduler spinning (thousands of passes a second) beside the uploads.
+                # Nothing moved for a while (a file still open for write, say): a pass looks.
+                wait = FLUSH_RECHECK_SECONDS if deadline is None else min(FLUSH_RECHECK_SECONDS, deadline - now)
                 try:
-                    async with asyncio.timeout(0.5):
-                        await self._pass_done.wait()
+                    async with asyncio.timeout(wait):
+                        await moved.wait()
                 except TimeoutError:
-                    pass
+                    self.kick()
             return False
         finally:
             self._flush_prefixes.remove(prefix)

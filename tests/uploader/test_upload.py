@@ -139,3 +139,32 @@ def test_a_failed_upload_never_blocks_the_event_loop_on_the_index_lock(moto, buc
     ino, late = asyncio.run(main())
     assert late < hold_seconds / 2, f"the event loop stood still for {late:.2f} s"
     assert store.getattr(ino).data_state == DataState.CLEAN
+
+
+def test_regression_a_waiting_flush_never_spins_the_scheduler(moto, proxy, bucket, store):
+    """A flush used to kick a scheduler pass after every look and look after every pass: while
+    one upload was in flight, thousands of passes a second (each reading the queue and the
+    ready files) took the CPU the uploads needed (bench drain 0.61x TransferManager). A
+    waiting flush now looks again when a job ends or a pass queues more (or after
+    FLUSH_RECHECK_SECONDS), so passes follow the poll interval."""
+    data = payload(3000, 7)
+    latency = 1.0
+
+    async def main():
+        up = make_uploader(store, proxy.endpoint, bucket, poll_interval=0.05)
+        await up.start()
+        try:
+            ino = write_file(store, "run/slow.bin", data)
+            proxy.faults.latency = latency       # every request waits: the PUT is in flight
+            passes = up.passes
+            assert await up.flush("run", timeout=60)
+            return up, ino, up.passes - passes
+        finally:
+            await up.stop()
+
+    up, ino, passes = asyncio.run(main())
+    assert object_sha(up.client, "gw/run/slow.bin") == sha(data)
+    assert store.getattr(ino).data_state == DataState.CLEAN
+    # one pass per poll interval (50 ms) while the PUT waits its second, and a few for the
+    # flush's own kick and the job's end: about 25. Before: thousands.
+    assert passes <= 3 * latency / 0.05, passes
