@@ -93,3 +93,35 @@ def test_part_plan():
     assert sum(r[2] for r in ranges) == 10 * MiB + 5 and ranges[-1] == (3, 8 * MiB, 2 * MiB + 5)
     with pytest.raises(ValueError):
         part_size_for(6 * (1 << 40), 8 * MiB)
+
+
+@pytest.mark.parametrize("endpoint,signed", [
+    ("http://127.0.0.1:9", True), ("https://127.0.0.1:9", False), ("HTTPS://s3.example:443", False),
+    (None, False),
+])
+def test_payload_is_hashed_into_the_signature_only_without_tls(endpoint, signed):
+    """Over TLS (AWS's endpoint too) a part's body is covered by its signed checksum header,
+    not hashed a second time for the signature; over plain http it is signed."""
+    from uploader.objectclient import Boto3ObjectClient
+
+    client = Boto3ObjectClient(S3Settings(bucket="bkt", endpoint_url=endpoint, access_key="a",
+                                          secret_key="b", addressing_style="path"))
+    seen = {}
+
+    def before_send(request, **kwargs):
+        for name in ("x-amz-content-sha256", "x-amz-checksum-crc32"):
+            seen[name] = request.headers.get(name)
+        raise _Stop()
+
+    client._s3.meta.events.register("before-send.s3.UploadPart", before_send)
+    body = b"x" * 1000
+    with pytest.raises(_Stop):
+        client._s3.upload_part(Bucket="bkt", Key="k", UploadId="u", PartNumber=1, Body=body,
+                               **client._checksum_args(checksum_b64("CRC32", body)))
+    content_sha = seen["x-amz-content-sha256"].decode()
+    assert (content_sha != "UNSIGNED-PAYLOAD") == signed
+    assert seen["x-amz-checksum-crc32"].decode() == checksum_b64("CRC32", body)
+
+
+class _Stop(Exception):
+    pass
