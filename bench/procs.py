@@ -71,6 +71,17 @@ def renice_all(pid: int, nice: int) -> None:
             pass
 
 
+def idle_all(pid: int) -> None:
+    """SCHED_IDLE for every thread of pid: it runs only on CPU time no other task wants, and
+    a waking task of any other policy preempts it at once (nice 19 still has a weight, and a
+    wake-up may wait for its slice). Threads created later inherit their creator's policy."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setscheduler(int(tid), os.SCHED_IDLE, os.sched_param(0))
+        except ProcessLookupError:
+            pass
+
+
 class CpuMeter:
     """CPU seconds each named process spent between start() and stop()."""
 

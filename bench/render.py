@@ -86,7 +86,7 @@ def markdown(run: Run, meta: dict, facts: dict, plots: list[str]) -> str:
     if run.cpu:
         procs = sorted({p for c in run.cpu for p in c["cpu_s"]})
         out += ["## CPU seconds per process", "",
-                "utime + stime from /proc/PID/stat over the measured phase (moto runs at nice 19; its CPU is the "
+                "utime + stime from /proc/PID/stat over the measured phase (moto runs at SCHED_IDLE and nice 19; its CPU is the "
                 "test S3's, not the gateway's).", "",
                 _table(["phase", "server", "rep", "wall s"] + [f"{p} CPU s" for p in procs],
                        [[c["scenario"], c["server"], str(c["rep"]), f"{c['wall_s']:.1f}"]

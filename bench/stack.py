@@ -1,8 +1,10 @@
 """The servers a benchmark runs, each as a context manager that yields a `Running` handle:
 
-  s3_server()      moto's S3 server on loopback, every thread at nice 19 (the test S3 is not the
-                   product: its CPU must not be taken from the gateway), objects in its memory
-                   (moto spills values over its key buffer size to temporary files)
+  s3_server()      moto's S3 server on loopback, every thread SCHED_IDLE and at nice 19 (the test
+                   S3 is not the product: its CPU must not be taken from the gateway); moto spills
+                   every value over its key buffer size (about 5 MiB) to a temporary file, which
+                   with in_memory=True is on tmpfs, so the test S3's writes do not queue on the
+                   gateway's disk ahead of its fdatasyncs (a real S3 is not on that disk)
   gateway(...)     `ckptgw serve` (tests/appliance/appliance_live.LiveDaemon) with its uploader
                    draining to an S3 endpoint, optionally started on a subset of the CPUs
   ganesha(...)     NFS-Ganesha (VFS FSAL) exporting a scratch directory (tests/kclient/ganesha)
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,9 +23,11 @@ from pathlib import Path
 
 from tests.support.motoserver import MotoServer
 
-from .procs import renice_all
+from .procs import idle_all, renice_all
 
 S3_NICE = 19
+SPILL_ROOT = "/dev/shm"             # tmpfs: moto's temporary files in memory
+SPILL_MIN_FREE = 8 << 30            # else on disk (Running.extra["spill"] says which)
 BUCKET = "bench"
 CREDS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"}
 
@@ -44,16 +49,34 @@ def s3_client(endpoint: str, **config):
     return boto3.client("s3", endpoint_url=endpoint, config=Config(**config) if config else None, **CREDS)
 
 
+def _spill_dir() -> str | None:
+    """A fresh directory on tmpfs for moto's temporary files, or None (no tmpfs with room)."""
+    try:
+        st = os.statvfs(SPILL_ROOT)
+    except OSError:
+        return None
+    if st.f_bavail * st.f_frsize < SPILL_MIN_FREE:
+        return None
+    return tempfile.mkdtemp(prefix="bench-moto-", dir=SPILL_ROOT)
+
+
 @contextmanager
-def s3_server(*, nice: int = S3_NICE, bucket: str | None = BUCKET):
-    moto = MotoServer()
+def s3_server(*, nice: int = S3_NICE, bucket: str | None = BUCKET, in_memory: bool = False):
+    """in_memory: moto's temporary files on tmpfs (for scenarios whose objects fit in a few
+    GiB; the 8 GiB RSS save stays on disk), if SPILL_ROOT has SPILL_MIN_FREE bytes free."""
+    spill = _spill_dir() if in_memory else None
+    moto = MotoServer(spill_dir=spill)
     try:
         renice_all(moto.proc.pid, nice)
+        idle_all(moto.proc.pid)
         if bucket:
             s3_client(moto.endpoint).create_bucket(Bucket=bucket)
-        yield Running("moto", moto.proc.pid, moto.port, moto.endpoint, handle=moto)
+        yield Running("moto", moto.proc.pid, moto.port, moto.endpoint, handle=moto,
+                      extra={"spill": "tmpfs" if spill else "disk"})
     finally:
         moto.stop()
+        if spill:
+            shutil.rmtree(spill, ignore_errors=True)
 
 
 def gateway_args(s3_endpoint: str, bucket: str = BUCKET, *, settle: float = 2.0) -> list[str]:

@@ -1,4 +1,5 @@
-"""nfs-rs over loopback against `ckptgw serve` (uploader draining to moto at nice 19) vs
+"""nfs-rs over loopback against `ckptgw serve` (uploader draining to moto, SCHED_IDLE, its
+temporary files on tmpfs: bench/stack.py) vs
 NFS-Ganesha (VFS), plus FILE_SYNC ack latency and the one-core baseline for the cores goals.
 
 Per repetition, fresh servers each: the gateway on all CPUs, the gateway on CPU 0 only (the
@@ -42,7 +43,10 @@ def _measure(run: Run, server: str, rep: int, pids: dict[str, int], port: int, o
 
 def _gateway_side(run: Run, rep: int, cpus=None) -> tuple[dict, list[float], list[float]]:
     wd = run.workdir / f"nfs-gw{'-1cpu' if cpus else ''}{rep}"
-    with s3_server() as s3, gateway(wd, s3.endpoint, cpus=cpus) as gw:
+    with s3_server(in_memory=True) as s3, gateway(wd, s3.endpoint, cpus=cpus) as gw:
+        if rep == 0 and not cpus:
+            run.notes.append(f"test S3: moto at SCHED_IDLE and nice 19, its temporary files (every part "
+                             f"and object over about 5 MiB) on {s3.extra['spill']} (bench/stack.py)")
         pids = {"ckptgw": gw.pid, "moto": s3.pid}
         if cpus:
             return _measure(run, "ckptgw on 1 CPU", rep, pids, gw.port, tuple(CORES_OF)), [], []
@@ -57,7 +61,7 @@ def _two_gateways_side(run: Run, rep: int, cpus: list[int]) -> dict:
     buckets), each confined to its own CPU, the clients split over them. No process layout of
     one gateway can beat it: it has no shared state to coordinate."""
     wd = run.workdir / f"nfs-gw2-{rep}"
-    with s3_server() as s3:
+    with s3_server(in_memory=True) as s3:
         s3_client(s3.endpoint).create_bucket(Bucket=BUCKET + "-2")
         with gateway(wd / "a", s3.endpoint, cpus={cpus[0]}) as a, \
                 gateway(wd / "b", s3.endpoint, bucket=BUCKET + "-2", cpus={cpus[1]}) as b:
@@ -69,7 +73,7 @@ def _two_gateways_side(run: Run, rep: int, cpus: list[int]) -> dict:
                             "wall_s": meter.wall, "cpu_s": cpu})
             if rep == 0:
                 run.notes.append(
-                    "cores bound: with every CPU taken by one of the two gateways, moto (nice 19) gets "
+                    "cores bound: with every CPU taken by one of the two gateways, moto (SCHED_IDLE) gets "
                     "little CPU, so that side's uploads wait (its moto CPU seconds in the CPU table against "
                     "the one-CPU side's): the bound does less upload work than the baseline and so "
                     "over-estimates what a layout of one gateway can reach on this host")

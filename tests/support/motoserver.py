@@ -20,14 +20,18 @@ class MotoServer:
     """A moto S3 server; all state lives in its memory and dies with it.
 
     `min_part_size` lowers moto's 5 MiB minimum multipart part size (S3_UPLOAD_PART_MIN_SIZE)
-    so tests can use small objects with several parts."""
+    so tests can use small objects with several parts. `spill_dir`: where moto writes the
+    values it does not keep in its memory (its TMPDIR: every part and object over about
+    5 MiB goes to a temporary file); None: the system's temporary directory."""
 
-    def __init__(self, *, min_part_size: int | None = None):
+    def __init__(self, *, min_part_size: int | None = None, spill_dir: str | None = None):
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
         if min_part_size is not None:
             env["S3_UPLOAD_PART_MIN_SIZE"] = str(min_part_size)
+        if spill_dir is not None:
+            env["TMPDIR"] = spill_dir
         exe = shutil.which("moto_server")
         cmd = [exe] if exe else [sys.executable, "-m", "moto.server"]
         self.proc = subprocess.Popen(cmd + ["-H", "127.0.0.1", "-p", str(self.port)], env=env,
