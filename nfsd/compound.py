@@ -172,6 +172,13 @@ class CompoundOutcome:
     status: int
     opnums: list
     replayed: bool = False
+    tail: tuple | None = None        # (data, pad) after the encoded results (_Results.tail)
+
+
+# A READ's data from this size on is not copied into the reply buffer but sent after it
+# (rpc.Reply); above the session reply cache's limit, so such a reply is never cached.
+OUT_OF_LINE_MIN = 64 * 1024
+assert OUT_OF_LINE_MIN > session_ops.REPLY_CACHE_LIMIT
 
 
 class _Results:
@@ -189,24 +196,40 @@ class _Results:
         self.count = 0
         self.status = NFS4_OK
         self.opnums: list = []
+        # (data, pad): the last result's READ data, which follows `out` on the wire; a
+        # result added after it puts it in line first
+        self.tail: tuple | None = None
 
     def add(self, resop) -> int:
         """Encode one op result; returns its status. A result that cannot be encoded
         (a handler bug) becomes NFS4ERR_SERVERFAULT; one that makes the reply larger
         than the session allows becomes NFS4ERR_REP_TOO_BIG, or REP_TOO_BIG_TO_CACHE when
         the client asked for it to be cached (RFC 8881 18.46.3, 2.10.6.4)."""
+        if self.tail is not None:
+            data, pad = self.tail
+            self.out += data
+            self.out += bytes(pad)
+            self.tail = None
         mark = len(self.out)
+        data = _out_of_line_data(resop)
         try:
-            nfs_resop4.pack(resop, self.out)
+            if data is None:
+                nfs_resop4.pack(resop, self.out)
+            else:     # encoded with no data: its length is patched in, the data follows
+                nfs_resop4.pack(_read_without_data(resop), self.out)
+                _U32.pack_into(self.out, len(self.out) - 4, len(data))
         except XdrError as exc:
             del self.out[mark:]
             log.error("op_result_unencodable", op=op_name(resop.tag), error=str(exc))
-            resop = error_result(resop.tag, NFS4ERR_SERVERFAULT)
+            resop, data = error_result(resop.tag, NFS4ERR_SERVERFAULT), None
             nfs_resop4.pack(resop, self.out)
-        if len(self.out) - self.start > self.limit:
+        tail = 0 if data is None else len(data) + (-len(data) % 4)
+        if len(self.out) + tail - self.start > self.limit:
             del self.out[mark:]
-            resop = error_result(resop.tag, self.too_big)
+            resop, data = error_result(resop.tag, self.too_big), None
             nfs_resop4.pack(resop, self.out)
+        if data is not None:
+            self.tail = (data, -len(data) % 4)
         self.count += 1
         self.opnums.append(resop.tag)
         self.status = result_status(resop.value)
@@ -214,11 +237,25 @@ class _Results:
 
     def room(self) -> int:
         """Bytes the reply may still grow by."""
-        return self.limit - (len(self.out) - self.start)
+        tail = 0 if self.tail is None else len(self.tail[0]) + self.tail[1]
+        return self.limit - (len(self.out) + tail - self.start)
 
     def finish(self) -> None:
         _U32.pack_into(self.out, self.start, self.status)
         _U32.pack_into(self.out, self.count_at, self.count)
+
+
+def _out_of_line_data(resop):
+    """The data of a successful READ result large enough to send out of line, else None."""
+    if resop.tag != OP_READ or resop.value.tag != NFS4_OK:
+        return None
+    data = resop.value.value.data
+    return data if len(data) >= OUT_OF_LINE_MIN else None
+
+
+def _read_without_data(resop):
+    ok = resop.value.value
+    return nfs_resop4(OP_READ, nfs4.READ4res(NFS4_OK, nfs4.READ4resok(eof=ok.eof, data=b"")))
 
 
 async def run_compound(server, cred, peer, conn, args_buf: memoryview,
@@ -258,8 +295,10 @@ async def run_compound(server, cred, peer, conn, args_buf: memoryview,
                 await _run_ops(ctx, args, ops, first, results)
         results.finish()
         outcome.status = results.status
+        outcome.tail = results.tail
         if slot is not None:
-            session_ops.store_reply(server.sessions, ctx.session, slot, out, body_start, cachethis)
+            session_ops.store_reply(server.sessions, ctx.session, slot, out, body_start, cachethis,
+                                    out_of_line=results.tail is not None)
             slot = None
         return outcome
     finally:

@@ -148,10 +148,34 @@ def start_success_reply(xid: int) -> bytearray:
     return out
 
 
-def finish_reply(out: bytearray) -> bytearray:
-    """Fill in the record mark of a buffer made by `start_success_reply`."""
-    _U32.pack_into(out, 0, LAST_FRAGMENT | (len(out) - 4))
-    return out
+class Reply:
+    """A framed reply whose last bytes, a READ's data, stay in their own buffer: sent after
+    `head` (`parts()`), never copied into it. len() and bytes() are the whole reply's."""
+
+    __slots__ = ("head", "data", "pad")
+
+    def __init__(self, head: bytearray, data, pad: int):
+        self.head, self.data, self.pad = head, data, pad
+
+    def __len__(self) -> int:
+        return len(self.head) + len(self.data) + self.pad
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self.parts())
+
+    def parts(self) -> tuple:
+        return (self.head, self.data, bytes(self.pad)) if self.pad else (self.head, self.data)
+
+
+def finish_reply(out: bytearray, tail: tuple | None = None) -> bytearray | Reply:
+    """Fill in the record mark of a buffer made by `start_success_reply`. tail: (data, pad)
+    bytes that follow `out` in the record (a READ's data, see nfsd.compound._Results)."""
+    if tail is None:
+        _U32.pack_into(out, 0, LAST_FRAGMENT | (len(out) - 4))
+        return out
+    data, pad = tail
+    _U32.pack_into(out, 0, LAST_FRAGMENT | (len(out) - 4 + len(data) + pad))
+    return Reply(out, data, pad)
 
 
 def accepted_error_reply(xid: int, stat: int, low: int = 0, high: int = 0) -> bytes:

@@ -24,7 +24,7 @@ from nfsd.errors import NfsError
 from nfsd.grace import Grace
 from nfsd.limits import Limits, RateLimitedLog
 from nfsd.rpc import (
-    Program, RecordPool, auth_error_reply, finish_reply, garbage_args_reply,
+    Program, RecordPool, Reply, auth_error_reply, finish_reply, garbage_args_reply,
     start_success_reply, system_err_reply,
 )
 from nfsd.offload import OffloadTable
@@ -225,7 +225,7 @@ class NfsServer:
                 conn.check_timeouts(now, limits)
 
     # ---- RPC dispatch ------------------------------------------------------------
-    async def handle_call(self, call, conn) -> bytes | bytearray | None:
+    async def handle_call(self, call, conn) -> bytes | bytearray | Reply | None:
         """Answer one well-formed RPC call to NFSv4 (NULL or COMPOUND): the framed
         reply. Never raises: an unexpected failure is SYSTEM_ERR for this call only."""
         xid = call.xid
@@ -266,7 +266,7 @@ class NfsServer:
         except Exception:
             log.exception("compound_failed", peer=conn.peer[0], xid=xid)
             return system_err_reply(xid), []
-        return finish_reply(out), outcome.opnums
+        return finish_reply(out, outcome.tail), outcome.opnums
 
 
 async def serve(store, exports, host: str, port: int, *, stop_event: asyncio.Event | None = None,

@@ -38,7 +38,8 @@ import structlog
 
 from nfsd.limits import Limits
 from nfsd.rpc import (
-    CallReceived, ConnectionError as RpcConnectionError, ReplyReceived, RpcConnection, SendReply,
+    CallReceived, ConnectionError as RpcConnectionError, Reply, ReplyReceived, RpcConnection,
+    SendReply,
 )
 
 log = structlog.get_logger(__name__)
@@ -179,7 +180,11 @@ class NfsConnection(asyncio.BufferedProtocol):
         try:
             reply = await self.server.handle_call(call, self)
             if reply and not self.closed:
-                self.transport.write(reply)
+                if isinstance(reply, Reply):     # a READ's data after the rest, not copied in
+                    for part in reply.parts():
+                        self.transport.write(part)
+                else:
+                    self.transport.write(reply)
         finally:
             del call                           # its args view the record
             if self.rpc.pool is not None:

@@ -458,13 +458,16 @@ def _back_down(session: Session) -> bool:
     return bc is not None and bc.wanted and bc.path_down
 
 
-def store_reply(mgr, session, slot: Slot, out: bytearray, start: int, cachethis: bool) -> None:
+def store_reply(mgr, session, slot: Slot, out: bytearray, start: int, cachethis: bool,
+                out_of_line: bool = False) -> None:
     """Keep a finished request's reply (out[start:], the encoded COMPOUND4res) in its
     slot (2.10.6.1): within the slot's reservation always, up to REPLY_CACHE_LIMIT while
     the shared extra pool lasts. Others (READ data) are not copied, only remembered as
-    uncached: a retry of one gets NFS4ERR_RETRY_UNCACHED_REP."""
+    uncached: a retry of one gets NFS4ERR_RETRY_UNCACHED_REP. out_of_line: READ data
+    follows `out` (compound.OUT_OF_LINE_MIN, over REPLY_CACHE_LIMIT): never kept."""
     size = len(out) - start
-    if size > REPLY_CACHE_LIMIT or not mgr.keep_reply(session, slot, bytes(out[start:])):
+    if (out_of_line or size > REPLY_CACHE_LIMIT
+            or not mgr.keep_reply(session, slot, bytes(out[start:]))):
         mgr.forget_reply(slot)
         if cachethis:       # cannot happen: such a reply is held to the session's cached size
             log.warning("reply_too_big_to_cache", size=size)

@@ -172,6 +172,7 @@ class Engine:
                 except Exception as exc:
                     raise FuzzFailure(f"handle_call raised {exc!r}", data) from exc
                 if reply:
+                    reply = bytes(reply)         # an rpc.Reply (READ data out of line) too
                     check_reply(reply, ev.proc, data)
                     replies.append(reply)
             elif isinstance(ev, SendReply):
