@@ -32,6 +32,8 @@ _SECRET_IN_TEXT = (
                r"session[_-]?token|token|password)[\"']?\s*[:=]\s*[\"']?)[^\s\"',}&]+"),
 )
 _QUIET_LIBRARIES = ("botocore", "boto3", "urllib3", "s3transfer", "werkzeug", "moto", "asyncio")
+# every word one of _SECRET_IN_TEXT needs: a string without any of them is left alone unsearched
+_SECRET_WORDS = ("authorization", "signature", "secret", "token", "password")
 
 
 def _redact_value(key: str, value: Any) -> Any:
@@ -42,8 +44,10 @@ def _redact_value(key: str, value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(_redact_value("", v) for v in value)
     if isinstance(value, str):
-        for pattern in _SECRET_IN_TEXT:
-            value = pattern.sub(lambda m: m.group(1) + REDACTED, value)
+        low = value.lower()
+        if any(word in low for word in _SECRET_WORDS):
+            for pattern in _SECRET_IN_TEXT:
+                value = pattern.sub(lambda m: m.group(1) + REDACTED, value)
         return value
     return value
 
@@ -90,6 +94,23 @@ def stream_is_journal(stream) -> bool:
     return (st.st_dev, st.st_ino) == (int(dev), int(ino))
 
 
+class _BoundLogger(structlog.stdlib.BoundLogger):
+    """A call below the stdlib logger's level returns before the processor chain (about
+    3 us a call through it, for every disabled debug line of every request). The level
+    is the stdlib logger's, so a reload that changes it takes effect for loggers already
+    cached too."""
+
+    def debug(self, event=None, *args, **kw):
+        if self._logger.isEnabledFor(logging.DEBUG):
+            return super().debug(event, *args, **kw)
+        return None
+
+    def info(self, event=None, *args, **kw):
+        if self._logger.isEnabledFor(logging.INFO):
+            return super().info(event, *args, **kw)
+        return None
+
+
 class _JournalHandler(logging.StreamHandler):
     """A StreamHandler whose lines carry the "<N>" priority prefix journald reads."""
 
@@ -111,9 +132,12 @@ def configure(fmt: str = "auto", level: str = "info", stream=None) -> None:
         processors=[structlog.stdlib.filter_by_level, *shared,
                     structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
         logger_factory=structlog.stdlib.LoggerFactory(),
-        wrapper_class=structlog.stdlib.BoundLogger,
+        wrapper_class=_BoundLogger,
         cache_logger_on_first_use=True,
     )
+    # No caller lookup (a walk up the stack) for every record: no line shows file or line
+    # numbers (the logging HOWTO's "Optimization" section names this switch).
+    logging._srcfile = None
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=shared,
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],

@@ -65,6 +65,36 @@ def test_secrets_never_reach_the_output(captured):
     assert first["secret_key"] == logs.REDACTED and first["settings"] == {"token": logs.REDACTED, "ok": 1}
 
 
+def test_secrets_in_text_of_any_case_are_redacted(captured):
+    """The regexes run only on strings holding one of their words: case does not hide one."""
+    log = structlog.get_logger("t")
+    log.info("e", a="x-amz-SIGNATURE=s1gn", b="AUTHORIZATION: Bearer b3arer", c="Session_Token: t0k",
+             d="SECRET_ACCESS_KEY=k3y", e="plain text without them")
+    text = captured.getvalue()
+    for secret in ("s1gn", "b3arer", "t0k", "k3y"):
+        assert secret not in text
+    assert events(captured)[0]["e"] == "plain text without them"
+
+
+def test_a_cached_logger_follows_the_level_of_each_configure():
+    """Disabled calls return before the processors, yet a reload's new level (the stdlib
+    logger's) holds for loggers already used, as before."""
+    stream = io.StringIO()
+    log = structlog.get_logger("t.levels")
+    try:
+        logs.configure("json", "info", stream=stream)
+        log.debug("hidden1")
+        log.info("shown1")
+        logs.configure("json", "debug", stream=stream)
+        log.debug("shown2")
+        logs.configure("json", "warning", stream=stream)
+        log.info("hidden2")
+        log.warning("shown3")
+    finally:
+        logs.configure("json", "info", stream=io.StringIO())
+    assert [e["event"] for e in events(stream)] == ["shown1", "shown2", "shown3"]
+
+
 def test_console_renderer_is_readable():
     stream = io.StringIO()
     logs.configure("console", "info", stream=stream)
