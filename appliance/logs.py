@@ -13,6 +13,7 @@ lines are left as they are.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -32,20 +33,25 @@ _SECRET_IN_TEXT = (
                r"session[_-]?token|token|password)[\"']?\s*[:=]\s*[\"']?)[^\s\"',}&]+"),
 )
 _QUIET_LIBRARIES = ("botocore", "boto3", "urllib3", "s3transfer", "werkzeug", "moto", "asyncio")
-# every word one of _SECRET_IN_TEXT needs: a string without any of them is left alone unsearched
-_SECRET_WORDS = ("authorization", "signature", "secret", "token", "password")
+# a word every pattern of _SECRET_IN_TEXT needs: a string without one is not searched further
+_SECRET_WORD = re.compile(r"authorization|signature|secret|token|password", re.IGNORECASE)
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_secret_key(key: str) -> bool:
+    """Event keys are few and repeat: each is searched once."""
+    return _SECRET_KEY.search(key) is not None
 
 
 def _redact_value(key: str, value: Any) -> Any:
-    if isinstance(key, str) and _SECRET_KEY.search(key):
+    if isinstance(key, str) and _is_secret_key(key):
         return REDACTED if value not in (None, "") else value
     if isinstance(value, dict):
         return {k: _redact_value(k, v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return type(value)(_redact_value("", v) for v in value)
     if isinstance(value, str):
-        low = value.lower()
-        if any(word in low for word in _SECRET_WORDS):
+        if _SECRET_WORD.search(value):
             for pattern in _SECRET_IN_TEXT:
                 value = pattern.sub(lambda m: m.group(1) + REDACTED, value)
         return value
