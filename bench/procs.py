@@ -71,6 +71,13 @@ def renice_all(pid: int, nice: int) -> None:
             pass
 
 
+def quiesce_disk() -> None:
+    """Write back every dirty page before a side of a comparison starts: otherwise the side
+    that runs after a heavy writer (the previous side's GiBs still in the page cache) pays for
+    that writeback in its own fdatasyncs, and the order of the sides, not the servers, decides."""
+    os.sync()
+
+
 def idle_all(pid: int) -> None:
     """SCHED_IDLE for every thread of pid: it runs only on CPU time no other task wants, and
     a waking task of any other policy preempts it at once (nice 19 still has a weight, and a

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..procs import quiesce_disk
 from ..record import Run
 from ..stack import ganesha_missing
 
@@ -31,6 +32,7 @@ def run(run: Run) -> None:
     for rep in range(run.sizes.reps):
         got = {}
         for kind in (kinds if rep % 2 == 0 else kinds[::-1]):
+            quiesce_disk()
             wd = run.workdir / f"kclient{rep}"
             wd.mkdir(parents=True, exist_ok=True)
             got[kind] = kclient_compare.run_one(kind, args, wd)

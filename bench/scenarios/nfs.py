@@ -14,7 +14,7 @@ import os
 
 from .. import nfsrs_throughput as tp
 from ..latency import file_sync_writes, local_fdatasync_writes
-from ..procs import CpuMeter, RssSampler
+from ..procs import CpuMeter, RssSampler, quiesce_disk
 from ..record import MiB, Run
 from ..stack import BUCKET, ganesha, ganesha_missing, gateway, s3_client, s3_server
 from ..stats import percentile
@@ -104,6 +104,7 @@ def run(run: Run) -> None:
             sides.reverse()
         got: dict[str, dict] = {}
         for side in sides:
+            quiesce_disk()
             if side == "gw":
                 got["gw"], lat, local = _gateway_side(run, rep)
                 ms = [x * 1e3 for x in lat]

@@ -16,7 +16,7 @@ from tests.support.faultproxy import ThreadedFaultProxy
 
 from .. import nfsrs_throughput as tp
 from .. import upload_drain
-from ..procs import CpuMeter
+from ..procs import CpuMeter, quiesce_disk
 from ..record import MiB, Run
 from ..stack import gateway, s3_client, s3_server
 
@@ -47,6 +47,7 @@ def save_vs_faults(run: Run) -> None:
             try:
                 secs = {}
                 for kind in (("clean", "faulty") if rep % 2 == 0 else ("faulty", "clean")):
+                    quiesce_disk()
                     endpoint = s3.endpoint if kind == "clean" else proxy.endpoint
                     with gateway(run.workdir / f"save-{kind}{rep}", endpoint, settle=0.0) as gw:
                         if kind == "faulty":
