@@ -69,6 +69,7 @@ from .data import DataFiles
 from .index import (F_PINNED, F_SENT, F_TRUNCATED, F_UNCOMMITTED, FIRST_COOKIE, SENT_SINCE, U64, U64x2,
                     Index, Inode, Writer, client_key, pack_client, unpack_client)
 from .namespace import Namespace, validate_name
+from .queuecache import DecodedJobs
 from .readcache import ReadCache
 from .recovery import recover
 from .space import Space
@@ -142,6 +143,7 @@ class Store:
         self._fresh: dict[int, int] = {}
         self._lru_touching: set[int] = set()       # files whose LRU re-stamp is queued
         self._jobs_leaving: dict[int, Future] = {}  # queue jobs done: their queued delete
+        self._decoded_jobs = DecodedJobs()          # queue_list decodes a job once
         # guards _inflight, _fences and _deferred; taken after the index lock, never before it
         self._reg = threading.Lock()
         # ino -> holders of the index lock deciding on "no write of ino is registered"
@@ -1629,13 +1631,15 @@ class Store:
         # so a job missing from the copy is missing from the txn too (see queue_done)
         leaving = set(self._jobs_leaving)
         out = []
+        listing = self._decoded_jobs.lister()
         with self.ix.read() as v:
             for key, val in v.txn.cursor(db=self.ix.queue):
                 if len(out) >= limit:
                     break
                 job_id = U64.unpack(key)[0]
                 if job_id not in leaving:
-                    out.append((job_id, json.loads(bytes(val))))
+                    out.append((job_id, listing.job(job_id, val)))
+        listing.end()
         return out
 
     def queue_update(self, job_id: int, job: dict) -> None:

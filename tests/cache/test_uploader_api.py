@@ -185,6 +185,32 @@ def test_queue(store_dir):
     s.close()
 
 
+def test_listed_jobs_are_decoded_once_and_never_stale_or_shared(store_dir, monkeypatch):
+    """queue_list keeps decoded jobs between listings (cache/queuecache.py): a job is decoded
+    again only when its stored bytes change, a caller's changes to what it was handed never
+    reach another listing, and a job holding a list is decoded each time."""
+    import cache.queuecache as queuecache
+    decoded = []
+    real_loads = queuecache.json.loads
+    monkeypatch.setattr(queuecache.json, "loads", lambda raw: decoded.append(raw) or real_loads(raw))
+    s = Store.open(store_dir)
+    a = s.queue_put({"kind": "put", "ino": 5})
+    b = s.queue_put({"kind": "ns", "object": ["k", "etag"]})
+    first = s.queue_list()
+    assert len(decoded) == 2
+    first[0][1]["_path"] = "mine"                          # the scheduler's own key
+    first[1][1]["object"].append("mine")
+    assert s.queue_list() == [(a, {"kind": "put", "ino": 5}), (b, {"kind": "ns", "object": ["k", "etag"]})]
+    assert len(decoded) == 3                               # only the job with a list again
+    s.queue_update(a, {"kind": "put", "ino": 5, "upload_id": "u"})
+    assert s.queue_list()[0] == (a, {"kind": "put", "ino": 5, "upload_id": "u"})
+    s.queue_done(a)
+    assert [j for j, _ in s.queue_list()] == [b]
+    s.batch.applied()
+    assert [j for j, _ in s.queue_list(limit=1)] == [b]
+    s.close()
+
+
 def test_remote_info_and_requeue_after_crash(store_dir):
     s = Store.open(store_dir)
     f = mkfile(s, b"f", b"data")
