@@ -28,6 +28,7 @@ import structlog  # noqa: E402
 from boto3.s3.transfer import TransferConfig, create_transfer_manager  # noqa: E402
 from s3transfer.subscribers import BaseSubscriber  # noqa: E402
 
+from bench.procs import quiesce_disk  # noqa: E402
 from cache.api import ROOT_INO  # noqa: E402
 from cache.store import Store  # noqa: E402
 from tests.support.faultproxy import ThreadedFaultProxy  # noqa: E402
@@ -135,7 +136,11 @@ def _drain_transfer_manager(moto, paths, cfg, bucket, progress: list | None = No
 
 
 def bench_drain(moto, args, blobs) -> dict:
-    """Alternating rounds (ours, theirs, theirs, ours, ...) on one moto; medians compared."""
+    """Alternating rounds (ours, theirs, theirs, ours, ...) on one moto; medians compared.
+    Every side starts alike: both sides ran once untimed first (imports, clients, moto's
+    first requests were round 0's first side's cost alone), moto is emptied after each side
+    (a side uploading into a moto that already holds the other side's objects was the slower,
+    whichever it was) and the page cache is written back."""
     part = args.part_mib * MiB
     total = sum(len(b) for b in blobs)
     settings = UploadSettings(settle_seconds=3600, part_size_min=part, multipart_threshold=part,
@@ -149,9 +154,13 @@ def bench_drain(moto, args, blobs) -> dict:
             with open(p, "wb") as f:
                 f.write(b)
             paths.append(p)
+        _drain_ours(moto, d, blobs[:1], settings, "warmours")
+        _drain_transfer_manager(moto, paths[:1], cfg, "warmtm")
+        moto.reset()
         for r in range(args.rounds):
             first_ours = r % 2 == 0
             for which in ((0, 1) if first_ours else (1, 0)):
+                quiesce_disk()
                 if which == 0:
                     ours_tl.append([])
                     secs, requests = _drain_ours(moto, d, blobs, settings, f"ours{r}", ours_tl[-1])
@@ -159,7 +168,7 @@ def bench_drain(moto, args, blobs) -> dict:
                 else:
                     theirs_tl.append([])
                     theirs.append(_drain_transfer_manager(moto, paths, cfg, f"tm{r}", theirs_tl[-1]))
-            moto.reset()                  # moto keeps objects in memory
+                moto.reset()              # moto keeps objects in memory (or its spill files)
     ours_s, theirs_s = statistics.median(ours), statistics.median(theirs)
     return {"bytes": total, "rounds": args.rounds, "uploader_MBps": round(total / ours_s / 1e6, 1),
             "transfer_manager_MBps": round(total / theirs_s / 1e6, 1),
