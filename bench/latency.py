@@ -3,7 +3,8 @@
   file_sync_writes(port, n, size)    OPEN, then n WRITEs of `size` bytes with stable=FILE_SYNC4
                                      (the reply says the bytes are on stable storage), CLOSE
   lookup_getattr(port, paths)        PUTFH(dir) + LOOKUP(name) + GETATTR per path
-  local_fdatasync_writes(dir, n, size)  the local disk's floor: pwrite + fdatasync of a file
+  LocalSyncWrites(dir, size)         the local disk's floor: pwrite + fdatasync of a file, one at
+                                     a time (file_sync_writes' `between`: interleaved with them)
 
 The NFS probes use the project's own NFSv4.1 test client (tests/nfsclient.py), which sends
 exactly the compound asked for; nfs-rs chooses its own stability (UNSTABLE + COMMIT).
@@ -27,8 +28,10 @@ async def _session(port: int) -> NfsClient:
     return c
 
 
-def file_sync_writes(port: int, n: int, size: int, name: str = "acklat.bin") -> list[float]:
-    """Seconds per FILE_SYNC WRITE of `size` bytes, n of them at increasing offsets."""
+def file_sync_writes(port: int, n: int, size: int, name: str = "acklat.bin", between=None) -> list[float]:
+    """Seconds per FILE_SYNC WRITE of `size` bytes, n of them at increasing offsets.
+    between: called (untimed here) after each WRITE, e.g. LocalSyncWrites.one: the reference
+    measured interleaved, under the same load at the same moments."""
     async def run() -> list[float]:
         c = await _session(port)
         try:
@@ -40,6 +43,8 @@ def file_sync_writes(port: int, n: int, size: int, name: str = "acklat.bin") -> 
                 t0 = time.perf_counter()
                 await c.write(fh, stateid, i * size, data, stable=FILE_SYNC4)
                 out.append(time.perf_counter() - t0)
+                if between is not None:
+                    between()
             await c.close_file(fh, stateid)
             return out
         finally:
@@ -69,19 +74,26 @@ def lookup_getattr(port: int, paths: list[str]) -> list[float]:
     return asyncio.run(run())
 
 
-def local_fdatasync_writes(directory: str, n: int, size: int) -> list[float]:
-    """Seconds per pwrite + fdatasync of `size` bytes to a new file in `directory`."""
-    path = os.path.join(directory, "local-fdatasync.bin")
-    data = os.urandom(size)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        out = []
-        for i in range(n):
-            t0 = time.perf_counter()
-            os.pwrite(fd, data, i * size)
-            os.fdatasync(fd)
-            out.append(time.perf_counter() - t0)
-        return out
-    finally:
-        os.close(fd)
-        os.unlink(path)
+class LocalSyncWrites:
+    """The local disk's floor, one write at a time: pwrite + fdatasync of `size` bytes at
+    increasing offsets of a new file in `directory`; `seconds` holds each one's time."""
+
+    def __init__(self, directory: str, size: int):
+        self.path = os.path.join(directory, "local-fdatasync.bin")
+        self.data = os.urandom(size)
+        self.seconds: list[float] = []
+        self.fd = -1
+
+    def __enter__(self) -> "LocalSyncWrites":
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        os.close(self.fd)
+        os.unlink(self.path)
+
+    def one(self) -> None:
+        t0 = time.perf_counter()
+        os.pwrite(self.fd, self.data, len(self.seconds) * len(self.data))
+        os.fdatasync(self.fd)
+        self.seconds.append(time.perf_counter() - t0)
