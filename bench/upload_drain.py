@@ -70,6 +70,9 @@ async def run_uploader(store, endpoint, bucket, settings, progress: list | None 
     up = Uploader(store, Boto3ObjectClient(s3, max_pool_connections=settings.max_concurrency + 4),
                   settings, s3=s3)
     await up.start()
+    # start-up's S3 sweep of orphaned multipart uploads (new ones wait for it) is the
+    # gateway's boot, not its drain, as creating its client is not TransferManager's upload
+    await up.worker.orphans_swept.wait()
     t0 = time.perf_counter()
 
     async def sample():
