@@ -223,13 +223,13 @@ class _Results:
             log.error("op_result_unencodable", op=op_name(resop.tag), error=str(exc))
             resop, data = error_result(resop.tag, NFS4ERR_SERVERFAULT), None
             nfs_resop4.pack(resop, self.out)
-        tail = 0 if data is None else len(data) + (-len(data) % 4)
-        if len(self.out) + tail - self.start > self.limit:
-            del self.out[mark:]
-            resop, data = error_result(resop.tag, self.too_big), None
-            nfs_resop4.pack(resop, self.out)
         if data is not None:
             self.tail = (data, -len(data) % 4)
+        if self.room() < 0:
+            del self.out[mark:]
+            self.tail = None
+            resop = error_result(resop.tag, self.too_big)
+            nfs_resop4.pack(resop, self.out)
         self.count += 1
         self.opnums.append(resop.tag)
         self.status = result_status(resop.value)
