@@ -3,7 +3,7 @@
   s3_server()      moto's S3 server on loopback, every thread SCHED_IDLE and at nice 19 (the test
                    S3 is not the product: its CPU must not be taken from the gateway); moto spills
                    every value over its key buffer size (about 5 MiB) to a temporary file, which
-                   with in_memory=True is on tmpfs, so the test S3's writes do not queue on the
+                   is on tmpfs unless in_memory=False, so the test S3's writes do not queue on the
                    gateway's disk ahead of its fdatasyncs (a real S3 is not on that disk)
   gateway(...)     `ckptgw serve` (tests/appliance/appliance_live.LiveDaemon) with its uploader
                    draining to an S3 endpoint, optionally started on a subset of the CPUs
@@ -61,9 +61,9 @@ def _spill_dir() -> str | None:
 
 
 @contextmanager
-def s3_server(*, nice: int = S3_NICE, bucket: str | None = BUCKET, in_memory: bool = False):
-    """in_memory: moto's temporary files on tmpfs (for scenarios whose objects fit in a few
-    GiB; the 8 GiB RSS save stays on disk), if SPILL_ROOT has SPILL_MIN_FREE bytes free."""
+def s3_server(*, nice: int = S3_NICE, bucket: str | None = BUCKET, in_memory: bool = True):
+    """in_memory: moto's temporary files on tmpfs, if SPILL_ROOT has SPILL_MIN_FREE bytes free
+    (False for a scenario whose objects do not fit in a few GiB: the 8 GiB RSS save)."""
     spill = _spill_dir() if in_memory else None
     moto = MotoServer(spill_dir=spill)
     try:

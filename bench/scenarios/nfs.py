@@ -43,7 +43,7 @@ def _measure(run: Run, server: str, rep: int, pids: dict[str, int], port: int, o
 
 def _gateway_side(run: Run, rep: int, cpus=None) -> tuple[dict, list[float], list[float]]:
     wd = run.workdir / f"nfs-gw{'-1cpu' if cpus else ''}{rep}"
-    with s3_server(in_memory=True) as s3, gateway(wd, s3.endpoint, cpus=cpus) as gw:
+    with s3_server() as s3, gateway(wd, s3.endpoint, cpus=cpus) as gw:
         if rep == 0 and not cpus:
             run.notes.append(f"test S3: moto at SCHED_IDLE and nice 19, its temporary files (every part "
                              f"and object over about 5 MiB) on {s3.extra['spill']} (bench/stack.py)")
@@ -63,7 +63,7 @@ def _two_gateways_side(run: Run, rep: int, cpus: list[int]) -> dict:
     buckets), each confined to its own CPU, the clients split over them. No process layout of
     one gateway can beat it: it has no shared state to coordinate."""
     wd = run.workdir / f"nfs-gw2-{rep}"
-    with s3_server(in_memory=True) as s3:
+    with s3_server() as s3:
         s3_client(s3.endpoint).create_bucket(Bucket=BUCKET + "-2")
         with gateway(wd / "a", s3.endpoint, cpus={cpus[0]}) as a, \
                 gateway(wd / "b", s3.endpoint, bucket=BUCKET + "-2", cpus={cpus[1]}) as b:

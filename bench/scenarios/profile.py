@@ -19,7 +19,7 @@ def run(run: Run) -> None:
     s = run.sizes
     block = os.urandom(MiB)
     per = tp.stream_share(s.stream_mib * MiB)
-    with s3_server(in_memory=True) as s3, gateway(run.workdir / "profile", s3.endpoint) as gw:
+    with s3_server() as s3, gateway(run.workdir / "profile", s3.endpoint) as gw:
         tp.mkdir(gw.port, "prof")
         loads = {LOADS[0]: lambda: tp.small_files(gw.port, 8, s.small_seconds, "prof"),
                  LOADS[1]: lambda: tp.write_streams(gw.port, "prof/s", per, block)}

@@ -42,7 +42,7 @@ def save_vs_faults(run: Run) -> None:
     cfg = TransferConfig(multipart_threshold=PART_MIB * MiB, multipart_chunksize=PART_MIB * MiB,
                          max_concurrency=CONCURRENCY)
     for rep in range(s.reps):
-        with s3_server(in_memory=True) as s3:
+        with s3_server() as s3:
             proxy = ThreadedFaultProxy(s3.port, seed=rep)
             try:
                 secs = {}
@@ -78,7 +78,7 @@ def drain(run: Run) -> None:
     s = run.sizes
     blobs = [os.urandom(s.drain_file_mib * MiB) for _ in range(s.drain_files)]
     args = argparse.Namespace(part_mib=PART_MIB, concurrency=CONCURRENCY, rounds=s.reps)
-    with s3_server(bucket=None, in_memory=True) as s3:
+    with s3_server(bucket=None) as s3:
         res = upload_drain.bench_drain(s3.handle, args, blobs)
         for rep in range(s.reps):
             amp = upload_drain.bench_amplification(s3.handle, s3.port, mib=s.drain_file_mib)
@@ -100,7 +100,7 @@ def restart_read(run: Run) -> None:
     size = s.restart_mib * MiB
     block = os.urandom(MiB)
     for rep in range(s.reps):
-        with s3_server(in_memory=True) as s3:
+        with s3_server() as s3:
             proxy = ThreadedFaultProxy(s3.port, seed=rep)
             try:
                 cache = run.workdir / f"restart{rep}" / "cache"

@@ -49,7 +49,7 @@ def rss_while_saving(run: Run) -> None:
     per = tp.stream_share(s.rss_save_mib * MiB)
     block = bytes(range(256)) * (MiB // 256)
     for rep in range(s.reps):
-        with s3_server() as s3, gateway(run.workdir / f"rss{rep}", s3.endpoint) as gw:
+        with s3_server(in_memory=False) as s3, gateway(run.workdir / f"rss{rep}", s3.endpoint) as gw:
             tp.mkdir(gw.port, "rss")
             with RssSampler(gw.pid, interval=0.1) as rss:
                 tp.write_streams(gw.port, "rss/shard", per, block)
