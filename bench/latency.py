@@ -41,7 +41,7 @@ def file_sync_writes(port: int, n: int, size: int, name: str = "acklat.bin", bet
             out = []
             for i in range(n):
                 t0 = time.perf_counter()
-                await c.write(fh, stateid, i * size, data, stable=FILE_SYNC4)
+                await c.write(fh, stateid, i * size, data, stable=FILE_SYNC4, data_out_of_line=True)
                 out.append(time.perf_counter() - t0)
                 if between is not None:
                     between()

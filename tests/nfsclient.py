@@ -113,6 +113,17 @@ def decode_attrs(fa) -> dict[str, object]:
     return out
 
 
+def _with_data_tail(framed: bytes, tail) -> list:
+    """A framed call whose arguments end with an empty opaque, as the parts of the same call
+    with `tail` as that opaque's bytes: the opaque's length and the record mark patched."""
+    head = bytearray(framed)
+    assert head[-4:] == b"\0\0\0\0", "the call's arguments must end with an empty opaque"
+    pad = -len(tail) % 4
+    struct.pack_into(">I", head, len(head) - 4, len(tail))
+    struct.pack_into(">I", head, 0, 0x80000000 | (len(head) - 4 + len(tail) + pad))
+    return [head, tail, b"\0" * pad] if pad else [head, tail]
+
+
 class NfsClient:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                  minorversion: int, cred: Cred | None):
@@ -232,8 +243,9 @@ class NfsClient:
     def next_xid(self) -> int:
         return next(self._xids) & 0xFFFFFFFF
 
-    async def send_raw(self, data: bytes, xid: int | None = None):
-        """Send bytes as they are; if `xid` is given, wait for the reply to it."""
+    async def send_raw(self, data: bytes | list, xid: int | None = None):
+        """Send bytes as they are (a list: its parts one after the other, none copied into
+        another); if `xid` is given, wait for the reply to it."""
         fut = None
         if self.closed.done():
             # The read loop has ended: a reply could never be matched to this call.
@@ -241,16 +253,24 @@ class NfsClient:
         if xid is not None:
             fut = asyncio.get_running_loop().create_future()
             self._pending[xid] = fut
-        self.writer.write(data)
+        for part in (data if isinstance(data, list) else (data,)):
+            self.writer.write(part)
         await self.writer.drain()
         return await fut if fut is not None else None
 
     async def call(self, proc: int, args: bytes = b"", *, prog: int = NFS_PROGRAM,
-                   vers: int = NFS_V4, cred: Cred | None | str = "default", xid: int | None = None):
-        """One RPC call; returns nfsd.rpc.ParsedReply (whatever the accept status)."""
+                   vers: int = NFS_V4, cred: Cred | None | str = "default", xid: int | None = None,
+                   data_tail=None):
+        """One RPC call; returns nfsd.rpc.ParsedReply (whatever the accept status).
+        data_tail: `args` ends with an empty opaque (a WRITE's data, encoded as b""), and these
+        are its bytes: sent after the rest, never copied into it (the bytes on the wire are
+        the same as with the data in line)."""
         xid = self.next_xid() if xid is None else xid
         cred = self.cred if cred == "default" else cred
-        return await self.send_raw(encode_call(xid, prog, vers, proc, cred, args), xid)
+        message = encode_call(xid, prog, vers, proc, cred, args)
+        if data_tail is not None:
+            message = _with_data_tail(message, data_tail)
+        return await self.send_raw(message, xid)
 
     async def null(self) -> None:
         reply = await self.call(0)
@@ -259,19 +279,21 @@ class NfsClient:
 
     # ---- COMPOUND ------------------------------------------------------------------
     async def compound_raw(self, ops: list, *, minorversion: int | None = None, tag: bytes = b"",
-                           xid: int | None = None, cred: Cred | None | str = "default"):
-        """COMPOUND exactly as given (no SEQUENCE added); returns COMPOUND4res."""
+                           xid: int | None = None, cred: Cred | None | str = "default", data_tail=None):
+        """COMPOUND exactly as given (no SEQUENCE added); returns COMPOUND4res. data_tail:
+        see call()."""
         mv = self.minorversion if minorversion is None else minorversion
         args = encode(COMPOUND4args, COMPOUND4args(tag=tag, minorversion=mv, argarray=ops))
-        reply = await self.call(1, args, xid=xid, cred=cred)
+        reply = await self.call(1, args, xid=xid, cred=cred, data_tail=data_tail)
         if not reply.accepted or reply.stat != SUCCESS:
             raise RpcReplyError(reply)
         return decode(COMPOUND4res, reply.body)
 
-    async def compound(self, ops: list, *, cachethis: bool = False):
-        """COMPOUND on the session (SEQUENCE prepended, slot taken and released)."""
+    async def compound(self, ops: list, *, cachethis: bool = False, data_tail=None):
+        """COMPOUND on the session (SEQUENCE prepended, slot taken and released). data_tail:
+        see call()."""
         if self.sessionid is None:
-            return await self.compound_raw(ops)
+            return await self.compound_raw(ops, data_tail=data_tail)
         slot = await self._free_slots.get()
         try:
             self.slot_seqids[slot] = (self.slot_seqids[slot] + 1) & 0xFFFFFFFF
@@ -279,7 +301,7 @@ class NfsClient:
                 sa_sessionid=self.sessionid, sa_sequenceid=self.slot_seqids[slot],
                 sa_slotid=slot, sa_highest_slotid=len(self.slot_seqids) - 1,
                 sa_cachethis=cachethis))
-            res = await self.compound_raw([seq] + list(ops))
+            res = await self.compound_raw([seq] + list(ops), data_tail=data_tail)
         finally:
             self._free_slots.put_nowait(slot)
         self.last_sequence = res.resarray[0] if res.resarray else None
@@ -428,9 +450,14 @@ class NfsClient:
                                          op(OP_GETFH)]))
         return await self._opened(res, owner.owner)
 
-    async def write(self, fh: bytes, stateid, offset: int, data: bytes, stable: int = UNSTABLE4):
-        res = check(await self.compound([op(OP_PUTFH, PUTFH4args(fh)),
-                                         op(OP_WRITE, WRITE4args(stateid, offset, stable, data))]))
+    async def write(self, fh: bytes, stateid, offset: int, data: bytes, stable: int = UNSTABLE4,
+                    *, data_out_of_line: bool = False):
+        """data_out_of_line: the data is sent after the encoded call, not copied into it (a
+        latency probe's own encoding is then not part of what it measures); same wire bytes."""
+        tail = data if data_out_of_line else None
+        wargs = WRITE4args(stateid, offset, stable, b"" if data_out_of_line else data)
+        res = check(await self.compound([op(OP_PUTFH, PUTFH4args(fh)), op(OP_WRITE, wargs)],
+                                        data_tail=tail))
         return res.resarray[1].value.value
 
     async def read(self, fh: bytes, stateid, offset: int, count: int) -> tuple[bytes, bool]:
