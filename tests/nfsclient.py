@@ -117,7 +117,8 @@ def _with_data_tail(framed: bytes, tail) -> list:
     """A framed call whose arguments end with an empty opaque, as the parts of the same call
     with `tail` as that opaque's bytes: the opaque's length and the record mark patched."""
     head = bytearray(framed)
-    assert head[-4:] == b"\0\0\0\0", "the call's arguments must end with an empty opaque"
+    if head[-4:] != b"\0\0\0\0":
+        raise ValueError("the call's arguments must end with an empty opaque")
     pad = -len(tail) % 4
     struct.pack_into(">I", head, len(head) - 4, len(tail))
     struct.pack_into(">I", head, 0, 0x80000000 | (len(head) - 4 + len(tail) + pad))

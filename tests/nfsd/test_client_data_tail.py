@@ -27,7 +27,7 @@ def test_data_tail_is_the_in_line_call_on_the_wire(n):
 
 
 def test_a_call_not_ending_in_an_empty_opaque_is_refused():
-    with pytest.raises(AssertionError):
+    with pytest.raises(ValueError):
         _with_data_tail(write_call(b"x"), b"data")
 
 
