@@ -115,14 +115,13 @@ def decode_attrs(fa) -> dict[str, object]:
 
 def _with_data_tail(framed: bytes, tail) -> list:
     """A framed call whose arguments end with an empty opaque, as the parts of the same call
-    with `tail` as that opaque's bytes: the opaque's length and the record mark patched."""
+    with `tail` as that opaque's bytes: the opaque's length patched here, the record mark by
+    the server's own framing of a record with trailing data (nfsd.rpc.finish_reply)."""
     head = bytearray(framed)
     if head[-4:] != b"\0\0\0\0":
         raise ValueError("the call's arguments must end with an empty opaque")
-    pad = -len(tail) % 4
     struct.pack_into(">I", head, len(head) - 4, len(tail))
-    struct.pack_into(">I", head, 0, 0x80000000 | (len(head) - 4 + len(tail) + pad))
-    return [head, tail, b"\0" * pad] if pad else [head, tail]
+    return list(finish_reply(head, (tail, -len(tail) % 4)).parts())
 
 
 class NfsClient:
