@@ -14,30 +14,24 @@ class DecodedJobs:
     def __init__(self):
         self._known: dict[int, tuple[bytes, dict]] = {}   # job id -> (stored bytes, job)
 
-    def lister(self) -> "_Listing":
-        return _Listing(self)
-
-
-class _Listing:
-    """One pass over (part of) the queue. What it kept replaces the cache when it ends, so the
-    cache holds at most what one listing saw, and jobs gone since are forgotten."""
-
-    def __init__(self, cache: DecodedJobs):
-        self._cache = cache
-        self._seen: dict[int, tuple[bytes, dict]] = {}
-
-    def job(self, job_id: int, stored) -> dict:
-        raw = bytes(stored)
-        hit = self._cache._known.get(job_id)
-        if hit is not None and hit[0] == raw:
-            self._seen[job_id] = hit
-            return dict(hit[1])
-        job = json.loads(raw)
-        if all(not isinstance(v, (list, dict)) for v in job.values()):
-            self._seen[job_id] = (raw, job)
-            return dict(job)
-        return job
-
-    def end(self) -> None:
+    def decode(self, stored: list[tuple[int, bytes]]) -> list[tuple[int, dict]]:
+        """The jobs of one listing, from (job id, stored bytes) pairs copied out of its read
+        txn. What this listing kept replaces what was kept before, so the cache holds at most
+        what one listing saw, and jobs gone since are forgotten."""
+        known = self._known
+        kept: dict[int, tuple[bytes, dict]] = {}
+        out = []
+        for job_id, raw in stored:
+            hit = known.get(job_id)
+            if hit is not None and hit[0] == raw:
+                kept[job_id] = hit
+                out.append((job_id, dict(hit[1])))
+                continue
+            job = json.loads(raw)
+            if all(not isinstance(v, (list, dict)) for v in job.values()):
+                kept[job_id] = (raw, job)
+                job = dict(job)
+            out.append((job_id, job))
         # one assignment: a listing on another thread reads either the old or the new dict
-        self._cache._known = self._seen
+        self._known = kept
+        return out

@@ -1630,17 +1630,15 @@ class Store:
         # copied before the read txn: a job leaves the set only after its delete committed,
         # so a job missing from the copy is missing from the txn too (see queue_done)
         leaving = set(self._jobs_leaving)
-        out = []
-        listing = self._decoded_jobs.lister()
+        stored = []
         with self.ix.read() as v:
             for key, val in v.txn.cursor(db=self.ix.queue):
-                if len(out) >= limit:
+                if len(stored) >= limit:
                     break
                 job_id = U64.unpack(key)[0]
                 if job_id not in leaving:
-                    out.append((job_id, listing.job(job_id, val)))
-        listing.end()
-        return out
+                    stored.append((job_id, bytes(val)))
+        return self._decoded_jobs.decode(stored)      # outside the txn: it holds a reader slot
 
     def queue_update(self, job_id: int, job: dict) -> None:
         with self.ix.write() as w:
