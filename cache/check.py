@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from . import extents
 from .api import DEVICE_TYPES, DataState, FileType, ROOT_INO
-from .index import DIRENT, F_PINNED, F_UNCOMMITTED, U64, U64x2, Inode
+from .index import DIRENT, F_PINNED, F_UNCOMMITTED, U64, U64x2, Inode, remote_from_json, rkey_entries
 
 
 def check(store) -> list[str]:
@@ -133,6 +133,14 @@ def check(store) -> list[str]:
             p(f"used counter {used_counter} != sum of local bytes {used}")
         if dirty_bytes != dirty_counter:
             p(f"dirty counter {dirty_counter} != sum of dirty bytes {dirty_bytes}")
+        want_rkeys = set()
+        for k, buf in txn.cursor(db=ix.remote):
+            want_rkeys |= rkey_entries(U64.unpack(k)[0], remote_from_json(buf))
+        have_rkeys = {bytes(k) for k in txn.cursor(db=ix.rkeys).iternext(values=False)}
+        for entry in sorted(want_rkeys - have_rkeys)[:10]:
+            p(f"object record of inode {U64.unpack(entry[-8:])[0]}: key {entry[:-8]!r} missing from rkeys")
+        for entry in sorted(have_rkeys - want_rkeys)[:10]:
+            p(f"rkeys entry {entry[:-8]!r} -> {U64.unpack(entry[-8:])[0]}: no object record names it")
         for k in txn.cursor(db=ix.extents).iternext(values=False):
             ino = U64x2.unpack(k)[0]
             if ino not in inodes:

@@ -30,10 +30,16 @@ Keys are big-endian so cursor order is numeric order. Named databases:
 Format 3 added special files (inode types BLK/CHR/SOCK/FIFO, rdev appended to the inode
 record); a format 2 store opens unchanged (its records read as rdev 0) and is marked 3, so
 an older ckptgw, which cannot read those types, refuses it instead of misreading it.
+Format 4 added `rkeys`, built from `remote` at open; an older ckptgw would not keep it up to
+date, so the new mark makes it refuse the store.
   lru       lru_ns+ino -> b""   CLEAN files with local bytes (eviction order)
   orphans   ino -> b""     inodes to reclaim: unlinked while open, or data file not yet removed
   drops     ino -> b""     evicted files whose data file may still exist: recovery removes it
   remote    ino -> JSON RemoteInfo
+  rkeys     key[:RKEY_MAX] + ino -> b""   every S3 key a remote record names (its key and the
+                           keys it `replaces`), UTF-8, cut to RKEY_MAX bytes (LMDB keys stop at
+                           511): a directory move finds the records under a prefix by a range
+                           scan, not by decoding every record (format 4; upgraded at open)
   pins      ino -> reason
   queue     job id -> JSON job
   clients   blake2b(owner) -> u32 len + owner + record: opaque records of NFS clients that
@@ -63,13 +69,16 @@ from .clock import HIGH_WATER_STEP, StoreClock
 
 log = structlog.get_logger(__name__)
 
-FORMAT = b"ckptgw-store/3"
+FORMAT = b"ckptgw-store/4"
 FORMAT_V1 = b"ckptgw-store/1"     # inode records without activity_ns, ready keyed by mtime
 FORMAT_V2 = b"ckptgw-store/2"     # no special files, inode records without rdev
+FORMAT_V3 = b"ckptgw-store/3"     # no rkeys index
+UPGRADABLE = (FORMAT_V1, FORMAT_V2, FORMAT_V3)
 MAP_SIZE = 64 << 30           # sparse; LMDB only uses what it writes
 DB_NAMES = (b"meta", b"inodes", b"dirents", b"cookies", b"links", b"extents", b"symlinks",
             b"dirty", b"unsettled", b"ready", b"lru", b"orphans", b"remote", b"pins",
-            b"queue", b"drops", b"clients")
+            b"queue", b"drops", b"clients", b"rkeys")
+RKEY_MAX = 480                # bytes of an S3 key an rkeys entry keeps (+ 8 of ino <= 511)
 
 U64 = struct.Struct(">Q")
 U64x2 = struct.Struct(">QQ")
@@ -233,6 +242,28 @@ def remote_from_json(buf) -> RemoteInfo:
     c = d.get("copied_from")            # absent in records of older versions
     d["copied_from"] = CopySource(**c) if c else None
     return RemoteInfo(**d)
+
+
+def rkey_entries(ino: int, r: RemoteInfo) -> set[bytes]:
+    """The rkeys entries of one object record: each key it names, cut to RKEY_MAX bytes, then
+    the ino. A cut key may match a prefix it does not start with: readers check the record."""
+    tail = U64.pack(ino)
+    return {k.encode()[:RKEY_MAX] + tail for k in (r.key, *(k for k, _ in r.replaces)) if k}
+
+
+def rkey_inos(txn, db, prefix: str) -> list[int]:
+    """The inos of every rkeys entry whose key may start with `prefix` (a superset: cut keys,
+    and a key shorter than the prefix whose ino bytes happen to continue it), ascending."""
+    start = prefix.encode()[:RKEY_MAX]
+    inos = set()
+    cur = txn.cursor(db=db)
+    if cur.set_range(start):
+        for k in cur.iternext(values=False):
+            k = bytes(k)
+            if not k.startswith(start):
+                break
+            inos.add(U64.unpack(k[-8:])[0])
+    return sorted(inos)
 
 
 class View:
@@ -413,7 +444,8 @@ class Writer(View):
         key = U64.pack(rec.ino)
         self.put_inode(None, rec)
         extents.delete_all(self.txn, self.ix.extents, rec.ino)
-        for db in (self.ix.symlinks, self.ix.remote, self.ix.pins):
+        self.drop_remote(rec.ino)
+        for db in (self.ix.symlinks, self.ix.pins):
             self.txn.delete(key, db=db)
 
     def next_id(self, name: bytes) -> int:
@@ -444,7 +476,22 @@ class Writer(View):
             self.txn.delete(U64.pack(ino), db=db)
 
     def put_remote(self, ino: int, remote: RemoteInfo) -> None:
+        """The one writer of object records: rkeys follows every change (as put_inode's
+        indexes follow the inode)."""
+        self._rekey(ino, rkey_entries(ino, remote))
         self.txn.put(U64.pack(ino), remote_to_json(remote), db=self.ix.remote)
+
+    def drop_remote(self, ino: int) -> None:
+        self._rekey(ino, set())
+        self.txn.delete(U64.pack(ino), db=self.ix.remote)
+
+    def _rekey(self, ino: int, after: set[bytes]) -> None:
+        buf = self.txn.get(U64.pack(ino), db=self.ix.remote)
+        before = set() if buf is None else rkey_entries(ino, remote_from_json(buf))
+        for entry in before - after:
+            self.txn.delete(entry, db=self.ix.rkeys)
+        for entry in after - before:
+            self.txn.put(entry, b"", db=self.ix.rkeys)
 
     def queue_put(self, job: dict) -> int:
         job_id = self.next_id(b"next_job")
@@ -501,38 +548,46 @@ class Index:
             self.clock_high_water = v.counter(b"clock") or time.time_ns()
         self.txnid = self.env.info()["last_txnid"]
         self.clock = StoreClock(self.clock_high_water)
-        if self._upgrade_from == FORMAT_V1:
-            self._upgrade_v1()
-        elif self._upgrade_from == FORMAT_V2:
-            self._mark_format(FORMAT_V2)
+        if self._upgrade_from is not None:
+            self._upgrade(self._upgrade_from)
 
-    def _upgrade_v1(self) -> None:
-        """Format 1 -> 2 in one transaction (a crash leaves format 1, and the upgrade runs
-        again): the ready index was keyed by mtime; every dirty file (ready or unsettled)
-        gets activity = now, so it waits one full settle window and no file is lost or
-        skipped. Clean files keep their short records (activity 0) until next written."""
+    def _upgrade(self, frm: bytes) -> None:
+        """An older format -> FORMAT in one transaction (a crash leaves the old format, and
+        the upgrade runs again). Format 2 -> 3 rewrites nothing (short inode records read as
+        rdev 0): its mark keeps an older ckptgw from opening a store that may hold special
+        files."""
         with self.write() as w:
-            todo = {U64x2.unpack(k)[1] for k in w.txn.cursor(db=self.ready).iternext(values=False)}
-            todo.update(w.keys(self.unsettled))
-            w.txn.drop(self.ready, delete=False)      # mtime keys
-            for ino in sorted(todo):
-                rec = w.inode(ino)
-                if rec is not None:
-                    new = rec.copy()
-                    w.stamp(new)                      # put_inode re-keys it (and writes V2)
-                    w.put_inode(new, rec)
+            restamped = self._restamp_dirty(w) if frm == FORMAT_V1 else 0
+            keyed = self._build_rkeys(w)
             w.txn.put(b"format", FORMAT, db=self.meta)
         self.env.sync(True)
-        log.info("store.upgraded", path=self.path, frm=FORMAT_V1.decode(), to=FORMAT.decode(),
-                 dirty_files=len(todo))
+        log.info("store.upgraded", path=self.path, frm=frm.decode(), to=FORMAT.decode(),
+                 restamped_dirty_files=restamped, keyed_records=keyed)
 
-    def _mark_format(self, frm: bytes) -> None:
-        """Format 2 -> 3: nothing to rewrite (short inode records read as rdev 0); the new
-        mark keeps an older ckptgw from opening a store that may hold special files."""
-        with self.write() as w:
-            w.txn.put(b"format", FORMAT, db=self.meta)
-        self.env.sync(True)
-        log.info("store.upgraded", path=self.path, frm=frm.decode(), to=FORMAT.decode())
+    def _restamp_dirty(self, w: "Writer") -> int:
+        """Format 1 -> 2: the ready index was keyed by mtime; every dirty file (ready or
+        unsettled) gets activity = now, so it waits one full settle window and no file is
+        lost or skipped. Clean files keep their short records (activity 0) until next written."""
+        todo = {U64x2.unpack(k)[1] for k in w.txn.cursor(db=self.ready).iternext(values=False)}
+        todo.update(w.keys(self.unsettled))
+        w.txn.drop(self.ready, delete=False)      # mtime keys
+        for ino in sorted(todo):
+            rec = w.inode(ino)
+            if rec is not None:
+                new = rec.copy()
+                w.stamp(new)                      # put_inode re-keys it (and writes V2)
+                w.put_inode(new, rec)
+        return len(todo)
+
+    def _build_rkeys(self, w: "Writer") -> int:
+        """Format 3 -> 4: the rkeys entries of every object record."""
+        w.txn.drop(self.rkeys, delete=False)
+        n = 0
+        for k, buf in w.txn.cursor(db=self.remote):
+            for entry in rkey_entries(U64.unpack(k)[0], remote_from_json(buf)):
+                w.txn.put(entry, b"", db=self.rkeys)
+            n += 1
+        return n
 
     def _check_format(self, existing: bool) -> None:
         self._upgrade_from = None
@@ -552,7 +607,7 @@ class Index:
         with self.env.begin() as txn:
             meta = self.env.open_db(b"meta", txn=txn, create=False)
             fmt = txn.get(b"format", db=meta)
-        if fmt is not None and bytes(fmt) in (FORMAT_V1, FORMAT_V2):
+        if fmt is not None and bytes(fmt) in UPGRADABLE:
             self._upgrade_from = bytes(fmt)      # done once the databases are open
             return
         if fmt is None or bytes(fmt) != FORMAT:

@@ -1707,14 +1707,15 @@ class Store:
     def remote_records_under(self, prefix: str) -> list[tuple[int, RemoteInfo]]:
         """(ino, RemoteInfo) of every record whose key, or a key it `replaces`, starts with
         `prefix` (export-relative): the objects a directory rename in S3 moves. A scan of the
-        object records, not the tree: records follow S3 keys, which lag the namespace."""
-        from .index import remote_from_json
+        object records, not the tree: records follow S3 keys, which lag the namespace. A range
+        scan of their key index (rkeys), then each candidate's record checked."""
+        from .index import rkey_inos
         out = []
         with self.ix.read() as v:
-            for k, buf in v.txn.cursor(db=self.ix.remote):
-                r = remote_from_json(buf)
+            for ino in rkey_inos(v.txn, self.ix.rkeys, prefix):
+                r = v.remote(ino)
                 if (r.key or "").startswith(prefix) or any(key.startswith(prefix) for key, _ in r.replaces):
-                    out.append((U64.unpack(bytes(k))[0], r))
+                    out.append((ino, r))
         return out
 
     def owned_keys(self) -> set[str]:

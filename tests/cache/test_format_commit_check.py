@@ -221,3 +221,27 @@ def test_a_group_of_concurrent_namespace_ops_costs_one_sync(store):
     assert not any(t.is_alive() for t in threads)
     assert len(calls) == 1
     assert sorted(e.name for e in store.readdir(ROOT_INO)) == sorted(b"g%d" % i for i in range(16))
+
+
+def test_format_3_store_gets_its_key_index_at_open(store_dir):
+    """Format 3 had no rkeys: the upgrade builds it from the object records in the txn that
+    marks format 4 (a crash before leaves format 3, and the upgrade runs again)."""
+    from cache.api import RemoteInfo
+    from cache.index import FORMAT, FORMAT_V3
+    s = Store.open(store_dir)
+    f = s.create(ROOT_INO, b"f", 0o644, 0, 0)[0].ino
+    s.set_remote_info(f, RemoteInfo(key="d/f", etag='"e"', replaces=[("d/old", '"o"')]))
+    s.close()
+    env = lmdb.open(os.path.join(store_dir, "index"), max_dbs=20)
+    with env.begin(write=True) as txn:
+        txn.put(b"format", FORMAT_V3, db=env.open_db(b"meta", txn=txn))
+        txn.drop(env.open_db(b"rkeys", txn=txn), delete=True)        # as format 3 had it
+    env.close()
+    s = Store.open(store_dir)
+    try:
+        with s.ix.read() as v:
+            assert bytes(v.txn.get(b"format", db=s.ix.meta)) == FORMAT
+        assert [i for i, _ in s.remote_records_under("d/")] == [f]
+        assert s.check() == []
+    finally:
+        s.close()

@@ -41,3 +41,47 @@ def test_adopt_only_by_a_regular_file_other_than_the_unlinked_one(store):
     assert store.adopt_replaced("missing", "missing", '"e"', exclude_ino=0) is None
     remove(store, "a")
     assert store.adopt_replaced("a", "a", '"e"', exclude_ino=0) is None
+
+
+def test_records_under_a_prefix_come_from_the_key_index_and_follow_every_change(store):
+    """remote_records_under scans rkeys (cache/index.py), not every record: the index follows
+    each record's key and kept objects through re-keys and purges, keys longer than an LMDB
+    key are cut and still found, and a candidate the cut or an ino's bytes let in is checked
+    against its record. store.check() compares the index with the records."""
+    from cache.index import RKEY_MAX, U64
+    a = write_file(store, "d/a", b"a")
+    b = write_file(store, "e/b", b"b")
+    long_dir = "L" * (RKEY_MAX + 20)
+    store.set_remote_info(a, RemoteInfo(key="d/a", etag='"ea"', size=1))
+    tricky = 0x2F00000000000000 + 7          # its U64 bytes begin with "/"
+    with store.ix.write() as w:                  # (set_remote_info keeps `replaces` as stored)
+        w.put_remote(b, RemoteInfo(key=long_dir + "/x", etag='"eb"', size=1,
+                                   replaces=[(long_dir + "/y", '"ey"')]))
+        w.put_remote(tricky, RemoteInfo(key="d", etag='"ed"'))
+        assert w.txn.get(b"d" + U64.pack(tricky), db=store.ix.rkeys) is not None
+    assert [i for i, _ in store.remote_records_under("d/")] == [a]       # not the key "d"
+    assert [i for i, _ in store.remote_records_under(long_dir + "/")] == [b]
+    assert store.remote_records_under("L" * (RKEY_MAX + 20) + "/z") == []   # cut alike, checked
+    assert store.remote_records_under(long_dir[:-1] + "M") == []
+    assert store.check() == []
+    assert store.rekey_remote(a, "d/a", '"ea"', "f/a", '"ea2"')
+    assert store.remote_records_under("d/") == []
+    assert [i for i, _ in store.remote_records_under("f/")] == [a]
+    store.set_remote_info(b, RemoteInfo(key="e/b", etag='"eb2"', size=1))   # kept objects stay
+    assert [i for i, _ in store.remote_records_under(long_dir)] == [b]
+    with store.ix.write() as w:
+        w.drop_remote(tricky)
+    remove(store, "d/a")                             # the inode and its record go
+    store.sync()
+    assert store.remote_records_under("f/") == []
+    assert store.check() == []
+    with store.ix.write() as w:                      # drift is found
+        w.txn.delete(b"e/b" + U64.pack(b), db=store.ix.rkeys)
+        w.txn.put(b"zz" + U64.pack(a), b"", db=store.ix.rkeys)
+    problems = store.check()
+    assert any("missing from rkeys" in x and "'e/b'" in x for x in problems), problems
+    assert any("no object record names it" in x for x in problems), problems
+    with store.ix.write() as w:
+        w.txn.put(b"e/b" + U64.pack(b), b"", db=store.ix.rkeys)
+        w.txn.delete(b"zz" + U64.pack(a), db=store.ix.rkeys)
+    assert store.check() == []
