@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import errno
 import threading
+import time
 from concurrent.futures import Future
 
 import structlog
@@ -28,6 +29,7 @@ from .api import StoreError
 log = structlog.get_logger(__name__)
 
 MAX_BATCH = 512          # ops in one write txn (bounds the txn's dirty pages and latency)
+LAZY_DELAY = 0.05        # seconds a lazy op waits for a batch formed for another op
 
 
 class BatchCommitter:
@@ -36,7 +38,8 @@ class BatchCommitter:
         self.committer = committer
         self.after_durable = after_durable  # run after each durable group (drops of I3)
         self._cv = threading.Condition(threading.Lock())
-        self._queue: collections.deque = collections.deque()
+        self._queue: collections.deque = collections.deque()   # (future, fn, args, lazy, queued at)
+        self._eager = 0                     # queued ops that are not lazy
         self._thread: threading.Thread | None = None
         self._closing = False
         self._abandoned = False
@@ -45,19 +48,24 @@ class BatchCommitter:
         self.hook = None                    # tests: hook(point) at "batch.applied"
 
     # ---- callers ------------------------------------------------------------------
-    def submit(self, fn, *args, durable: bool = True) -> Future:
+    def submit(self, fn, *args, durable: bool = True, lazy: bool = False) -> Future:
         """Run fn(writer, *args) in the next batch; the future holds its result (or the
-        StoreError it raised) once the batch is durable. durable=False (bookkeeping nobody
-        waits for): set at the commit, and never the reason for a sync."""
+        StoreError it raised) once the batch is durable. durable=False: set at the commit,
+        and never the reason for a sync. lazy (implies durable=False; bookkeeping nobody
+        waits for: a settle stamp, a finished job's removal): not the reason for a commit
+        either: it joins the next batch formed for another op, in submission order, or
+        forms one LAZY_DELAY after it was queued, so a lone one costs no fdatasync."""
         fut: Future = Future()
-        fut.durable = durable
+        fut.durable = durable and not lazy
         if not self.can_wait():
             self._inline(fut, fn, args)
             return fut
         with self._cv:
             if self._closing:
                 raise StoreError(errno.ESHUTDOWN, "store is closing")
-            self._queue.append((fut, fn, args))
+            self._queue.append((fut, fn, args, lazy, time.monotonic()))
+            if not lazy:
+                self._eager += 1
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="ckptgw-nsbatch",
                                                 daemon=True)
@@ -117,16 +125,25 @@ class BatchCommitter:
         pending: list[tuple[int, list]] = []     # (txnid, outcomes): committed, not yet durable
         while True:
             with self._cv:
-                while not self._queue and not pending and not self._closing:
-                    self._cv.wait()
+                while not pending and not self._closing:
+                    if self._eager:
+                        break
+                    if not self._queue:
+                        self._cv.wait()
+                        continue
+                    due = self._queue[0][4] + LAZY_DELAY - time.monotonic()   # the oldest
+                    if due <= 0:
+                        break
+                    self._cv.wait(due)
                 if self._abandoned:
-                    dropped = [fut for fut, _fn, _args in self._queue]
+                    dropped = [entry[0] for entry in self._queue]
                     self._queue.clear()
                     dropped += [out[0] for _, outs in pending for out in outs]
                     for fut in dropped:
                         fut.set_exception(StoreError(errno.ESHUTDOWN, "store killed"))
                     return
                 batch = [self._queue.popleft() for _ in range(min(len(self._queue), MAX_BATCH))]
+                self._eager -= sum(1 for entry in batch if not entry[3])
                 if not batch and not pending:
                     return                           # closing, all done
             if batch:
@@ -163,7 +180,7 @@ class BatchCommitter:
         outcomes = []
         try:
             with self.ix.write() as w:
-                for fut, fn, args in batch:
+                for fut, fn, args, _lazy, _queued in batch:
                     try:
                         with self.ix.nested(w) as child:
                             value = fn(child, *args)
@@ -175,8 +192,8 @@ class BatchCommitter:
                     self.hook("batch.applied")
         except BaseException as e:                   # noqa: BLE001 - the batch's answer
             log.error("batch.commit_failed", ops=len(batch), error=str(e))
-            for fut, _fn, _args in batch:
-                fut.set_exception(e)
+            for entry in batch:
+                entry[0].set_exception(e)
             return None
         self.batches += 1
         self.ops += len(batch)

@@ -671,14 +671,16 @@ class Store:
             with self.ix.write() as w:
                 self._after_close(w, ino, last_writer, last)
             return None
-        fut = self.batch.submit(self._after_close, ino, last_writer, last, durable=False)
-        fut.add_done_callback(_log_failure)
+        reclaim = False
         if last:
             with self.ix.read() as v:
                 rec = v.inode(ino)
-            if rec is None or rec.nlink == 0:
-                return fut              # a reclaim: the file is gone once it is set
-        return None                     # only the settle stamp: nobody waits for it
+            reclaim = rec is None or rec.nlink == 0
+        # only the settle stamp: nobody waits for it, so it need not cost a commit of its own
+        fut = self.batch.submit(self._after_close, ino, last_writer, last, durable=False,
+                                lazy=not reclaim)
+        fut.add_done_callback(_log_failure)
+        return fut if reclaim else None     # a reclaim: the file is gone once it is set
 
     def _after_close(self, w: Writer, ino: int, last_writer: bool, last: bool) -> None:
         if last_writer:
@@ -763,13 +765,13 @@ class Store:
     def _touch_lru(self, ino: int) -> None:
         """Re-stamp a read file's LRU key, without waiting: a READ runs on the event loop,
         which must not wait for the index write lock (a batch commit holds it through its
-        fdatasync) nor for a commit. An eviction-order hint, so a non-durable batch op; one
+        fdatasync) nor for a commit. An eviction-order hint, so a lazy batch op; one
         in flight per file, and none once the store closes."""
         if ino in self._lru_touching or self.batch.closing:
             return
         self._lru_touching.add(ino)
         try:
-            fut = self.batch.submit(self._ns_touch_lru, ino, durable=False)
+            fut = self.batch.submit(self._ns_touch_lru, ino, lazy=True)
         except StoreError:                  # the store began to close meanwhile
             self._lru_touching.discard(ino)
             return
@@ -1650,12 +1652,12 @@ class Store:
     def queue_done(self, job_id: int) -> None:
         """Remove a finished job, without waiting: the uploader calls this on the event loop,
         where a write txn of its own would wait for the index lock a batch commit holds
-        through its fdatasync (every client waiting with it). A non-durable batch op, like
-        every queue call not synced by itself (a crash before a commit covers it runs the
-        job again); queue_list hides the job from the moment this returns."""
+        through its fdatasync (every client waiting with it). A lazy batch op: not synced,
+        like every queue call, nor committed by itself (a crash before a commit covers it
+        runs the job again); queue_list hides the job from the moment this returns."""
         if not self.batch.closing:
             try:
-                fut = self.batch.submit(self._ns_queue_done, job_id, durable=False)
+                fut = self.batch.submit(self._ns_queue_done, job_id, lazy=True)
             except StoreError:              # the store began to close meanwhile
                 pass
             else:

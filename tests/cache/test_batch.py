@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 
@@ -178,3 +179,43 @@ def test_bookkeeping_nobody_waits_for_never_costs_a_sync(store):
                              durable=False)
     assert fut.result(10) > 0
     assert store.committer.syncs == syncs
+
+
+def test_lazy_bookkeeping_rides_the_next_batch_or_forms_one_after_its_delay(store, monkeypatch):
+    """lazy=True (a settle stamp, a finished job's removal, an LRU stamp): no commit of its
+    own while other ops come; it joins the next batch, before the ops submitted after it,
+    and alone it is applied LAZY_DELAY after it was queued."""
+    import cache.batch as batchmod
+    store.batch.applied()                            # the committer thread is up and idle
+    ran = []
+    monkeypatch.setattr(batchmod, "LAZY_DELAY", 3600.0)
+    lazy = store.batch.submit(lambda w: ran.append("lazy"), lazy=True)
+    batches = store.batch.batches
+    time.sleep(0.2)
+    assert not lazy.done() and store.batch.batches == batches
+    eager = store.batch.submit(lambda w: ran.append("eager"), durable=False)
+    eager.result(10)
+    assert lazy.done() and ran == ["lazy", "eager"]
+    assert store.batch.batches == batches + 1        # one commit for both
+    monkeypatch.setattr(batchmod, "LAZY_DELAY", 0.01)
+    alone = store.batch.submit(lambda w: ran.append("alone"), lazy=True)
+    alone.result(10)                                 # nobody else came: formed after the delay
+    assert ran[-1] == "alone"
+
+
+def test_a_close_that_reclaims_is_not_lazy(store, monkeypatch):
+    """CLOSE awaits the reclaim of a file removed while open (its handle is stale after),
+    so that op is never held back; the settle stamp of a linked file is."""
+    import cache.batch as batchmod
+    monkeypatch.setattr(batchmod, "LAZY_DELAY", 3600.0)
+    f = store.create(ROOT_INO, b"f", 0o644, 0, 0)[0].ino
+    store.open_file(f, True)
+    store.write(f, 0, b"x")
+    assert store.close_file(f, True, wait=False) is None          # a stamp: lazy, not awaited
+    store.open_file(f, True)
+    store.unlink(ROOT_INO, b"f")
+    fut = store.close_file(f, True, wait=False)
+    assert fut is not None
+    fut.result(10)                                   # not held for an hour
+    with store.ix.read() as v:
+        assert v.inode(f) is None
