@@ -136,15 +136,21 @@ class BatchCommitter:
                         break
                     self._cv.wait(due)
                 if self._abandoned:
-                    dropped = [entry[0] for entry in self._queue]
+                    dropped = [entry[0] for entry in self._queue
+                               if entry[0].set_running_or_notify_cancel()]
                     self._queue.clear()
                     dropped += [out[0] for _, outs in pending for out in outs]
                     for fut in dropped:
                         fut.set_exception(StoreError(errno.ESHUTDOWN, "store killed"))
                     return
-                batch = [self._queue.popleft() for _ in range(min(len(self._queue), MAX_BATCH))]
-                self._eager -= sum(1 for entry in batch if not entry[3])
-                if not batch and not pending:
+                taken = [self._queue.popleft() for _ in range(min(len(self._queue), MAX_BATCH))]
+                self._eager -= sum(1 for entry in taken if not entry[3])
+                # running from here on, so a caller's cancel (an asyncio task awaiting it through
+                # wrap_future, cancelled at shutdown) can no longer void a future this thread
+                # sets (set_result on a cancelled future raised here and ended the thread: every
+                # namespace op after it hung); an op cancelled while queued is dropped unapplied
+                batch = [entry for entry in taken if entry[0].set_running_or_notify_cancel()]
+                if not taken and not pending:
                     return                           # closing, all done
             if batch:
                 outcomes = self._apply(batch)

@@ -219,3 +219,44 @@ def test_a_close_that_reclaims_is_not_lazy(store, monkeypatch):
     fut.result(10)                                   # not held for an hour
     with store.ix.read() as v:
         assert v.inode(f) is None
+
+
+def test_a_cancelled_op_is_skipped_and_the_committer_lives_on(store):
+    """Regression (found 2026-11-26): an asyncio task awaiting a batch op through wrap_future
+    and cancelled (the daemon's shutdown, grace.stop) cancels the concurrent future; the
+    committer's set_result on it raised InvalidStateError and ended the thread, and every
+    namespace op after it hung. Ops are marked running when taken: one cancelled while
+    queued is dropped unapplied, one cancelled later is applied and answered to nobody."""
+    import asyncio
+    store.batch.applied()
+    held, release = threading.Event(), threading.Event()
+
+    def hold():                                      # the committer cannot open its txn
+        with store.ix.lock:
+            held.set()
+            release.wait()
+    threading.Thread(target=hold, daemon=True).start()
+    held.wait()
+    ran = []
+
+    async def cancel_the_waiter(fut):
+        task = asyncio.ensure_future(asyncio.wrap_future(fut))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    try:
+        taken = store.batch.submit(lambda w: ran.append("taken"))
+        time.sleep(0.2)                              # the committer took it, waits for the lock
+        queued = store.batch.submit(lambda w: ran.append("cancelled while queued"))
+        asyncio.run(cancel_the_waiter(taken))        # too late: it runs, answered to nobody
+        asyncio.run(cancel_the_waiter(queued))
+        assert not taken.cancelled() and queued.cancelled()
+    finally:
+        release.set()
+    assert taken.result(10) is None
+    assert ran == ["taken"]
+    d = store.mkdir(ROOT_INO, b"after", 0o755, 0, 0)[0]    # the committer is alive
+    assert store.lookup(ROOT_INO, b"after").ino == d.ino
+    assert store.batch.submit(lambda w: 7).cancel() in (True, False)
+    store.batch.applied()
+    assert store.batch._thread.is_alive()
