@@ -33,7 +33,10 @@ buffer goes back into the pool only if nothing still views it (a resize probe: a
 bytearray with exported buffers cannot be resized), so a view that outlives its call (a
 cancelled WRITE whose pwrite still runs) keeps its buffer, which is then simply dropped.
 The pool is already-allocated memory, so lending a buffer to a client that announces a
-big fragment and sends slowly costs nothing new; with the pool empty, the growth below.
+big fragment and sends slowly costs nothing new. With the pool empty such a record
+starts as any other (below) and moves into a fresh pool-sized buffer only once its first
+RECORD_INITIAL_ALLOC bytes have arrived: one copy of 64 KiB instead of the doublings,
+and a header alone never makes the server allocate (and zero) a megabyte.
 
 Hostile input: a record mark is only a claim. A record's buffer starts at
 RECORD_INITIAL_ALLOC bytes and doubles as bytes actually arrive (never past what the
@@ -245,11 +248,12 @@ class RecordPool:
         self._free: list[bytearray] = []
         self.reused = 0             # records received into a pooled buffer (tests, metrics)
 
-    def take(self) -> bytearray:
+    def take(self) -> bytearray | None:
+        """A free buffer, or None: a new one is made only once bytes arrive (_reserve)."""
         if self._free:
             self.reused += 1
             return self._free.pop()
-        return bytearray(POOL_BUFFER)
+        return None
 
     def give_back(self, record: bytearray) -> None:
         """`record`'s call is over. Kept only if it is a pool buffer nothing views."""
@@ -291,6 +295,7 @@ class RpcConnection:
         # received straight into _record's tail.
         self._record: bytearray | None = None
         self._record_len = 0       # bytes of _record that are filled
+        self._poolable = False     # _record is (or will become) a RecordPool buffer
         self._frag_remaining = 0   # body bytes of the current fragment still to come
         self._frag_last = False
         self._in_fragment = False
@@ -402,11 +407,10 @@ class RpcConnection:
     def _grow_record(self, fragment_len: int) -> None:
         """A fragment starts: make sure a record exists; bytes are reserved as they come."""
         if self._record is None:
-            if (self.pool is not None and self._frag_last
-                    and self.direct_threshold <= fragment_len <= POOL_BUFFER):
-                self._record = self.pool.take()     # one fragment that fits: no growth
-            else:
-                self._record = bytearray(min(fragment_len, RECORD_INITIAL_ALLOC))
+            self._poolable = (self.pool is not None and self._frag_last
+                              and self.direct_threshold <= fragment_len <= POOL_BUFFER)
+            record = self.pool.take() if self._poolable else None   # fits: no growth
+            self._record = record if record is not None else bytearray(min(fragment_len, RECORD_INITIAL_ALLOC))
             self._record_len = 0
 
     def _reserve(self, n: int) -> None:
@@ -415,6 +419,11 @@ class RpcConnection:
         record = self._record
         need = self._record_len + n
         if len(record) >= need:
+            return
+        if self._poolable:                  # its first bytes came: into a pool-sized buffer
+            pooled = bytearray(POOL_BUFFER)
+            pooled[:self._record_len] = memoryview(record)[:self._record_len]
+            self._record = pooled
             return
         target = min(self._record_len + self._frag_remaining, max(need, 2 * len(record)))
         record.extend(bytes(target - len(record)))

@@ -4,7 +4,8 @@ slowloris connections, clients sending endless half records (a big record that s
 endless non-last fragments) and 10,000 connections opened and dropped, all at once on
 loopback, while a well-behaved client keeps working: every one of its calls is answered,
 the attackers are disconnected, rejections are logged rate-limited, and the server's
-resident memory stays bounded (measured from /proc, a generous bound, not a timing).
+resident memory stays bounded throughout (sampled from /proc every 50 ms; a bound, not a
+timing).
 """
 from __future__ import annotations
 
@@ -28,6 +29,14 @@ def rss_bytes(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise AssertionError("no VmRSS")
+
+
+async def peak_rss(pid: int, stop: asyncio.Event) -> int:
+    peak = 0
+    while not stop.is_set():
+        peak = max(peak, rss_bytes(pid))
+        await asyncio.sleep(0.05)
+    return peak
 
 
 async def slowloris(port: int) -> bool:
@@ -124,22 +133,25 @@ def test_gateway_keeps_serving_under_hostile_clients_with_bounded_memory(tmp_pat
             good = asyncio.ensure_future(good_client(port, stop))
             await asyncio.sleep(0.5)
             rss_before = rss_bytes(proc.pid)
+            sampling = asyncio.ensure_future(peak_rss(proc.pid, stop))
             attackers = ([slowloris(port) for _ in range(10)] + [stalled_half_record(port) for _ in range(10)]
                          + [endless_fragments(port) for _ in range(10)])
             results = await asyncio.gather(*attackers, churn(port, CONNECTIONS))
             rss_after = rss_bytes(proc.pid)
             stop.set()
             answered = await good
-            return results, answered, rss_before, rss_after
+            return results, answered, rss_before, await sampling, rss_after
 
-        (*dropped, made), answered, before, after = asyncio.run(asyncio.wait_for(main(), 300))
+        (*dropped, made), answered, before, peak, after = asyncio.run(asyncio.wait_for(main(), 300))
         log_text = log_path.read_text()
         print(f"connections churned={made} good-client answers={answered} "
-              f"rss before={before >> 20} MiB after={after >> 20} MiB")
+              f"rss before={before >> 20} MiB peak={peak >> 20} MiB after={after >> 20} MiB")
         assert all(dropped), dropped                    # every attacker was disconnected
         assert made == CONNECTIONS
         assert answered > 0                             # and the good client was answered throughout
-        assert after - before < RSS_GROWTH_BOUND
+        # Bounded while under attack, not only once it is over (the peak is what a host
+        # must have); what stays after is the allocator's free lists, below the peak.
+        assert max(peak, after) - before < RSS_GROWTH_BOUND
         assert proc.poll() is None
         # Rate-limited: one line per client (all 127.0.0.1) and kind per minute.
         assert 1 <= log_text.count("connection_slow_record") <= 2

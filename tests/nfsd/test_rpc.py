@@ -7,8 +7,8 @@ from hypothesis import given, settings, strategies as st
 
 from nfsd.context import Cred
 from nfsd.rpc import (
-    POOL_BUFFER, CallReceived, ConnectionError as RpcConnectionError, Program, RecordPool, ReplyReceived,
-    RpcConnection,
+    POOL_BUFFER, RECORD_INITIAL_ALLOC, SCRATCH_SIZE, CallReceived, ConnectionError as RpcConnectionError,
+    Program, RecordPool, ReplyReceived, RpcConnection,
     SendReply, encode_call, parse_reply,
 )
 from nfsd.xdr.rpc import (
@@ -300,6 +300,24 @@ def test_a_large_single_fragment_record_reuses_a_pooled_buffer_once_its_call_is_
     second = only_call(_feed_in_chunks(c, call_bytes(xid=2, args=b)))
     assert second.record is buf and pool.reused == 1
     assert second.xid == 2 and bytes(second.args) == b    # exactly its own bytes, none of a's
+
+
+def test_a_header_announcing_a_poolable_record_costs_no_pool_buffer_until_bytes_arrive():
+    """Regression (hostile-clients RSS): with the pool empty, a record mark announcing 1 MB
+    plus 100 bytes made the server allocate and zero a fresh 1 MiB pool buffer; 256 such
+    connections from one address held 272 MiB. Now the record starts small and moves into
+    a pool-sized buffer once RECORD_INITIAL_ALLOC bytes of it have arrived."""
+    pool = RecordPool()
+    c = conn(pool=pool)
+    framed = call_bytes(xid=3, args=bytes(range(256)) * 3900)              # ~1 MiB
+    assert c.receive_data(framed[:104]) == []
+    assert c.buffered <= SCRATCH_SIZE + RECORD_INITIAL_ALLOC
+    call = only_call(_feed_in_chunks(c, framed[104:], chunk=5000))
+    assert len(call.record) == POOL_BUFFER and bytes(call.args) == bytes(range(256)) * 3900
+    record = call.record
+    del call                                               # its call is over: no view left
+    pool.give_back(record)
+    assert pool._free == [record]                          # kept for the next large record
 
 
 def test_a_pooled_buffer_still_viewed_is_never_handed_out_again():
