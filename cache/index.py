@@ -379,6 +379,10 @@ class Writer(View):
         self.on_end: list = []           # callables run when it ends, committed or not
         self.max_stamp = 0               # newest activity_ns stored by this txn
         self.map_full = False            # a nested txn hit MapFullError: grow after commit
+        # ino -> rkey_entries of its stored object record, as read or written in this txn:
+        # put_remote's callers read the record just before (and may change that object),
+        # so the entries are taken at the read; a 10k-part record is not decoded twice.
+        self._stored_rkeys: dict[int, set[bytes]] = {}
 
     def absorb(self, child: "Writer") -> None:
         """A nested txn of this one committed (into this one): take over what the outer
@@ -387,6 +391,7 @@ class Writer(View):
         self.d_dirty += child.d_dirty
         self.max_stamp = max(self.max_stamp, child.max_stamp)
         self.after_commit.extend(child.after_commit)
+        self._stored_rkeys.update(child._stored_rkeys)
 
     def stamp(self, rec: Inode) -> None:
         """Record activity on `rec` now, on the store's clock (restarts its settle window)."""
@@ -475,6 +480,11 @@ class Writer(View):
         else:
             self.txn.delete(U64.pack(ino), db=db)
 
+    def remote(self, ino: int) -> RemoteInfo:
+        r = super().remote(ino)
+        self._stored_rkeys[ino] = rkey_entries(ino, r)     # before the caller may change r
+        return r
+
     def put_remote(self, ino: int, remote: RemoteInfo) -> None:
         """The one writer of object records: rkeys follows every change (as put_inode's
         indexes follow the inode)."""
@@ -486,12 +496,14 @@ class Writer(View):
         self.txn.delete(U64.pack(ino), db=self.ix.remote)
 
     def _rekey(self, ino: int, after: set[bytes]) -> None:
-        buf = self.txn.get(U64.pack(ino), db=self.ix.remote)
-        before = set() if buf is None else rkey_entries(ino, remote_from_json(buf))
+        before = self._stored_rkeys.get(ino)
+        if before is None:
+            before = rkey_entries(ino, super().remote(ino))
         for entry in before - after:
             self.txn.delete(entry, db=self.ix.rkeys)
         for entry in after - before:
             self.txn.put(entry, b"", db=self.ix.rkeys)
+        self._stored_rkeys[ino] = after
 
     def queue_put(self, job: dict) -> int:
         job_id = self.next_id(b"next_job")

@@ -85,3 +85,40 @@ def test_records_under_a_prefix_come_from_the_key_index_and_follow_every_change(
         w.txn.put(b"e/b" + U64.pack(b), b"", db=store.ix.rkeys)
         w.txn.delete(b"zz" + U64.pack(a), db=store.ix.rkeys)
     assert store.check() == []
+
+
+def test_rkeys_follow_records_changed_in_place_and_in_nested_txns(store):
+    """put_remote takes the stored record's rkeys entries from this txn's read of it (not a
+    second decode of a record that grows with its parts). Callers change the object they
+    read before putting it back, a record may be written twice in one txn, and a nested txn
+    (one batch op) may change it and commit into its parent or abort: the index follows."""
+    a = write_file(store, "d/a", b"a")
+    b = write_file(store, "d/b", b"b")
+    store.set_remote_info(a, RemoteInfo(key="d/a", etag='"ea"', size=1))
+    store.set_remote_info(b, RemoteInfo(key="d/b", etag='"eb"', size=1))
+    with store.ix.write() as w:
+        r = w.remote(a)
+        r.key, r.replaces = "e/a", [("e/kept", '"ek"')]          # changed in place, then put
+        w.put_remote(a, r)
+        r.key = "f/a"                                            # twice in one txn
+        w.put_remote(a, r)
+        w.remote(b)                                              # read by the parent first
+        with store.ix.nested(w) as child:                        # commits into the parent
+            rb = child.remote(b)
+            rb.key = "g/b"
+            child.put_remote(b, rb)
+        try:
+            with store.ix.nested(w) as child:                    # aborts: the parent is untouched
+                rb = child.remote(b)
+                rb.key = "h/b"
+                child.put_remote(b, rb)
+                raise KeyError("abort")
+        except KeyError:
+            pass
+        w.put_remote(b, RemoteInfo(key="i/b", etag='"eb2"', size=1))   # after both children
+    assert store.check() == []
+    assert store.remote_records_under("d/") == store.remote_records_under("g/") == []
+    assert store.remote_records_under("h/") == []
+    assert [i for i, _ in store.remote_records_under("e/")] == [a]       # its kept object
+    assert [i for i, _ in store.remote_records_under("f/")] == [a]
+    assert [i for i, _ in store.remote_records_under("i/")] == [b]
