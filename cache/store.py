@@ -347,12 +347,17 @@ class Store:
         Durable on return. Without a size it is applied by the batch committer, in one txn
         with whatever namespace ops are queued at that moment (one sync for them all)."""
         if sa.size is None:
+            same = self._setattr_noop(ino, sa)
+            if same is not None:
+                self.committer.sync()           # what it saw is durable, as promised
+                return same.attr()
             return self.setattr_submit(ino, sa).result()
         t = time.time_ns()
         with self.ix.lock, self._fenced((ino,)):
             self._wait_writes(ino)              # I4
             same = self._setattr_noop(ino, sa)
             if same is not None:
+                self.committer.sync()           # what it saw is durable, as promised
                 return same.attr()
             # SETATTR(size) is durable when it returns, whatever the size was: the bytes
             # below the new size (unstable writes included) reach the disk before the
@@ -374,25 +379,21 @@ class Store:
         return new.attr()
 
     def setattr_submit(self, ino: int, sa: SetAttr) -> Future | None:
-        """setattr() without waiting, for a SETATTR without a size (an index change only):
-        a concurrent.futures.Future of its Attr, set once it is durable (asyncio callers
+        """setattr() without waiting, for a SETATTR without a size (an index change only)
+        that changes something (callers ask setattr_unchanged first): a
+        concurrent.futures.Future of its Attr, set once it is durable (asyncio callers
         await it with no worker thread in between). None for a size change: that one
         waits for writes and truncates, so it runs as setattr() on a worker thread."""
         if sa.size is not None:
             return None
-        same = self._setattr_noop(ino, sa)
-        if same is not None:
-            done: Future = Future()
-            done.set_result(same.attr())
-            return done
         return self.batch.submit(self._ns_setattr, ino, sa, time.time_ns())
 
     def setattr_unchanged(self, ino: int, sa: SetAttr) -> Attr | None:
         """The file's attributes if setattr(ino, sa) would change nothing (see _setattr_noop),
         else None. Non-blocking (one read txn): an asyncio caller answers such a SETATTR
         without a worker thread once `durable()` (or a sync) says what it saw is durable.
-        None while a write of the file is registered (I4: setattr waits for it)."""
-        if ino in self._inflight:
+        None for a size while a write of the file is registered (I4: setattr waits for it)."""
+        if sa.size is not None and ino in self._inflight:
             return None
         same = self._setattr_noop(ino, sa)
         return None if same is None else same.attr()
