@@ -410,7 +410,9 @@ class RpcConnection:
             self._poolable = (self.pool is not None and self._frag_last
                               and self.direct_threshold <= fragment_len <= POOL_BUFFER)
             record = self.pool.take() if self._poolable else None   # fits: no growth
-            self._record = record if record is not None else bytearray(min(fragment_len, RECORD_INITIAL_ALLOC))
+            if record is None:
+                record = bytearray(min(fragment_len, RECORD_INITIAL_ALLOC))
+            self._record = record
             self._record_len = 0
 
     def _reserve(self, n: int) -> None:
