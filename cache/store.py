@@ -1390,6 +1390,32 @@ class Store:
             w.put_remote(ino, _keep_replaces(w.remote(ino), remote))
         self.committer.sync()
 
+    def note_parts(self, ino: int, upload_id: str, parts: list) -> None:
+        """Record the parts of multipart upload `upload_id` sent so far, without waiting: a
+        lazy batch op, neither durable on return nor the reason for a commit (it joins the
+        next batch, or forms one LAZY_DELAY later), so the uploader never waits for the
+        index lock or an fdatasync per part. A note lost to a crash costs only the re-upload
+        of its parts: a resume keeps a part only if the record names it and S3 lists it with
+        that ETag, and the upload id itself was recorded durably before the first part
+        (set_remote_info). Applied only while the record still names this upload: a note
+        that lands after the upload completed, was aborted or started over changes nothing.
+        Dropped while the store closes (the uploader has stopped by then)."""
+        if self.batch.closing:
+            return
+        try:
+            fut = self.batch.submit(self._ns_note_parts, ino, upload_id, list(parts), lazy=True)
+        except StoreError:                  # the store began to close meanwhile
+            return
+        fut.add_done_callback(_log_failure)
+
+    def _ns_note_parts(self, w: Writer, ino: int, upload_id: str, parts: list) -> None:
+        if w.inode(ino) is None:
+            return
+        cur = w.remote(ino)
+        if cur.upload_id == upload_id:
+            cur.parts = parts
+            w.put_remote(ino, cur)
+
     def evict(self, ino: int) -> int:
         """*Blocking.* Drop a CLEAN, unpinned, not-open file's local data (-> ABSENT); bytes
         freed (0 when the file is not evictable at this moment)."""

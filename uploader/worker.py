@@ -339,7 +339,6 @@ class Worker:
                      part_size=part_size, parts=len(ranges))
         prog.bytes_done = sum(p.size for p in done.values())
         pending = [r for r in ranges if r[0] not in done]
-        record_lock = asyncio.Lock()
         fd = self.store.open_data_fd(ino)
 
         async def send_part(number: int, offset: int, length: int) -> None:
@@ -365,10 +364,9 @@ class Worker:
                     await self.gate.call("ListParts", lambda: self.client.list_parts(key, upload_id), what=key)
             prog.bytes_done += part.size
             self.counters.bytes_uploaded += part.size
-            async with record_lock:
-                done[number] = part
-                remote.parts = [(p.part_number, p.etag, p.checksum) for p in done.values()]
-                await self._store(self.store.set_remote_info, ino, remote)
+            done[number] = part
+            remote.parts = [(p.part_number, p.etag, p.checksum) for p in done.values()]
+            self.store.note_parts(ino, upload_id, remote.parts)    # lazy: a hint for a resume
 
         async def part_worker() -> None:
             while pending and not prog.abort_requested:

@@ -226,6 +226,37 @@ def test_remote_info_and_requeue_after_crash(store_dir):
     s.close()
 
 
+def test_noted_parts_never_wait_for_the_index_and_land_only_on_their_upload(store_dir):
+    # the uploader notes each part on the event loop: the note is queued (lazy), not a write
+    # txn of its own, so neither the index lock a batch commit holds nor an fdatasync per
+    # part delays it; it lands with the next batch, and only while the record still names
+    # its upload (a late note after completion or abort must not resurrect the upload)
+    s = Store.open(store_dir)
+    f = mkfile(s, b"f", b"data")
+    s.set_remote_info(f, RemoteInfo(key="f", upload_id="U1", version_id="v0", data_seq=7))
+    with index_lock_held(s):
+        returned = _returns_within(lambda: s.note_parts(f, "U1", [(1, "e1", "c1")]))
+    assert returned
+    s.note_parts(f, "U1", [(1, "e1", "c1"), (2, "e2", "c2")])
+    s.batch.applied()
+    r = s.remote_info(f)
+    assert (r.upload_id, r.parts) == ("U1", [(1, "e1", "c1"), (2, "e2", "c2")])
+    assert (r.key, r.version_id, r.data_seq) == ("f", "v0", 7)  # only the parts changed
+    s.note_parts(f, "U0", [(9, "e9", "c9")])                   # an older upload's late note
+    s.set_remote_info(f, RemoteInfo(key="f", etag="E", upload_id=None, parts=[]))  # completed
+    s.note_parts(f, "U1", [(3, "e3", "c3")])                   # this upload's late note
+    s.batch.applied()
+    r = s.remote_info(f)
+    assert (r.etag, r.upload_id, r.parts) == ("E", None, [])
+    s.note_parts(12345, "U1", [(1, "e1", "c1")])               # a file that is gone: ignored
+    s.sync()
+    crash(s)
+    s = Store.open(store_dir)
+    assert (s.remote_info(f).etag, s.remote_info(f).upload_id) == ("E", None)
+    s.close()
+    s.note_parts(f, "U1", [(1, "e1", "c1")])                   # once closed: dropped, no error
+
+
 def test_read_racing_an_eviction_never_returns_zeros(store, monkeypatch):
     f = mkfile(store, b"f", b"precious" * 100)
     store.commit(f)
