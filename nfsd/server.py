@@ -22,6 +22,7 @@ from nfsd.compound import GarbageArgs, minorversion_of, run_compound
 from nfsd.drc import IN_PROGRESS, ReplyCache, request_key
 from nfsd.errors import NfsError
 from nfsd.grace import Grace
+from nfsd.heap import TrimAfterBursts, trim_heap
 from nfsd.limits import Limits, RateLimitedLog
 from nfsd.rpc import (
     Program, RecordPool, Reply, auth_error_reply, finish_reply, garbage_args_reply,
@@ -101,6 +102,7 @@ class NfsServer:
         self.programs = {NFS_PROGRAM: Program(NFS_PROGRAM, NFS_V4, NFS_V4,
                                               frozenset({PROC_NULL, PROC_COMPOUND}))}
         self.record_pool = RecordPool()       # large WRITE records, received without allocating
+        self.heap_trim = TrimAfterBursts()    # freed heap back to the OS once a burst is over
         self.log = log
         self.connections: set[NfsConnection] = set()
         self._executor = ThreadPoolExecutor(blocking_threads, thread_name_prefix="nfsd-blocking")
@@ -207,6 +209,7 @@ class NfsServer:
         if conn not in self.connections:
             return                                     # refused at accept
         self.connections.discard(conn)
+        self.heap_trim.connection_ended(time.monotonic())
         ip = conn.peer[0]
         left = self._per_address.get(ip, 1) - 1
         if left > 0:
@@ -216,13 +219,17 @@ class NfsServer:
         self.sessions.connection_lost(conn)
 
     async def _sweep(self) -> None:
-        """End idle connections and records that take too long (nfsd/limits.py)."""
+        """End idle connections and records that take too long (nfsd/limits.py); once a
+        burst of connections is over, give the heap it freed back (nfsd/heap.py)."""
         limits = self.limits
         while True:
             await asyncio.sleep(limits.sweep_interval)
             now = time.monotonic()
             for conn in list(self.connections):
                 conn.check_timeouts(now, limits)
+            if self.heap_trim.due(now):
+                trim_heap()
+                log.info("heap_trimmed", connections=len(self.connections))
 
     # ---- RPC dispatch ------------------------------------------------------------
     async def handle_call(self, call, conn) -> bytes | bytearray | Reply | None:
