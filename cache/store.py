@@ -1322,15 +1322,17 @@ class Store:
         state = DataState(state)
         if state not in (DataState.QUEUED, DataState.UPLOADING, DataState.DIRTY):
             raise StoreError(errno.EINVAL, f"set_data_state cannot set {state.name}")
-        with self.ix.write() as w:
-            rec = w.must_inode(ino)
-            self._regular(rec)
-            if change is not None and rec.change != change:
-                return False
-            if rec.state != state:
-                new = rec.copy()
-                new.state = state
-                w.put_inode(new, rec)
+        return self._in_batch(self._ns_set_data_state, ino, state, change, durable=False)
+
+    def _ns_set_data_state(self, w: Writer, ino: int, state: DataState, change: int | None) -> bool:
+        rec = w.must_inode(ino)
+        self._regular(rec)
+        if change is not None and rec.change != change:
+            return False
+        if rec.state != state:
+            new = rec.copy()
+            new.state = state
+            w.put_inode(new, rec)
         return True
 
     def mark_sent(self, ino: int) -> None:
@@ -1341,15 +1343,16 @@ class Store:
         to that path lookup, so the upload never writes to the job's old name."""
         with self.ix.read() as v:
             rec = v.must_inode(ino)
-        if rec.flags & F_SENT:
-            return
-        with self.ix.write() as w:
-            rec = w.must_inode(ino)
-            self._regular(rec)
-            if not rec.flags & F_SENT:
-                new = rec.copy()
-                new.flags |= F_SENT
-                w.put_inode(new, rec)
+        if not rec.flags & F_SENT:
+            self._in_batch(self._ns_mark_sent, ino, durable=False)
+
+    def _ns_mark_sent(self, w: Writer, ino: int) -> None:
+        rec = w.must_inode(ino)
+        self._regular(rec)
+        if not rec.flags & F_SENT:
+            new = rec.copy()
+            new.flags |= F_SENT
+            w.put_inode(new, rec)
 
     def mark_uploaded(self, ino: int, remote: RemoteInfo) -> bool:
         """*Blocking.* Record the object; the file becomes CLEAN if its change counter still
@@ -1361,21 +1364,22 @@ class Store:
         and wrote the file after the uploader's commit_settled, a commit kept the flag for
         that open writer): CLEAN would be a lie after a power cut, and recovery does not
         visit clean files. It stays DIRTY and goes again once committed."""
-        with self.ix.write() as w:
-            rec = w.must_inode(ino)
-            self._regular(rec)
-            w.put_remote(ino, _keep_replaces(w.remote(ino), remote, overwritten=remote.key))
-            new = rec.copy()
-            ok = rec.change == remote.uploaded_change and not rec.flags & F_UNCOMMITTED
-            if ok:
-                extents.relabel(w.txn, self.ix.extents, ino, DataState.DIRTY, DataState.CLEAN)
-                absent = extents.absent_ranges(w.txn, self.ix.extents, ino, 0, rec.size)
-                new.state = DataState.ABSENT if absent else DataState.CLEAN
-                new.lru_ns = time.time_ns()
-            elif new.state in (DataState.QUEUED, DataState.UPLOADING):
-                new.state = DataState.DIRTY
-            w.put_inode(new, rec)
-        self.committer.sync()
+        return self._in_batch(self._ns_mark_uploaded, ino, remote, durable=True)
+
+    def _ns_mark_uploaded(self, w: Writer, ino: int, remote: RemoteInfo) -> bool:
+        rec = w.must_inode(ino)
+        self._regular(rec)
+        w.put_remote(ino, _keep_replaces(w.remote(ino), remote, overwritten=remote.key))
+        new = rec.copy()
+        ok = rec.change == remote.uploaded_change and not rec.flags & F_UNCOMMITTED
+        if ok:
+            extents.relabel(w.txn, self.ix.extents, ino, DataState.DIRTY, DataState.CLEAN)
+            absent = extents.absent_ranges(w.txn, self.ix.extents, ino, 0, rec.size)
+            new.state = DataState.ABSENT if absent else DataState.CLEAN
+            new.lru_ns = time.time_ns()
+        elif new.state in (DataState.QUEUED, DataState.UPLOADING):
+            new.state = DataState.DIRTY
+        w.put_inode(new, rec)
         return ok
 
     def remote_info(self, ino: int) -> RemoteInfo:
@@ -1385,10 +1389,11 @@ class Store:
 
     def set_remote_info(self, ino: int, remote: RemoteInfo) -> None:
         """*Blocking.* Record progress (upload_id, parts) durably for resume after a crash."""
-        with self.ix.write() as w:
-            w.must_inode(ino)
-            w.put_remote(ino, _keep_replaces(w.remote(ino), remote))
-        self.committer.sync()
+        self._in_batch(self._ns_set_remote_info, ino, remote, durable=True)
+
+    def _ns_set_remote_info(self, w: Writer, ino: int, remote: RemoteInfo) -> None:
+        w.must_inode(ino)
+        w.put_remote(ino, _keep_replaces(w.remote(ino), remote))
 
     def note_parts(self, ino: int, upload_id: str, parts: list) -> None:
         """Record the parts of multipart upload `upload_id` sent so far, without waiting: a
@@ -1670,11 +1675,13 @@ class Store:
         return self._decoded_jobs.decode(stored)      # outside the txn: it holds a reader slot
 
     def queue_update(self, job_id: int, job: dict) -> None:
-        with self.ix.write() as w:
-            key = U64.pack(job_id)
-            if job_id in self._jobs_leaving or w.txn.get(key, db=self.ix.queue) is None:
-                raise StoreError(errno.ENOENT, f"no queue job {job_id}")
-            w.txn.put(key, json.dumps(job).encode(), db=self.ix.queue)
+        self._in_batch(self._ns_queue_update, job_id, json.dumps(job).encode(), durable=False)
+
+    def _ns_queue_update(self, w: Writer, job_id: int, encoded: bytes) -> None:
+        key = U64.pack(job_id)
+        if job_id in self._jobs_leaving or w.txn.get(key, db=self.ix.queue) is None:
+            raise StoreError(errno.ENOENT, f"no queue job {job_id}")
+        w.txn.put(key, encoded, db=self.ix.queue)
 
     def queue_done(self, job_id: int) -> None:
         """Remove a finished job, without waiting: the uploader calls this on the event loop,
