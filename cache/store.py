@@ -771,12 +771,11 @@ class Store:
         if ino in self._lru_touching or self.batch.closing:
             return
         self._lru_touching.add(ino)
-        try:
-            fut = self.batch.submit(self._ns_touch_lru, ino, lazy=True)
-        except StoreError:                  # the store began to close meanwhile
+        fut = self._queue_lazy(self._ns_touch_lru, ino)
+        if fut is None:
             self._lru_touching.discard(ino)
             return
-        fut.add_done_callback(lambda f: (self._lru_touching.discard(ino), _log_failure(f)))
+        fut.add_done_callback(lambda f: self._lru_touching.discard(ino))
 
     def _ns_touch_lru(self, w: Writer, ino: int) -> None:
         rec = w.inode(ino)
@@ -984,6 +983,18 @@ class Store:
                 and self.is_open(ino, write=True)):
             self._settled_at[ino] = (wseq + 1, tseq)
         return attr
+
+    def _queue_lazy(self, fn, *args) -> Future | None:
+        """fn(writer, *args) as a lazy batch op nobody waits for (bookkeeping: it rides the next
+        batch, BatchCommitter.submit); a failure is logged. None once the store began to close."""
+        if self.batch.closing:
+            return None
+        try:
+            fut = self.batch.submit(fn, *args, lazy=True)
+        except StoreError:                  # the store began to close meanwhile
+            return None
+        fut.add_done_callback(_log_failure)
+        return fut
 
     def _in_batch(self, fn, *args, durable: bool):
         """fn(writer, *args) as an op of the namespace batch (one index commit with the ops
@@ -1405,13 +1416,7 @@ class Store:
         (set_remote_info). Applied only while the record still names this upload: a note
         that lands after the upload completed, was aborted or started over changes nothing.
         Dropped while the store closes (the uploader has stopped by then)."""
-        if self.batch.closing:
-            return
-        try:
-            fut = self.batch.submit(self._ns_note_parts, ino, upload_id, list(parts), lazy=True)
-        except StoreError:                  # the store began to close meanwhile
-            return
-        fut.add_done_callback(_log_failure)
+        self._queue_lazy(self._ns_note_parts, ino, upload_id, list(parts))
 
     def _ns_note_parts(self, w: Writer, ino: int, upload_id: str, parts: list) -> None:
         if w.inode(ino) is None:
@@ -1689,15 +1694,11 @@ class Store:
         through its fdatasync (every client waiting with it). A lazy batch op: not synced,
         like every queue call, nor committed by itself (a crash before a commit covers it
         runs the job again); queue_list hides the job from the moment this returns."""
-        if not self.batch.closing:
-            try:
-                fut = self.batch.submit(self._ns_queue_done, job_id, lazy=True)
-            except StoreError:              # the store began to close meanwhile
-                pass
-            else:
-                self._jobs_leaving[job_id] = fut
-                fut.add_done_callback(lambda f: (self._jobs_leaving.pop(job_id, None), _log_failure(f)))
-                return
+        fut = self._queue_lazy(self._ns_queue_done, job_id)
+        if fut is not None:
+            self._jobs_leaving[job_id] = fut
+            fut.add_done_callback(lambda f: self._jobs_leaving.pop(job_id, None))
+            return
         with self.ix.write() as w:          # closing: its own txn, synced by close()
             self._ns_queue_done(w, job_id)
 
