@@ -22,6 +22,7 @@ from typing import Callable, Iterator, Protocol, runtime_checkable
 import boto3
 import botocore.exceptions
 from botocore.config import Config
+from botocore.handlers import convert_body_to_file_like_object
 
 from .settings import S3Settings
 
@@ -165,8 +166,29 @@ def _checksum_from(resp: dict, algorithm: str) -> str | None:
 
 
 def _body(body):
-    # botocore takes bytes or bytearray as they are; anything else (memoryview) is copied once
+    # bytes or bytearray go out as they are (see _send_bodies_whole); anything else
+    # (memoryview) is copied once
     return body if isinstance(body, (bytes, bytearray)) else bytes(body)
+
+
+def _send_bodies_whole(client) -> None:
+    """Keep a PUT's or part's bytes as bytes. botocore wraps a bytes Body of PutObject and
+    UploadPart in a BytesIO, which is then copied out 1 MiB at a time (holding the GIL) to
+    hash it for the signature and sent 128 KiB at a time (64 sends per 8 MiB part, the
+    GIL taken back after each). As bytes: one SHA-256 call and one sendall, both without
+    the GIL; per 8 MiB part against moto, 10.1-10.3 -> 8.0-8.8 ms of the sending thread's
+    CPU. `Expect: 100-continue` (which botocore adds only for a file-like body) is kept, so
+    S3 can still refuse a part (503 SlowDown) before its body is sent. A retry resends the
+    same bytes (botocore treats bytes as a static body)."""
+    for op in ("PutObject", "UploadPart"):
+        client.meta.events.unregister(f"before-parameter-build.s3.{op}",
+                                      convert_body_to_file_like_object)
+        client.meta.events.register(f"before-call.s3.{op}", _expect_continue)
+
+
+def _expect_continue(params, **kwargs) -> None:
+    if params.get("body"):
+        params["headers"]["Expect"] = "100-continue"
 
 
 # ---- protocol ----------------------------------------------------------------------
@@ -266,6 +288,7 @@ class Boto3ObjectClient:
             aws_access_key_id=s3.access_key, aws_secret_access_key=s3.secret_key,
             aws_session_token=s3.session_token, region_name=s3.region)
         self._s3 = session.client("s3", endpoint_url=s3.endpoint_url, config=config)
+        _send_bodies_whole(self._s3)
 
     # called as observer(method, seconds, error_code or None) after every request (metrics);
     # it runs on the calling thread and must be quick

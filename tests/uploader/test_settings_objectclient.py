@@ -1,4 +1,5 @@
 import base64
+import os
 import zlib
 
 import botocore.exceptions
@@ -125,3 +126,42 @@ def test_payload_is_hashed_into_the_signature_only_without_tls(endpoint, signed)
 
 class _Stop(Exception):
     pass
+
+
+def test_a_part_and_a_put_go_out_in_one_send_as_the_bytes_given(moto, bucket, monkeypatch):
+    """A part's or a PUT's bytes leave in one send after `Expect: 100-continue`: not as
+    botocore's BytesIO, read and sent 128 KiB at a time with the GIL taken back after each
+    piece (the event loop serving NFS may wait for it). The bytes arrive whole."""
+    import http.client
+
+    from tests.uploader.conftest import s3_settings
+    from uploader.objectclient import Boto3ObjectClient
+
+    client = Boto3ObjectClient(s3_settings(moto.endpoint, bucket))
+    sends: list[int] = []
+    expect: list[bytes | None] = []
+    real_send = http.client.HTTPConnection.send
+
+    def counting_send(self, data):
+        sends.append(len(data))
+        return real_send(self, data)
+
+    def before_send(request, **kwargs):
+        value = request.headers.get("Expect")
+        expect.append(value.encode() if isinstance(value, str) else value)
+
+    monkeypatch.setattr(http.client.HTTPConnection, "send", counting_send)
+    client._s3.meta.events.register("before-send.s3.UploadPart", before_send)
+    client._s3.meta.events.register("before-send.s3.PutObject", before_send)
+    part, whole = os.urandom(300 * 1024), os.urandom(200 * 1024)
+    up = client.create_multipart_upload("gw/big", metadata={})
+    sends.clear()
+    info = client.upload_part("gw/big", up, 1, part, checksum=checksum_b64("CRC32", part))
+    assert len(part) in sends and sum(n for n in sends if n != len(part)) < 8192, sends
+    sends.clear()
+    client.put_object("gw/small", whole, metadata={}, checksum=checksum_b64("CRC32", whole))
+    assert len(whole) in sends and sum(n for n in sends if n != len(whole)) < 8192, sends
+    assert [bytes(e or b"") for e in expect] == [b"100-continue"] * 2, expect
+    client.complete_multipart_upload("gw/big", up, [info])
+    assert client._s3.get_object(Bucket=bucket, Key="gw/big")["Body"].read() == part
+    assert client._s3.get_object(Bucket=bucket, Key="gw/small")["Body"].read() == whole
