@@ -389,6 +389,9 @@ class UploadConfig:
     max_concurrency: int = _opt(_UP["max_concurrency"], _int(1, 1024),
                                 "Ceiling of the adaptive (AIMD) request concurrency.")
     min_concurrency: int = _opt(_UP["min_concurrency"], _int(1, 1024), "Floor of the adaptive request concurrency.")
+    foreground_concurrency: int = _opt(_UP["foreground_concurrency"], _int(0, 1024),
+                                       "Requests in flight while NFS clients save or read (lifted by a "
+                                       "flush or half-full dirty data); 0 = no such ceiling.")
     requests_per_second: float = _opt(_UP["requests_per_second"], _float(0.0),
                                       "Token bucket on S3 requests; 0 = unlimited.")
     bytes_per_second: int = _opt(int(_UP["bytes_per_second"]), _size,

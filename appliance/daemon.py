@@ -270,6 +270,8 @@ class Daemon:
         if self.uploader is not None:       # read-through: nfsd/ops/io.py asks for ABSENT ranges
             server.fetch_missing = self.uploader.fetch_missing
             server.note_read = self.uploader.note_read
+            # the drain yields to clients saving or reading (uploader/foreground.py)
+            self.uploader.foreground.last_client_op = lambda: server.last_client_op
         host, port = self.config.listen_address()
         try:
             await server.start(host, port)

@@ -174,6 +174,10 @@ class StatusCollector:
                                 value=up.get("queue_depth", 0))
         yield GaugeMetricFamily("ckptgw_oldest_dirty_age_seconds", "Age of the oldest data not yet in S3",
                                 value=up.get("oldest_dirty_age_s") or 0.0)
+        yield GaugeMetricFamily("ckptgw_upload_foreground_ceiling",
+                                "1 while the drain yields to clients saving or reading "
+                                "([upload] foreground_concurrency)",
+                                value=1.0 if up.get("foreground_ceiling") else 0.0)
         reqs = CounterMetricFamily("ckptgw_s3_requests", "S3 requests sent, by kind", labels=["kind"])
         for kind, n in sorted((up.get("requests") or {}).items()):
             reqs.add_metric([kind], n)

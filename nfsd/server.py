@@ -31,8 +31,18 @@ from nfsd.rpc import (
 from nfsd.offload import OffloadTable
 from nfsd.state import DEFAULT_LEASE_TIME, SessionManager
 from nfsd.transport import NfsConnection
-from nfsd.xdr.nfs4 import NFS4ERR_DELAY
+from nfsd.xdr.nfs4 import (
+    NFS4ERR_DELAY, OP_ALLOCATE, OP_CLONE, OP_COMMIT, OP_COPY, OP_CREATE, OP_DEALLOCATE, OP_LINK,
+    OP_OPEN, OP_READ, OP_READ_PLUS, OP_REMOVE, OP_RENAME, OP_SETATTR, OP_WRITE, OP_WRITE_SAME,
+)
 from nfsd.xdr.rpc import AUTH_TOOWEAK
+
+# A client saving or reading: the ops that stamp `last_client_op` (the uploader's drain yields
+# to them: uploader/foreground.py). Not SEQUENCE, GETATTR, LOOKUP and the like: a mounted,
+# idle cluster renews leases and revalidates attributes all the time.
+CLIENT_WORK = frozenset({OP_READ, OP_READ_PLUS, OP_WRITE, OP_WRITE_SAME, OP_COMMIT, OP_OPEN,
+                         OP_CREATE, OP_REMOVE, OP_RENAME, OP_LINK, OP_SETATTR, OP_COPY, OP_CLONE,
+                         OP_ALLOCATE, OP_DEALLOCATE})
 
 log = structlog.get_logger(__name__)
 
@@ -109,6 +119,7 @@ class NfsServer:
         self._pool_closed = False
         self._listener: asyncio.base_events.Server | None = None
         self.address: tuple | None = None
+        self.last_client_op = float("-inf")    # monotonic time of the last CLIENT_WORK COMPOUND
 
     # ---- lifecycle --------------------------------------------------------------
     async def start(self, host: str = "127.0.0.1", port: int = 2049) -> None:
@@ -273,6 +284,8 @@ class NfsServer:
         except Exception:
             log.exception("compound_failed", peer=conn.peer[0], xid=xid)
             return system_err_reply(xid), []
+        if not CLIENT_WORK.isdisjoint(outcome.opnums):
+            self.last_client_op = time.monotonic()
         return finish_reply(out, outcome.tail), outcome.opnums
 
 

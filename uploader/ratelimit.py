@@ -70,9 +70,39 @@ class AimdLimiter:
         self._last_decrease = float("-inf")
         self._waiters: list[tuple[int, int, asyncio.Future]] = []     # heap: (priority, seq, fut)
         self._seq = itertools.count()
+        # ceiling(now) -> (at most this many in flight, or None; until when): a temporary
+        # ceiling below the limit (uploader/foreground.py), looked at on every decision
+        self.ceiling = None
+        self._recheck: asyncio.TimerHandle | None = None
+
+    def slots(self) -> int:
+        """Requests that may be in flight now: the limit, or the ceiling while it is lower."""
+        n = int(self.limit)
+        if self.ceiling is not None:
+            cap, until = self.ceiling(self._clock())
+            if cap is not None and cap < n:
+                if self._waiters:
+                    self._wake_at(until)
+                return cap
+        return n
+
+    def _wake_at(self, until: float) -> None:
+        # a waiter held back by the ceiling must be woken when it lifts, even if no request
+        # ends meanwhile (none may be in flight at all)
+        if self._recheck is None or self._recheck.cancelled():
+            delay = max(0.0, until - self._clock())
+            self._recheck = asyncio.get_running_loop().call_later(delay, self._lifted)
+
+    def _lifted(self) -> None:
+        self._recheck = None
+        self._wake()
+
+    def reconsider(self) -> None:
+        """The ceiling may have lifted early (a flush began): admit whoever may go now."""
+        self._wake()
 
     def _wake(self) -> None:
-        while self._waiters and self.in_flight < int(self.limit):
+        while self._waiters and self.in_flight < self.slots():
             fut = heapq.heappop(self._waiters)[2]
             if not fut.done():
                 self.in_flight += 1
@@ -82,11 +112,12 @@ class AimdLimiter:
         """Wait for a slot, lowest `priority` first, FIFO within one priority (the uploader
         passes the job id, so an older file's parts go first and files finish in queue
         order instead of all at the end). Returns the start time for on_throttle."""
-        if self.in_flight < int(self.limit) and not self._waiters:
+        if not self._waiters and self.in_flight < self.slots():
             self.in_flight += 1
             return self._clock()
         fut = asyncio.get_running_loop().create_future()
         heapq.heappush(self._waiters, (priority, next(self._seq), fut))
+        self._wake()                     # a slot may be free (FIFO), else arm the ceiling's timer
         try:
             await fut
         except asyncio.CancelledError:

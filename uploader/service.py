@@ -24,6 +24,7 @@ import structlog
 
 from cache.api import DataState, FileType, StoreError
 
+from .foreground import ForegroundFirst
 from .gate import RequestGate
 from .importer import import_prefix
 from .jobs import MOVES_OBJECT, NS, UPLOAD, KeyRef, KeysAhead, ns_keys
@@ -63,6 +64,10 @@ class Uploader:
         self.keys = KeyMap(prefix)
         self.counters = Counters()
         self.gate = RequestGate(self.settings, self.counters)
+        # the drain yields to client saves (foreground.py); the daemon sets last_client_op
+        self.foreground = ForegroundFirst(self.settings.foreground_concurrency)
+        self.foreground.urgent = self._urgent
+        self.gate.limiter.ceiling = self.foreground.ceiling
         self.worker = Worker(store, object_client, self.gate, self.keys, self.settings, self.counters)
         self.readthrough = ReadThrough(store, object_client, self.keys, self.settings, self.counters)
         self.worker.fetch_missing = self.readthrough.fetch_missing
@@ -446,6 +451,7 @@ class Uploader:
         prefix = path_prefix.strip("/") if path_prefix else None
         self._flush_prefixes.append(prefix)
         try:
+            self.gate.limiter.reconsider()      # a waiting flush lifts the foreground ceiling
             self.kick()
             await self._pass_done.wait()        # at least one enqueue pass saw the flush
             if not wait:
@@ -511,6 +517,14 @@ class Uploader:
                        multipart=prog.multipart)
         return out
 
+    def _urgent(self) -> bool:
+        """The drain must not yield to clients (foreground.py): a flush waits, or dirty data
+        holds half the capacity."""
+        if self._flush_prefixes:
+            return True
+        usage = self.store.usage() if hasattr(self.store, "usage") else {}
+        return bool(usage) and usage["dirty"] * 2 >= usage["capacity"]
+
     def status(self) -> dict:
         """Everything an operator or the metrics exporter wants, as plain data."""
         jobs = self._last_jobs
@@ -534,6 +548,7 @@ class Uploader:
             "uploading": [{"ino": p.ino, "path": p.path, "size": p.size, "bytes_done": p.bytes_done}
                           for p in self._progress.values()],
             "concurrency_limit": round(self.gate.limiter.limit, 2),
+            "foreground_ceiling": self.foreground.active(),
             "requests_in_flight": self.gate.limiter.in_flight,
             "requests_waiting_retry": self.gate.waiting_retry,
             "permanent_error": self.permanent_error,

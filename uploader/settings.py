@@ -56,6 +56,8 @@ class UploadSettings:
     multipart_threshold: int = 16 * MiB    # files >= this go up as multipart uploads
     max_concurrency: int = 8               # ceiling of the adaptive (AIMD) concurrency limit
     min_concurrency: int = 1
+    foreground_concurrency: int = 2        # requests in flight while clients save or read
+                                           # (uploader/foreground.py); 0: no such ceiling
     requests_per_second: float = 0.0       # token bucket on S3 requests (0: unlimited)
     bytes_per_second: float = 0.0          # token bucket on payload bytes (0: unlimited)
     burst_seconds: float = 0.25            # bucket depth = rate * burst_seconds (small: smooth)
@@ -79,6 +81,8 @@ class UploadSettings:
             raise ValueError("upload multipart_threshold must be >= 1")
         if not 1 <= self.min_concurrency <= self.max_concurrency:
             raise ValueError("upload concurrency: need 1 <= min_concurrency <= max_concurrency")
+        if self.foreground_concurrency < 0:
+            raise ValueError("upload foreground_concurrency must be >= 0 (0 = no ceiling)")
         if self.requests_per_second < 0 or self.bytes_per_second < 0:
             raise ValueError("upload rates must be >= 0 (0 = unlimited)")
         if self.readahead_chunk < 4096:

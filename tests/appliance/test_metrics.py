@@ -24,6 +24,7 @@ def test_scrape_reads_live_status_and_op_stats():
     status = {"nfs": {"clients": 2},
               "cache": {"capacity": 1000, "used": 600, "bytes_by_state": {"dirty": 100, "clean": 500}},
               "upload": {"queue_depth": 4, "oldest_dirty_age_s": 12.5, "requests": {"PutObject": 7},
+                         "foreground_ceiling": True,
                          "retries": 3, "throttles": 1, "uploaded_bytes": 4096}}
     ops = OpStats()
     ops.observe("WRITE", "NFS4_OK", 0.002, 1 << 20)
@@ -45,6 +46,7 @@ def test_scrape_reads_live_status_and_op_stats():
         assert m[("ckptgw_cache_bytes", (("state", "dirty"),))] == 100
         assert m[("ckptgw_upload_queue_depth", ())] == 4
         assert m[("ckptgw_oldest_dirty_age_seconds", ())] == 12.5
+        assert m[("ckptgw_upload_foreground_ceiling", ())] == 1
         assert m[("ckptgw_s3_requests_total", (("kind", "PutObject"),))] == 7
         assert m[("ckptgw_s3_retries_total", ())] == 3
         assert m[("ckptgw_s3_throttles_total", ())] == 1

@@ -50,6 +50,7 @@ CHANGES = {
     "upload.multipart_threshold": {"upload": {"multipart_threshold": "256MiB"}},
     "upload.max_concurrency": {"upload": {"max_concurrency": 9}},
     "upload.min_concurrency": {"upload": {"min_concurrency": 2}},
+    "upload.foreground_concurrency": {"upload": {"foreground_concurrency": 3}},
     "upload.requests_per_second": {"upload": {"requests_per_second": 100}},
     "upload.bytes_per_second": {"upload": {"bytes_per_second": "100MB"}},
     "upload.burst": {"upload": {"burst": "3s"}},

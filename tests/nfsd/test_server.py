@@ -39,6 +39,30 @@ def test_write_commit_read_back(nfs_client, nfs_server):
     nfs_client(body)
 
 
+def test_client_work_is_stamped_for_the_uploader_and_lookups_are_not(nfs_client, nfs_server):
+    """`last_client_op` (the uploader's drain yields to it: uploader/foreground.py) moves on a
+    save's ops and not on what an idle mount sends (SEQUENCE, LOOKUP, GETATTR)."""
+    def stamp():
+        return nfs_server.server.last_client_op
+
+    async def body(c):
+        root = await c.lookup_path("/checkpoints")
+        await c.getattr(root)
+        idle = stamp()
+        fh, sid = await c.open_create(root, "shard.pt")
+        opened = stamp()
+        await c.getattr(fh)
+        await c.lookup_path("/checkpoints/shard.pt")
+        looked = stamp()
+        await c.write(fh, sid, 0, b"x" * 4096, UNSTABLE4)
+        written = stamp()
+        await c.close_file(fh, sid)
+        return idle, opened, looked, written
+
+    idle, opened, looked, written = nfs_client(body)
+    assert idle == float("-inf") and opened > idle and looked == opened and written > looked
+
+
 def test_pipelined_writes_from_many_clients(nfs_server):
     chunk = 256 * 1024
 

@@ -112,3 +112,58 @@ def test_aimd_serves_lower_priority_first_fifo_within():
         return order
 
     assert asyncio.run(main()) == ["b", "d", "a", "c"]
+
+
+# ---- the foreground ceiling (uploader/foreground.py) --------------------------------------
+from uploader.foreground import WINDOW, ForegroundFirst  # noqa: E402
+
+
+def test_foreground_ceiling_holds_while_clients_work_and_lifts_after_the_window():
+    fg = ForegroundFirst(2)
+    assert fg.ceiling(100.0) == (None, float("inf"))          # nobody stamps: never a ceiling
+    last = [99.9]
+    fg.last_client_op = lambda: last[0]
+    assert fg.ceiling(100.0) == (2, 99.9 + WINDOW)
+    assert fg.ceiling(99.9 + WINDOW)[0] is None               # quiet for the window
+    fg.urgent = lambda: True                                  # a flush waits, dirty at half
+    assert fg.ceiling(100.0)[0] is None
+    fg.urgent = lambda: False
+    off = ForegroundFirst(0)
+    off.last_client_op = lambda: 100.0
+    assert off.ceiling(100.0)[0] is None                      # 0: switched off
+
+
+def test_aimd_ceiling_admits_fewer_while_it_holds_and_wakes_waiters_when_it_lifts():
+    """The limiter keeps at most the ceiling in flight while clients work; when they stop,
+    the waiters it held back go at once, though no request ended to wake them."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        lim = AimdLimiter(initial=8, maximum=8)
+        busy_until = loop.time() + 0.2
+        lim.ceiling = lambda now: (2, busy_until) if now < busy_until else (None, float("inf"))
+        for _ in range(2):
+            await lim.acquire()
+        waiters = [asyncio.create_task(lim.acquire()) for _ in range(5)]
+        await asyncio.sleep(0.05)
+        held = lim.in_flight                     # the ceiling: 2, nobody released
+        await asyncio.wait_for(asyncio.gather(*waiters), 2)   # lifted at busy_until
+        return held, lim.in_flight, loop.time() >= busy_until
+
+    assert asyncio.run(main()) == (2, 7, True)
+
+
+def test_aimd_reconsider_admits_at_once_when_the_ceiling_lifts_early():
+    async def main():
+        lim = AimdLimiter(initial=4, maximum=4)
+        urgent = [False]
+        lim.ceiling = lambda now: (None, float("inf")) if urgent[0] else (1, now + 60.0)
+        await lim.acquire()
+        waiter = asyncio.create_task(lim.acquire())
+        await asyncio.sleep(0.02)
+        assert not waiter.done()
+        urgent[0] = True                          # a flush begins
+        lim.reconsider()
+        await asyncio.wait_for(waiter, 1)
+        return lim.in_flight
+
+    assert asyncio.run(main()) == 2
