@@ -1,6 +1,7 @@
 """FILE_SYNC ack latency while the uploader drains, against the same probe with nothing draining.
 
     python bench/acklat_drain.py [--tree PATH] [--rounds 3] [--writes 300]
+                                 [--gateway-args "FLAGS"] [--draining-only]
 
 `ckptgw serve` (its uploader to moto at SCHED_IDLE, as bench/stack.py runs it); nfs-rs writes
 8 x 64 MiB; then 300 FILE_SYNC writes of 256 KiB, each followed by a local 256 KiB
@@ -22,6 +23,9 @@ ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDe
 ap.add_argument("--tree", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ap.add_argument("--rounds", type=int, default=3)
 ap.add_argument("--writes", type=int, default=300)
+ap.add_argument("--gateway-args", default="", help='more `ckptgw serve` flags, e.g. '
+                '"--upload-foreground-concurrency 0", to compare settings side by side')
+ap.add_argument("--draining-only", action="store_true", help="skip the quiet rounds")
 args = ap.parse_args()
 tree = os.path.abspath(args.tree)
 sys.path.insert(0, tree)
@@ -45,7 +49,8 @@ def cpu_seconds(pid: int) -> float:
 
 def one(settle: float, workdir: Path) -> str:
     block = os.urandom(MiB)
-    with s3_server() as s3, gateway(workdir, s3.endpoint, settle=settle) as gw:
+    with s3_server() as s3, gateway(workdir, s3.endpoint, settle=settle,
+                                    extra=tuple(args.gateway_args.split())) as gw:
         tp.mkdir(gw.port, "bench")
         tp.write_streams(gw.port, "bench/s", 64 * MiB, block)
         time.sleep(0.6)                      # past the settle window: the drain begins
@@ -64,6 +69,7 @@ if __name__ == "__main__":
     print(f"tree {tree}")
     with tempfile.TemporaryDirectory() as d:
         for r in range(args.rounds):
-            for label, settle in (("draining", 0.5), ("quiet", 3600.0)):
+            modes = (("draining", 0.5),) if args.draining_only else (("draining", 0.5), ("quiet", 3600.0))
+            for label, settle in modes:
                 quiesce_disk()
                 print(f"round {r} {label:8s} {one(settle, Path(d) / f'{label}{r}')}", flush=True)
