@@ -35,20 +35,27 @@ def trim_heap() -> bool:
 
 class TrimAfterBursts:
     """Counts ended connections; `due(now)` once TRIM_AFTER_CLOSES ended since the last trim
-    and none for QUIET_SECONDS (the caller then trims)."""
+    and none for QUIET_SECONDS (the caller then trims). A burst's stragglers get one trim more:
+    a burst can pause for a second while some of its connections live on (a hostile client's
+    slow records until their timeout), and the buffers those free when they end would stay
+    with the allocator, too few closes to count as a burst of their own."""
 
     def __init__(self) -> None:
         self.closed = 0
         self.last_close = 0.0
         self.trims = 0
+        self._stragglers = False     # the last trim ended a burst: the next closes, any, count
 
     def connection_ended(self, now: float) -> None:
         self.closed += 1
         self.last_close = now
 
     def due(self, now: float) -> bool:
-        if self.closed < TRIM_AFTER_CLOSES or now - self.last_close < QUIET_SECONDS:
+        if not self.closed or now - self.last_close < QUIET_SECONDS:
             return False
+        if self.closed < TRIM_AFTER_CLOSES and not self._stragglers:
+            return False
+        self._stragglers = self.closed >= TRIM_AFTER_CLOSES
         self.closed = 0
         self.trims += 1
         return True
