@@ -89,7 +89,7 @@ class AimdLimiter:
     def _wake_at(self, until: float) -> None:
         # a waiter held back by the ceiling must be woken when it lifts, even if no request
         # ends meanwhile (none may be in flight at all)
-        if self._recheck is None or self._recheck.cancelled():
+        if self._recheck is None:           # one timer at a time; _lifted clears it
             delay = max(0.0, until - self._clock())
             self._recheck = asyncio.get_running_loop().call_later(delay, self._lifted)
 

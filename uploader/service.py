@@ -517,12 +517,16 @@ class Uploader:
                        multipart=prog.multipart)
         return out
 
+    def _usage(self) -> dict:
+        """The store's byte accounting; {} for a store without it (tests' stand-ins)."""
+        return self.store.usage() if hasattr(self.store, "usage") else {}
+
     def _urgent(self) -> bool:
         """The drain must not yield to clients (foreground.py): a flush waits, or dirty data
         holds half the capacity."""
         if self._flush_prefixes:
             return True
-        usage = self.store.usage() if hasattr(self.store, "usage") else {}
+        usage = self._usage()
         return bool(usage) and usage["dirty"] * 2 >= usage["capacity"]
 
     def status(self) -> dict:
@@ -536,7 +540,7 @@ class Uploader:
         ready_ns = self.store.oldest_ready_ns() if hasattr(self.store, "oldest_ready_ns") else None
         if ready_ns is not None:
             upload_ts.append(now - max(0, self.store.clock_ns() - ready_ns) / 1e9)
-        usage = self.store.usage() if hasattr(self.store, "usage") else {}
+        usage = self._usage()
         return {
             "running": self._started,
             "queue_depth": len(jobs),
