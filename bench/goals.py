@@ -93,5 +93,15 @@ GOALS: tuple[Goal, ...] = (
     _g("cores.bound_small8", "cores", "bound of any layout: 8-client small files split over two independent "
        "gateways, one per CPU", "files/s", "the gateway on one core", "reported (the bound of the cores goal here)",
        None),
+    # the cause behind the nfs-rs rows, per request (bench/scenarios/request.py)
+    _g("request.compound_rtt", "per request", "round trip per COMPOUND, one nfs-rs client (exists() loop)", "µs",
+       "NFS-Ganesha (VFS)", "reported (the cause of the nfs-rs rows)", None),
+    _g("request.compound_cpu", "per request", "server CPU (user + system) per COMPOUND, same loop", "µs",
+       "NFS-Ganesha (VFS)", "reported (the cause of the nfs-rs rows)", None),
+    _g("request.null_cpu", "per request", "server CPU per RPC NULL call (transport and RPC layers alone)", "µs",
+       "NFS-Ganesha (VFS)", "reported (the cause of the nfs-rs rows)", None),
+    _g("request.python_floor", "per request", "floor of any CPython event-loop server: CPU per NULL call answered "
+       "with a canned reply, nothing decoded (ckptgw column)", "µs", "NFS-Ganesha's CPU per NULL call",
+       "reported (the cause of the nfs-rs rows)", None),
 )
 BY_ID = {g.id: g for g in GOALS}

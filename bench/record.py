@@ -44,6 +44,14 @@ MODES = {
 SCALE_BASE_FILES = 1000
 
 
+def in_turn(sides, rep: int) -> list:
+    """The order of `sides` in repetition `rep`: as given in even repetitions, reversed in odd
+    ones, so a drift in the host's load (and the writeback one side leaves behind) hits every
+    side alike."""
+    sides = list(sides)
+    return sides if rep % 2 == 0 else sides[::-1]
+
+
 class NotRunHere(Exception):
     """A scenario cannot run on this host (a tool is missing): reported as "not run", exit 2."""
 

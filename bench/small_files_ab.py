@@ -23,6 +23,7 @@ sys.path.insert(0, str(REPO))
 
 import tests.e2e.crash_server as crash_server  # noqa: E402
 from bench.nfsrs_throughput import WRITE1, WRITE8, free_port, measure, small_files  # noqa: E402
+from bench.record import in_turn  # noqa: E402
 
 MiB = 1 << 20
 
@@ -85,10 +86,7 @@ def main() -> int:
     print(f"load average at start: {os.getloadavg()}", flush=True)
     for rnd in range(args.rounds):
         for load in loads(args.clients, args.seconds, args.streams):
-            # odd rounds in reverse: a side never always follows the same one (the one
-            # before leaves writeback behind that the next one's fdatasyncs wait for)
-            order = list(sides.items())
-            for side, run in (order if rnd % 2 == 0 else order[::-1]):
+            for side, run in in_turn(sides.items(), rnd):
                 root = Path(tempfile.mkdtemp(prefix="small-ab-", dir="/var/tmp"))
                 try:
                     got = run(root, load)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..procs import quiesce_disk
-from ..record import Run
+from ..record import Run, in_turn
 from ..stack import ganesha_missing
 
 GOALS = {"dd_write_MBps": "kclient.dd_write", "dd_read_MBps": "kclient.dd_read", "ckpt_save_MBps": "kclient.ckpt_save"}
@@ -31,7 +31,7 @@ def run(run: Run) -> None:
     kinds = ["ckptgw"] + ([] if missing else ["ganesha"])
     for rep in range(run.sizes.reps):
         got = {}
-        for kind in (kinds if rep % 2 == 0 else kinds[::-1]):
+        for kind in in_turn(kinds, rep):
             quiesce_disk()
             wd = run.workdir / f"kclient{rep}"
             wd.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ import os
 from .. import nfsrs_throughput as tp
 from ..latency import LocalSyncWrites, file_sync_writes
 from ..procs import CpuMeter, RssSampler, quiesce_disk
-from ..record import MiB, Run
+from ..record import MiB, Run, in_turn
 from ..stack import BUCKET, ganesha, ganesha_missing, gateway, s3_client, s3_server
 from ..stats import percentile
 
@@ -101,11 +101,8 @@ def run(run: Run) -> None:
     if one_cpu:
         run.mark(CORES_OF.values(), "not run", "this host gives the benchmark one CPU")
     for rep in range(run.sizes.reps):
-        sides = ["gw", "gw1", "gw2", "ganesha"]
-        if rep % 2:
-            sides.reverse()
         got: dict[str, dict] = {}
-        for side in sides:
+        for side in in_turn(["gw", "gw1", "gw2", "ganesha"], rep):
             quiesce_disk()
             if side == "gw":
                 got["gw"], lat, local = _gateway_side(run, rep)

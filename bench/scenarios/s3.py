@@ -17,7 +17,7 @@ from tests.support.faultproxy import ThreadedFaultProxy
 from .. import nfsrs_throughput as tp
 from .. import upload_drain
 from ..procs import CpuMeter, quiesce_disk
-from ..record import MiB, Run
+from ..record import MiB, Run, in_turn
 from ..stack import gateway, s3_client, s3_server
 
 LATENCY, ERROR_RATE = 0.035, 0.20
@@ -46,7 +46,7 @@ def save_vs_faults(run: Run) -> None:
             proxy = ThreadedFaultProxy(s3.port, seed=rep)
             try:
                 secs = {}
-                for kind in (("clean", "faulty") if rep % 2 == 0 else ("faulty", "clean")):
+                for kind in in_turn(("clean", "faulty"), rep):
                     quiesce_disk()
                     endpoint = s3.endpoint if kind == "clean" else proxy.endpoint
                     with gateway(run.workdir / f"save-{kind}{rep}", endpoint, settle=0.0) as gw:

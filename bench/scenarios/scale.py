@@ -11,7 +11,7 @@ import structlog
 from .. import nfsrs_throughput as tp
 from ..latency import lookup_getattr
 from ..procs import RssSampler
-from ..record import SCALE_BASE_FILES, MiB, Run
+from ..record import SCALE_BASE_FILES, MiB, Run, in_turn
 from ..stack import gateway, s3_server
 from ..stats import percentile
 from ..store_startup import build
@@ -29,7 +29,7 @@ def startup_and_lookup(run: Run) -> None:
     rng = random.Random(15)
     for rep in range(s.reps):
         got = {}
-        for n in ((SCALE_BASE_FILES, s.scale_files) if rep % 2 == 0 else (s.scale_files, SCALE_BASE_FILES)):
+        for n in in_turn((SCALE_BASE_FILES, s.scale_files), rep):
             probes = [f"d{i // 1000}/f{i}" for i in (rng.randrange(n) for _ in range(s.lookup_probes))]
             with s3_server() as s3, gateway(run.workdir / f"scale{n}" / f"run{rep}", s3.endpoint, settle=QUIET,
                                             cache_dir=caches[n]) as gw:

@@ -1,0 +1,62 @@
+"""The floor of any CPython event-loop server: what answering one RPC record costs when the server
+does nothing else (no decoding, no task, a canned reply), to set beside a real server's CPU per
+request. `python -m bench.rpc_floor` serves on a free loopback port and prints `port=N`;
+`null_calls(port, seconds)` is its load (and loads any ONC-RPC server: NFS NULL calls).
+"""
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import time
+
+_MARK = struct.Struct(">I")
+LAST_FRAGMENT = 0x80000000
+NFS_PROGRAM, NFS_V4 = 100003, 4
+
+
+def null_call(xid: int) -> bytes:
+    """One framed ONC-RPC call of NFSv4's NULL procedure with AUTH_NONE (RFC 5531)."""
+    body = struct.pack(">6I4I", xid, 0, 2, NFS_PROGRAM, NFS_V4, 0, 0, 0, 0, 0)
+    return _MARK.pack(LAST_FRAGMENT | len(body)) + body
+
+
+def null_calls(port: int, seconds: float) -> int:
+    """NULL calls one after the other (each waits for its reply) for `seconds`; their count."""
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        n, stop = 0, time.monotonic() + seconds
+        while time.monotonic() < stop:
+            s.sendall(null_call(n))
+            (mark,) = _MARK.unpack(s.recv(4, socket.MSG_WAITALL))
+            s.recv(mark & ~LAST_FRAGMENT, socket.MSG_WAITALL)
+            n += 1
+        return n
+
+
+class _Echo(asyncio.Protocol):
+    """Answers each record with an accepted, successful reply carrying the call's xid."""
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.buf = b""
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while len(self.buf) >= 4:
+            size = _MARK.unpack_from(self.buf)[0] & ~LAST_FRAGMENT
+            if len(self.buf) < 4 + size:
+                return
+            xid, self.buf = self.buf[4:8], self.buf[4 + size:]
+            body = xid + struct.pack(">5I", 1, 0, 0, 0, 0)   # REPLY, MSG_ACCEPTED, empty AUTH_NONE verifier, SUCCESS
+            self.transport.write(_MARK.pack(LAST_FRAGMENT | len(body)) + body)
+
+
+async def _serve() -> None:
+    server = await asyncio.get_running_loop().create_server(_Echo, "127.0.0.1", 0)
+    print(f"port={server.sockets[0].getsockname()[1]}", flush=True)
+    await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    asyncio.run(_serve())
