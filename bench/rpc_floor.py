@@ -10,15 +10,15 @@ import socket
 import struct
 import time
 
+from nfsd.rpc import LAST_FRAGMENT, frame
+
 _MARK = struct.Struct(">I")
-LAST_FRAGMENT = 0x80000000
 NFS_PROGRAM, NFS_V4 = 100003, 4
 
 
 def null_call(xid: int) -> bytes:
     """One framed ONC-RPC call of NFSv4's NULL procedure with AUTH_NONE (RFC 5531)."""
-    body = struct.pack(">6I4I", xid, 0, 2, NFS_PROGRAM, NFS_V4, 0, 0, 0, 0, 0)
-    return _MARK.pack(LAST_FRAGMENT | len(body)) + body
+    return frame(struct.pack(">6I4I", xid, 0, 2, NFS_PROGRAM, NFS_V4, 0, 0, 0, 0, 0))
 
 
 def null_calls(port: int, seconds: float) -> int:
@@ -48,8 +48,8 @@ class _Echo(asyncio.Protocol):
             if len(self.buf) < 4 + size:
                 return
             xid, self.buf = self.buf[4:8], self.buf[4 + size:]
-            body = xid + struct.pack(">5I", 1, 0, 0, 0, 0)   # REPLY, MSG_ACCEPTED, empty AUTH_NONE verifier, SUCCESS
-            self.transport.write(_MARK.pack(LAST_FRAGMENT | len(body)) + body)
+            # REPLY, MSG_ACCEPTED, empty AUTH_NONE verifier, SUCCESS
+            self.transport.write(frame(xid + struct.pack(">5I", 1, 0, 0, 0, 0)))
 
 
 async def _serve() -> None:

@@ -23,9 +23,7 @@ sys.path.insert(0, str(REPO))
 
 import tests.e2e.crash_server as crash_server  # noqa: E402
 from bench.nfsrs_throughput import WRITE1, WRITE8, free_port, measure, small_files  # noqa: E402
-from bench.record import in_turn  # noqa: E402
-
-MiB = 1 << 20
+from bench.record import MiB, in_turn  # noqa: E402
 
 
 def small_row(clients: int) -> str:
