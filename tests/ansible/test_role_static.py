@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -38,7 +39,7 @@ def role_defaults() -> dict:
 
 def render(ansible_bin: Path, tmp_path: Path, **variables):
     variables.setdefault("ckptgw_s3_endpoint", "")
-    variables.setdefault("ckptgw_cache_uuid", {"stdout": "0f0e0d0c-0000-4000-8000-000000000001"})
+    variables.setdefault("ckptgw_cache_fs_uuid", "0f0e0d0c-0000-4000-8000-000000000001")
     variables.update(out_dir=str(tmp_path), ansible_python_interpreter=str(ansible_bin / "python3"))
     extra = tmp_path / "vars.json"
     extra.write_text(json.dumps(variables))
@@ -163,3 +164,16 @@ def test_unit_follows_the_packaged_unit(ansible_bin, tmp_path):
     # With the role's default paths and user, every directive of the packaged unit is the same.
     differ = {key: (ours.get(key), value) for key, value in theirs.items() if ours.get(key) != value}
     assert not differ, f"role unit vs packaging unit (role, packaging): {differ}"
+
+
+@pytest.mark.parametrize("mountpoint", ["/var/lib/ckptgw", "/srv/ckpt-cache/gw_1.d"])
+def test_cache_mount_unit_is_named_as_systemd_escape_names_it(ansible_bin, tmp_path, mountpoint):
+    escape = shutil.which("systemd-escape")
+    if not escape:
+        pytest.skip("no systemd-escape on this machine")
+    run = render(ansible_bin, tmp_path, ckptgw_admin_group="", ckptgw_cache_device="/dev/vdb",
+                 ckptgw_cache_mountpoint=mountpoint, ckptgw_cache_dir=f"{mountpoint}/cache")
+    assert run.returncode == 0, run.tail()
+    expected = subprocess.run([escape, "--path", "--suffix=mount", mountpoint], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    assert (tmp_path / "cache-mount-unit-name").read_text().strip() == expected
