@@ -1,12 +1,15 @@
 """Deploy with ansible/site.yml to a real Debian 12 host (qemu, software emulation) over SSH.
 
 One VM for the module, the tests run in order against it:
-  --check --diff on the fresh host previews the install and touches nothing
-  -> first run (fresh host) -> service active, NFS mount from the guest's own kernel client works
-  -> second run changes nothing -> --check --diff previews a config change without applying it
+  first run (fresh host) -> service active, NFS mount from the guest's own kernel client works
+  -> second run changes nothing, and (at the same time) --check --diff previews a config change
+     without applying it
   -> the applied config change reloads the service (same PID, a reload in the journal)
   -> the unit under systemd: a bad config ends `failed` with exit 78 and no restart, a good one
      (without cache_dir: $STATE_DIRECTORY/cache) runs with the watchdog fed, pinned versions installed.
+Meanwhile a second VM from the same image, another fresh host, gets --check --diff: it previews the
+install and touches nothing (run in a thread beside the first run: the two would otherwise take turns
+on an idle CPU).
 The guest has no network but its forwarded SSH port: ckptgw is installed from the wheel of
 this checkout (packaging/build-dist.sh) plus the image's wheelhouse (the role's offline path).
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 import json
 import shlex
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -71,10 +75,9 @@ def vm(guest_image):
         yield machine
 
 
-@pytest.fixture(scope="module")
-def deploy(vm, ansible_bin, ckptgw_dist, tmp_path_factory):
-    """Runs the playbook, returning the PlaybookRun; keyword args become -e variables."""
-    inv = inventory(tmp_path_factory.mktemp("inventory") / "hosts.yml", vm, ckptgw_dist)
+def playbook_runner(vm: GuestVM, ansible_bin: Path, dist: Path, inventory_dir: Path):
+    """Runs the playbook against `vm`, returning the PlaybookRun; keyword args become -e variables."""
+    inv = inventory(inventory_dir / "hosts.yml", vm, dist)
 
     def run(label: str, *args: str, **extra):
         if extra:
@@ -87,6 +90,11 @@ def deploy(vm, ansible_bin, ckptgw_dist, tmp_path_factory):
         return result
 
     return run
+
+
+@pytest.fixture(scope="module")
+def deploy(vm, ansible_bin, ckptgw_dist, tmp_path_factory):
+    return playbook_runner(vm, ansible_bin, ckptgw_dist, tmp_path_factory.mktemp("inventory"))
 
 
 @pytest.fixture(scope="module")
@@ -105,19 +113,30 @@ def host_state(vm: GuestVM) -> str:
 
 
 @pytest.fixture(scope="module")
-def fresh_check(vm, deploy):
-    """--check --diff before anything was deployed, with the host's state before and after."""
-    before = host_state(vm)
-    run = deploy("--check --diff on the fresh host", "--check", "--diff")
-    return run, before, host_state(vm)
+def fresh_check(guest_image, ansible_bin, ckptgw_dist, tmp_path_factory):
+    """--check --diff on a fresh host, with the host's state before and after: a second VM from
+    the same image, in a thread, so that it runs while the first run deploys the module's VM (the
+    first test asks for both). A Future of (PlaybookRun, state before, state after)."""
+    inventory_dir = tmp_path_factory.mktemp("inventory-fresh")
+
+    def check():
+        with GuestVM(guest_image, smp=2, mem_mib=1024) as fresh:
+            report(f"fresh VM for --check, boot to SSH: {fresh.boot_seconds:.0f}s (qemu TCG, 2 vCPU, 1 GiB)")
+            before = host_state(fresh)
+            run = playbook_runner(fresh, ansible_bin, ckptgw_dist, inventory_dir)(
+                "--check --diff on the fresh host", "--check", "--diff")
+            return run, before, host_state(fresh)
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        yield pool.submit(check)
 
 
 def journal(vm: GuestVM, lines: int = 60) -> str:
     return vm.ssh(f"sudo journalctl --no-pager -u ckptgw.service -n {lines}", check=False).stdout
 
 
-def test_check_mode_on_a_fresh_host_previews_and_changes_nothing(fresh_check):
-    run, before, after = fresh_check
+def test_check_mode_on_a_fresh_host_previews_and_changes_nothing(fresh_check, first_run):
+    run, before, after = fresh_check.result()
     assert run.returncode == 0, run.tail()
     recap = run.recap(HOST)
     assert recap["failed"] == 0 and recap["changed"] > 0, run.tail()
@@ -127,7 +146,7 @@ def test_check_mode_on_a_fresh_host_previews_and_changes_nothing(fresh_check):
     assert "exists" not in after and "ckptgw:" not in after and "TYPE=" not in after, after
 
 
-def test_first_run_deploys_an_active_service(vm, fresh_check, first_run):
+def test_first_run_deploys_an_active_service(vm, first_run):
     assert first_run.returncode == 0, first_run.tail() + "\n--- journal of ckptgw.service\n" + journal(vm)
     recap = first_run.recap(HOST)
     assert recap["failed"] == 0 and recap["unreachable"] == 0 and recap["changed"] > 0
@@ -164,24 +183,36 @@ def test_guest_kernel_nfs_client_writes_and_reads(vm, first_run):
     assert "step-1.pt" in proc.stdout
 
 
-def test_second_run_changes_nothing(vm, deploy, first_run):
+@pytest.fixture(scope="module")
+def second_run_and_check(vm, deploy, first_run):
+    """The second run (the same variables) and --check --diff with ckptgw_log_level=debug, both
+    against the deployed VM and at the same time (each mostly waits on one emulated CPU): neither
+    may change the host, and the tests below check that of each. (PID before, second run, check
+    run, PID after)."""
     assert first_run.returncode == 0
     pid = service(vm, "MainPID")
-    second = deploy("second run (idempotence)")
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        check = pool.submit(deploy, "--check --diff with ckptgw_log_level=debug", "--check", "--diff",
+                            ckptgw_log_level="debug")
+        second = deploy("second run (idempotence)")
+        check = check.result()
+    return pid, second, check, service(vm, "MainPID")
+
+
+def test_second_run_changes_nothing(second_run_and_check):
+    pid, second, _, pid_after = second_run_and_check
     assert second.returncode == 0, second.tail()
     assert second.recap(HOST)["changed"] == 0, second.tail()
-    assert service(vm, "MainPID") == pid
+    assert pid_after == pid
 
 
-def test_check_diff_previews_a_change_without_applying_it(vm, deploy, first_run):
-    assert first_run.returncode == 0
-    pid = service(vm, "MainPID")
-    check = deploy("--check --diff with ckptgw_log_level=debug", "--check", "--diff", ckptgw_log_level="debug")
+def test_check_diff_previews_a_change_without_applying_it(vm, second_run_and_check):
+    pid, _, check, pid_after = second_run_and_check
     assert check.returncode == 0, check.tail()
     assert check.recap(HOST)["changed"] >= 1
     assert '+level = "debug"' in check.output and '-level = "info"' in check.output, check.tail()
     assert 'level = "info"' in vm.ssh("sudo cat /etc/ckptgw/config.toml").stdout
-    assert service(vm, "MainPID") == pid
+    assert pid_after == pid
 
 
 def test_config_change_reloads_instead_of_restarting(vm, deploy, first_run):
