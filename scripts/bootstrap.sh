@@ -21,8 +21,15 @@ if [ ! -x "$venv/bin/python" ]; then
 	python3 -m venv "$venv"
 fi
 stamp="$venv/.ckptgw-installed$extras"
-# Reinstall only when pyproject.toml changed since the last install.
-if [ ! -f "$stamp" ] || [ "$here/pyproject.toml" -nt "$stamp" ]; then
+# Reinstall when the package's build inputs changed since the last install: pyproject.toml, and
+# what setup.py compiles (the native engine's .pyx/.pxd, the .x text its codecs are generated from).
+stale() {
+	[ ! -f "$stamp" ] && return 0
+	[ -n "$(find "$here/pyproject.toml" "$here/setup.py" "$here/nfsd/native" "$here/nfsd/xdr" \
+		\( -name '*.toml' -o -name '*.py' -o -name '*.pyx' -o -name '*.pxd' -o -name '*.x' \) \
+		-newer "$stamp" -print -quit 2> /dev/null)" ]
+}
+if stale; then
 	"$venv/bin/python" -m pip install -q --upgrade pip > /dev/null
 	"$venv/bin/python" -m pip install -q -e "$here$extras" >&2
 	touch "$stamp"
