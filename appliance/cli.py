@@ -3,7 +3,6 @@ through its admin API. Every admin command takes --json; exit codes are listed i
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -82,6 +81,8 @@ def _overrides(params: dict, exports: tuple) -> dict:
 def serve(ctx, exports, **params):
     """Run the gateway in the foreground (systemd Type=notify). Without an S3 endpoint it runs in
     try-out mode on an embedded in-memory S3."""
+    from nfsd import eventloop
+
     from . import daemon, logs
     path = ctx.obj["config"] or configmod.default_config_path()
     try:
@@ -91,7 +92,7 @@ def serve(ctx, exports, **params):
         click.echo(f"ckptgw: configuration error: {e}", err=True)
         sys.exit(EX_CONFIG)
     logs.configure(cfg.log.format, cfg.log.level)
-    code = asyncio.run(daemon.serve(cfg, overrides))
+    code = eventloop.run(daemon.serve(cfg, overrides))
     # Everything is closed and durable by now. Tearing down the interpreter (garbage-collecting
     # boto3's and moto's object graphs, joining idle pool threads) takes seconds for nothing,
     # and systemd's stop timeout is ticking: flush the logs and leave.

@@ -15,6 +15,7 @@ import sys
 import structlog
 
 from cache.store import Store
+from nfsd import eventloop
 from nfsd.exports import Exports
 from nfsd.limits import Limits
 from nfsd.server import NfsServer
@@ -100,7 +101,7 @@ def main(argv=None) -> int:
     sys.stdout.reconfigure(line_buffering=True)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(
         getattr(logging, args.log_level.upper())), cache_logger_on_first_use=True)
-    asyncio.run(run(args))
+    eventloop.run(run(args))
     return 0
 
 
