@@ -103,5 +103,9 @@ GOALS: tuple[Goal, ...] = (
     _g("request.python_floor", "per request", "floor of any CPython event-loop server: CPU per NULL call answered "
        "with a canned reply, nothing decoded (ckptgw column)", "µs", "NFS-Ganesha's CPU per NULL call",
        "reported (the cause of the nfs-rs rows)", None),
+    # issue 37 point 1: the headroom a native engine on uvloop has against Ganesha
+    _g("request.uvloop_floor", "per request", "floor of a uvloop server (the gateway's loop): CPU per NULL call "
+       "answered with a canned reply, nothing decoded (ckptgw column)", "µs", "NFS-Ganesha's CPU per NULL call",
+       "reported (the headroom of the native engine)", None),
 )
 BY_ID = {g.id: g for g in GOALS}

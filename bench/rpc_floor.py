@@ -1,10 +1,13 @@
 """The floor of any CPython event-loop server: what answering one RPC record costs when the server
 does nothing else (no decoding, no task, a canned reply), to set beside a real server's CPU per
-request. `python -m bench.rpc_floor` serves on a free loopback port and prints `port=N`;
-`null_calls(port, seconds)` is its load (and loads any ONC-RPC server: NFS NULL calls).
+request. `python -m bench.rpc_floor [--loop uvloop|asyncio]` serves on a free loopback port and
+prints `port=N`; `null_calls(port, seconds)` is its load (and loads any ONC-RPC server: NFS NULL
+calls). The gateway serves on uvloop (nfsd/eventloop.py), so its floor is the uvloop one; the
+stdlib loop's is measured beside it.
 """
 from __future__ import annotations
 
+import argparse
 import asyncio
 import socket
 import struct
@@ -59,4 +62,10 @@ async def _serve() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(_serve())
+    parser = argparse.ArgumentParser(prog="python -m bench.rpc_floor")
+    parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="asyncio")
+    if parser.parse_args().loop == "uvloop":
+        import uvloop
+        uvloop.run(_serve())
+    else:
+        asyncio.run(_serve())

@@ -3,7 +3,8 @@ client calls `exists()` of a missing name in a loop (2 COMPOUNDs: SEQUENCE+PUTFH
 and SEQUENCE+PUTFH+LOOKUP, the second failing with NOENT), against `ckptgw serve` and NFS-Ganesha:
 the round trip the client sees and the server's CPU seconds (user + system, /proc) per COMPOUND.
 Then RPC NULL calls (nothing to do but answer) against the same two servers and against the floor of
-any CPython event-loop server (bench/rpc_floor.py: a canned reply to every record, nothing decoded):
+any CPython event-loop server, on the stdlib loop and on uvloop, the gateway's (bench/rpc_floor.py: a
+canned reply to every record, nothing decoded):
 what the transport and RPC layers cost before any NFS work. Reported, no bar: the issue sets none;
 the nfs-rs goals ask for Ganesha's pace request for request.
 """
@@ -52,9 +53,10 @@ def _null_loop(port: int, pid: int, seconds: float) -> float:
     return meter.stop()["server"] / calls * 1e6
 
 
-def _python_floor(seconds: float) -> float:
-    """CPU microseconds per request of bench/rpc_floor.py's canned-reply server."""
-    proc = subprocess.Popen([sys.executable, "-m", "bench.rpc_floor"], stdout=subprocess.PIPE, text=True)
+def _python_floor(seconds: float, loop: str = "asyncio") -> float:
+    """CPU microseconds per request of bench/rpc_floor.py's canned-reply server on `loop`."""
+    proc = subprocess.Popen([sys.executable, "-m", "bench.rpc_floor", "--loop", loop],
+                            stdout=subprocess.PIPE, text=True)
     try:
         match = re.search(r"port=(\d+)", proc.stdout.readline())
         if match is None:
@@ -72,7 +74,7 @@ def run(run: Run) -> None:
     seconds = max(1.0, run.sizes.small_seconds)
     for rep in range(run.sizes.reps):
         got: dict[str, tuple] = {}
-        for side in in_turn(["gw", "ganesha", "floor"], rep):
+        for side in in_turn(["gw", "ganesha", "floor", "uvloop_floor"], rep):
             quiesce_disk()
             if side == "gw":
                 with s3_server() as s3, gateway(run.workdir / f"request-gw{rep}", s3.endpoint) as gw:
@@ -82,13 +84,17 @@ def run(run: Run) -> None:
                     got["ganesha"] = (*_exists_loop(g.port, g.pid, seconds), _null_loop(g.port, g.pid, seconds))
             elif side == "floor":
                 got["floor"] = _python_floor(seconds)
+            elif side == "uvloop_floor":
+                got["uvloop_floor"] = _python_floor(seconds, "uvloop")
         gw, ref = got["gw"], got.get("ganesha")
         run.add("request.compound_rtt", gw[0], ref and ref[0])
         run.add("request.compound_cpu", gw[1], ref and ref[1])
         run.add("request.null_cpu", gw[2], ref and ref[2])
         run.add("request.python_floor", got["floor"], ref and ref[2])
+        run.add("request.uvloop_floor", got["uvloop_floor"], ref and ref[2])
         bars = {"COMPOUND (exists() loop)": {"ckptgw": gw[1]},
-                "RPC NULL": {"ckptgw": gw[2], "CPython loop, canned reply": got["floor"]}}
+                "RPC NULL": {"ckptgw": gw[2], "CPython loop, canned reply": got["floor"],
+                             "uvloop, canned reply": got["uvloop_floor"]}}
         if ref is not None:
             bars["COMPOUND (exists() loop)"]["NFS-Ganesha"] = ref[1]
             bars["RPC NULL"]["NFS-Ganesha"] = ref[2]
