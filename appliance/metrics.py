@@ -143,6 +143,13 @@ class StatusCollector:
         for (op, code), n in sorted(s3["failures"].items()):
             failures.add_metric([op, code], n)
         yield failures
+        # the same requests the histogram counts (its +Inf bucket), so a ratio of failures or
+        # throttles to it stays defined when every request fails
+        reqs = CounterMetricFamily("ckptgw_s3_requests", "S3 requests sent, every request whatever its "
+                                   "outcome (success, throttle, error), by operation", labels=["operation"])
+        for op, h in sorted(s3["hist"].items()):
+            reqs.add_metric([op], sum(h[:-1]))
+        yield reqs
         yield CounterMetricFamily("ckptgw_nfs_read_bytes", "Bytes returned by NFS READ", value=ops["bytes_read"])
         yield CounterMetricFamily("ckptgw_nfs_written_bytes", "Bytes received by NFS WRITE",
                                   value=ops["bytes_written"])
@@ -178,12 +185,10 @@ class StatusCollector:
                                 "1 while the drain yields to clients saving or reading "
                                 "([upload] foreground_concurrency)",
                                 value=1.0 if up.get("foreground_ceiling") else 0.0)
-        reqs = CounterMetricFamily("ckptgw_s3_requests", "S3 requests sent, by kind", labels=["kind"])
-        for kind, n in sorted((up.get("requests") or {}).items()):
-            reqs.add_metric([kind], n)
-        yield reqs
-        yield CounterMetricFamily("ckptgw_s3_retries", "S3 requests retried", value=up.get("retries", 0))
-        yield CounterMetricFamily("ckptgw_s3_throttles", "S3 requests throttled (503 SlowDown and the like)",
+        yield CounterMetricFamily("ckptgw_s3_retries", "S3 requests of the uploader retried",
+                                  value=up.get("retries", 0))
+        yield CounterMetricFamily("ckptgw_s3_throttles", "S3 requests of the uploader throttled (503 SlowDown "
+                                  "and the like); each is also counted in ckptgw_s3_requests_total",
                                   value=up.get("throttles", 0))
         yield CounterMetricFamily("ckptgw_uploaded_bytes", "Payload bytes uploaded to S3",
                                   value=up.get("uploaded_bytes", 0))

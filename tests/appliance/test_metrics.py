@@ -47,7 +47,8 @@ def test_scrape_reads_live_status_and_op_stats():
         assert m[("ckptgw_upload_queue_depth", ())] == 4
         assert m[("ckptgw_oldest_dirty_age_seconds", ())] == 12.5
         assert m[("ckptgw_upload_foreground_ceiling", ())] == 1
-        assert m[("ckptgw_s3_requests_total", (("kind", "PutObject"),))] == 7
+        # the uploader's count of successes ("requests" in status) is not what the counter exports
+        assert not [k for k in m if k[0] == "ckptgw_s3_requests_total"]
         assert m[("ckptgw_s3_retries_total", ())] == 3
         assert m[("ckptgw_s3_throttles_total", ())] == 1
         assert m[("ckptgw_uploaded_bytes_total", ())] == 4096
@@ -94,6 +95,17 @@ def test_process_build_info_and_s3_request_metrics():
     assert m[("ckptgw_s3_request_duration_seconds_count", (("operation", "PutObject"),))] == 1
     assert m[("ckptgw_s3_request_failures_total", (("code", "SlowDown"), ("operation", "UploadPart")))] == 1
     assert m[("ckptgw_s3_request_failures_total", (("code", "404"), ("operation", "HeadObject")))] == 1
+    # every request sent, whatever its outcome: the throttled UploadPart and the failed HEAD
+    # count, so throttles / requests is defined when every request is throttled
+    assert m[("ckptgw_s3_requests_total", (("operation", "UploadPart"),))] == 2
+    assert m[("ckptgw_s3_requests_total", (("operation", "HeadObject"),))] == 1
+    assert m[("ckptgw_s3_requests_total", (("operation", "PutObject"),))] == 1
+    for (name, labels), value in m.items():
+        if name == "ckptgw_s3_requests_total":
+            assert m[("ckptgw_s3_request_duration_seconds_count", labels)] == value
+    # one label name for the S3 operation on every S3 series
+    s3_labels = {k for name, labels in m if name.startswith("ckptgw_s3_") for k, _ in labels}
+    assert s3_labels <= {"operation", "code", "le"}, s3_labels
     # counters, not rates computed in the daemon: Prometheus' rate() of the _total
     assert m[("ckptgw_uploaded_bytes_total", ())] == 10
     assert not [k for k in m if "rate" in k[0]]
