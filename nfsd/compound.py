@@ -19,14 +19,14 @@ import nfsd.xdr.nfs4 as nfs4
 from nfsd.context import CompoundContext
 from nfsd.errors import NfsError
 from nfsd.ops import session as session_ops
+from nfsd.optable import OP_NAMES, op_name
 from nfsd.xdr.core import XdrError
 from nfsd.xdr.nfs4 import (
     ILLEGAL4res, NFS4_OK, NFS4ERR_MINOR_VERS_MISMATCH, NFS4ERR_NOENT, NFS4ERR_NOTSUPP,
     NFS4ERR_NOT_ONLY_OP, NFS4ERR_OP_ILLEGAL, NFS4ERR_OP_NOT_IN_SESSION, NFS4ERR_REP_TOO_BIG,
     NFS4ERR_REP_TOO_BIG_TO_CACHE,
     NFS4ERR_RESOURCE, NFS4ERR_RETRY_UNCACHED_REP, NFS4ERR_SEQUENCE_POS, NFS4ERR_SERVERFAULT,
-    NFS4ERR_TOO_MANY_OPS, OP_BIND_CONN_TO_SESSION, OP_CREATE_SESSION, OP_DESTROY_CLIENTID,
-    OP_DESTROY_SESSION, OP_EXCHANGE_ID, OP_ILLEGAL, OP_READ, OP_SEQUENCE, OP_WRITE, nfs_argop4,
+    NFS4ERR_TOO_MANY_OPS, OP_ILLEGAL, OP_READ, OP_SEQUENCE, OP_WRITE, nfs_argop4,
     nfs_resop4, utf8str_cs,
 )
 
@@ -34,23 +34,10 @@ log = structlog.get_logger(__name__)
 
 _U32 = struct.Struct(">I")
 
-# Fore channel ops only: the callback ops (OP_CB_*) reuse the same numbers.
-OP_NAMES = {getattr(nfs4, n): n[3:] for n in dir(nfs4)
-            if n.startswith("OP_") and not n.startswith("OP_CB_")
-            and isinstance(getattr(nfs4, n), int)}
 STATUS_NAMES = {getattr(nfs4, n): n for n in dir(nfs4)
                 if (n.startswith("NFS4ERR_") or n == "NFS4_OK") and isinstance(getattr(nfs4, n), int)}
 
-# Op numbers per minor version (RFC 7530, RFC 8881, RFC 7862 + RFC 8276 xattrs).
-LAST_OP = {0: 39, 1: 58, 2: 75}
 SUPPORTED_MINOR_VERSIONS = (0, 1, 2)
-# NFSv4.0 ops that NFSv4.1 servers MUST NOT implement (RFC 8881 section 18: "MNI").
-V40_ONLY_OPS = frozenset(getattr(nfs4, n) for n in (
-    "OP_OPEN_CONFIRM", "OP_RENEW", "OP_SETCLIENTID", "OP_SETCLIENTID_CONFIRM",
-    "OP_RELEASE_LOCKOWNER"))
-# May start a COMPOUND without SEQUENCE, as its only op (RFC 8881 section 2.6.3.1.1.x).
-SESSIONLESS_OPS = frozenset({OP_EXCHANGE_ID, OP_CREATE_SESSION, OP_DESTROY_SESSION,
-                             OP_DESTROY_CLIENTID, OP_BIND_CONN_TO_SESSION})
 # More ops than this in one COMPOUND are refused before decoding (each needs >= 4 bytes).
 MAX_DECODED_OPS = 4096
 # Errors that are the normal answer to a question (LOOKUP of a missing name): debug only.
@@ -59,10 +46,6 @@ ROUTINE_ERRORS = frozenset({NFS4ERR_NOENT})
 
 class GarbageArgs(Exception):
     """The COMPOUND4args cannot be decoded: the RPC layer answers GARBAGE_ARGS."""
-
-
-def op_name(opnum: int) -> str:
-    return OP_NAMES.get(opnum, f"op{opnum}")
 
 
 def status_name(status: int) -> str:
@@ -313,14 +296,15 @@ def _start_session_part(ctx, args, results: _Results, request_size: int):
     ops = args.ops
     op0 = ops[0]
     if op0.tag != OP_SEQUENCE:
-        if op0.tag in SESSIONLESS_OPS:
+        row = ctx.server.ops[op0.tag]
+        if row.sessionless:
             if len(ops) > 1 or args.illegal_opnum is not None:
                 results.add(error_result(op0.tag, NFS4ERR_NOT_ONLY_OP))
                 return None, None, None
             return 0, None, None
-        if not _op_in_version(op0.tag, args.minorversion):
+        if row.since > args.minorversion:
             results.add(error_result(OP_ILLEGAL, NFS4ERR_OP_ILLEGAL))
-        elif op0.tag in V40_ONLY_OPS:
+        elif row.v40_only:
             results.add(error_result(op0.tag, NFS4ERR_NOTSUPP))
         else:
             results.add(error_result(op0.tag, NFS4ERR_OP_NOT_IN_SESSION))
@@ -352,12 +336,9 @@ def _start_session_part(ctx, args, results: _Results, request_size: int):
     return 1, seq.slot, None
 
 
-def _op_in_version(opnum: int, minorversion: int) -> bool:
-    return 3 <= opnum <= LAST_OP[minorversion]
-
-
 async def _run_ops(ctx, args: CompoundArgs, ops: list, first: int, results: _Results) -> None:
-    handlers = ctx.server.handlers
+    rows = ctx.server.ops.rows     # nfsd/optable.py; decode_compound let declared ops through only
+    minor = ctx.minorversion
     observer = getattr(ctx.server, "observer", None)
     last = len(ops) - 1
     for i in range(first, len(ops)):
@@ -365,16 +346,17 @@ async def _run_ops(ctx, args: CompoundArgs, ops: list, first: int, results: _Res
         opnum = op.tag
         ctx.extra["last_op"] = i == last and args.illegal_opnum is None
         ctx.extra["reply_room"] = results.room()      # READ clips its data to this
-        if not _op_in_version(opnum, ctx.minorversion):
+        row = rows[opnum]
+        if row.since > minor:
             results.add(error_result(OP_ILLEGAL, NFS4ERR_OP_ILLEGAL))
             return
-        if ctx.minorversion >= 1 and opnum == OP_SEQUENCE:
+        if minor >= 1 and opnum == OP_SEQUENCE:
             results.add(error_result(opnum, NFS4ERR_SEQUENCE_POS))
             return
-        if ctx.minorversion >= 1 and opnum in V40_ONLY_OPS:
+        if minor >= 1 and row.v40_only:
             results.add(error_result(opnum, NFS4ERR_NOTSUPP))
             return
-        handler = handlers.get(opnum)
+        handler = row.handler
         if handler is None:        # pNFS, delegations, locks, 4.2 extras: not offered
             results.add(error_result(opnum, NFS4ERR_NOTSUPP))
             return

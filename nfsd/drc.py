@@ -21,11 +21,9 @@ import time
 import zlib
 from collections import OrderedDict
 
-from nfsd.xdr.nfs4 import OP_CREATE, OP_LINK, OP_REMOVE, OP_RENAME, OP_SETATTR
-
 # Ops whose second run differs from the first and that have no seqid replay of their
-# own (OPEN, CLOSE, LOCK... are replayed by their owner's seqid, nfsd/owners.py).
-NON_IDEMPOTENT = frozenset({OP_CREATE, OP_LINK, OP_REMOVE, OP_RENAME, OP_SETATTR})
+# own: the op table's `non_idempotent` rows (nfsd/optable.py).
+from nfsd.optable import NON_IDEMPOTENT
 CHECKSUM_BYTES = 256
 DEFAULT_MAX_ENTRIES = 4096
 DEFAULT_MAX_BYTES = 8 * 1024 * 1024

@@ -29,20 +29,11 @@ from nfsd.rpc import (
     start_success_reply, system_err_reply,
 )
 from nfsd.offload import OffloadTable
+from nfsd.optable import OpTable, any_client_work
 from nfsd.state import DEFAULT_LEASE_TIME, SessionManager
 from nfsd.transport import NfsConnection
-from nfsd.xdr.nfs4 import (
-    NFS4ERR_DELAY, OP_ALLOCATE, OP_CLONE, OP_COMMIT, OP_COPY, OP_CREATE, OP_DEALLOCATE, OP_LINK,
-    OP_OPEN, OP_READ, OP_READ_PLUS, OP_REMOVE, OP_RENAME, OP_SETATTR, OP_WRITE, OP_WRITE_SAME,
-)
+from nfsd.xdr.nfs4 import NFS4ERR_DELAY
 from nfsd.xdr.rpc import AUTH_TOOWEAK
-
-# A client saving or reading: the ops that stamp `last_client_op` (the uploader's drain yields
-# to them: uploader/foreground.py). Not SEQUENCE, GETATTR, LOOKUP and the like: a mounted,
-# idle cluster renews leases and revalidates attributes all the time.
-CLIENT_WORK = frozenset({OP_READ, OP_READ_PLUS, OP_WRITE, OP_WRITE_SAME, OP_COMMIT, OP_OPEN,
-                         OP_CREATE, OP_REMOVE, OP_RENAME, OP_LINK, OP_SETATTR, OP_COPY, OP_CLONE,
-                         OP_ALLOCATE, OP_DEALLOCATE})
 
 log = structlog.get_logger(__name__)
 
@@ -85,7 +76,7 @@ class NfsServer:
         self.sessions.reclaim_needed = self.grace.reclaim_needed
         if handlers is None:
             from nfsd.ops import HANDLERS as handlers
-        self.handlers = handlers
+        self.ops = OpTable(handlers)          # nfsd/optable.py: every op's row, with its handler
         if opens is None:
             from nfsd.openstate import OpenStateTable
             opens = OpenStateTable(store)
@@ -119,7 +110,7 @@ class NfsServer:
         self._pool_closed = False
         self._listener: asyncio.base_events.Server | None = None
         self.address: tuple | None = None
-        self.last_client_op = float("-inf")    # monotonic time of the last CLIENT_WORK COMPOUND
+        self.last_client_op = float("-inf")    # monotonic time of the last client_work COMPOUND (optable)
 
     # ---- lifecycle --------------------------------------------------------------
     async def start(self, host: str = "127.0.0.1", port: int = 2049) -> None:
@@ -284,7 +275,7 @@ class NfsServer:
         except Exception:
             log.exception("compound_failed", peer=conn.peer[0], xid=xid)
             return system_err_reply(xid), []
-        if not CLIENT_WORK.isdisjoint(outcome.opnums):
+        if any_client_work(outcome.opnums):
             self.last_client_op = time.monotonic()
         return finish_reply(out, outcome.tail), outcome.opnums
 

@@ -238,8 +238,7 @@ def test_the_properties_catch_an_internal_failure(tmp_path):
     try:
         def broken(ctx, args):
             raise RuntimeError("handler bug")
-        e.server.handlers = dict(e.server.handlers)
-        e.server.handlers[n.OP_PUTROOTFH] = broken
+        e.server.ops.set_handler(n.OP_PUTROOTFH, broken)
         call = encode_call(3, 100003, 4, 1, ROOT, struct.pack(">IIII", 0, 0, 1, n.OP_PUTROOTFH))
         with pytest.raises(FuzzFailure, match="SERVERFAULT"):
             e.send(call)

@@ -16,13 +16,12 @@ from nfsd.exports import AUTH_SYS, Export, Exports
 from nfsd.grace import Grace
 from nfsd.offload import OffloadTable
 from nfsd.openstate import OpenStateTable
-from nfsd.ops import (attrs, filehandle, io, lock, namespace, open as open_ops, readdir, secinfo,
-                      stateid, v42)
+from nfsd.ops import HANDLERS as _ALL_HANDLERS
+from nfsd.optable import OpTable
 from nfsd.xdr.nfs4 import *  # noqa: F401,F403
 
-HANDLERS = {}
-for _m in (attrs, filehandle, io, lock, namespace, open_ops, readdir, secinfo, stateid, v42):
-    HANDLERS.update(_m.HANDLERS)
+# The server's own op table (nfsd/optable.py): the harness runs the handlers the server would.
+OPS = OpTable(_ALL_HANDLERS)
 
 ROOT = Cred(AUTH_SYS, uid=0, gid=0, gids=(0,))
 
@@ -90,7 +89,7 @@ class Fs:
         results = []
         for i, (opnum, args) in enumerate(ops):
             try:
-                results.append(await HANDLERS[opnum](ctx, args))
+                results.append(await OPS.handler(opnum)(ctx, args))
             except NfsError as e:
                 raise Failed(e.status, i, results) from e
         return results

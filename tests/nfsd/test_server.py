@@ -105,8 +105,8 @@ def test_client_vanishing_mid_write_loses_nothing_for_others(nfs_server, nfs_cli
 def test_stop_waits_for_in_flight_calls(nfs_server):
     """stop(): no new calls are read, the running ones finish and are answered."""
     from nfsd.xdr.nfs4 import OP_WRITE
-    handlers = nfs_server.server.handlers
-    real_write = handlers[OP_WRITE]
+    ops = nfs_server.server.ops
+    real_write = ops.handler(OP_WRITE)
     entered = []
     release = asyncio.Event()          # created here, only used on the server's loop
 
@@ -120,7 +120,7 @@ def test_stop_waits_for_in_flight_calls(nfs_server):
         await c.setup_session()
         root = await c.lookup_path("/checkpoints")
         fh, sid = await c.open_create(root, "last-words")
-        nfs_server.call(handlers.__setitem__, OP_WRITE, held_write)
+        nfs_server.call(ops.set_handler, OP_WRITE, held_write)
         writes = [asyncio.ensure_future(c.write(fh, sid, k * 65536, b"x" * 65536, FILE_SYNC4))
                   for k in range(8)]
         while len(entered) < 8:
