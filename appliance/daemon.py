@@ -18,6 +18,7 @@ import errno
 import gc
 import os
 import signal
+import socket
 import sys
 import time
 import zlib
@@ -169,6 +170,10 @@ class Daemon:
     # ---- start -------------------------------------------------------------------------
     async def start(self) -> None:
         cfg = self.config
+        # a port already taken fails now, not after the store is opened (a recovery on a big
+        # cache) and an embedded S3 started
+        check_listen_addresses([("NFS", cfg.listen_address()), ("the admin API", cfg.admin.listen),
+                                ("metrics", cfg.metrics.listen)])
         credentials = None
         if cfg.embedded_s3:
             self.embedded = EmbeddedS3(cfg.s3.bucket)
@@ -555,6 +560,41 @@ class Daemon:
         if isinstance(up.get("last_errors"), str):
             up["last_errors"] = [up["last_errors"]]
         return up
+
+
+def check_listen_addresses(listeners: list[tuple[str, tuple | None]]) -> None:
+    """Bind every (what, (host, port)) the daemon will listen on, as the listeners will
+    (SO_REUSEADDR, IPv6 only on IPv6), all at once so two of them on one port are caught too,
+    then let go; StartupError naming the first that cannot be had. Port 0 (any) and None (off)
+    are skipped. The listeners bind for real later: this is the early, clear refusal."""
+    held, ports = [], {}
+    try:
+        for what, address in listeners:
+            if not address or not address[1]:
+                continue
+            host, port = address
+            ours = ports.setdefault(port, what)
+            try:
+                infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+            except socket.gaierror as e:
+                raise StartupError(f"cannot listen for {what} on {host}:{port}: {e.strerror}") from None
+            for family, kind, proto, _, sockaddr in dict.fromkeys(infos):
+                sock = socket.socket(family, kind, proto)
+                held.append(sock)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                try:
+                    sock.bind(sockaddr)
+                    sock.listen(1)
+                except OSError as e:
+                    taken = "" if e.errno != errno.EADDRINUSE else \
+                        f" ({ours} is configured on port {port} too)" if ours != what else \
+                        " (another process listens there: ss -ltnp shows which)"
+                    raise StartupError(f"cannot listen for {what} on {host}:{port}: {_why(e)}{taken}") from None
+    finally:
+        for sock in held:
+            sock.close()
 
 
 def _why(e: OSError) -> str:

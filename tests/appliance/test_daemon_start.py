@@ -1,6 +1,7 @@
 """Start-up failures are one clear sentence and a non-zero exit; small daemon helpers."""
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -18,15 +19,52 @@ def serve(tmp_path, *args):
                           capture_output=True, text=True, timeout=100, cwd=tmp_path)
 
 
-def test_port_in_use_is_a_clear_error(tmp_path):
+def events(stderr: str) -> list[str]:
+    return [json.loads(line)["event"] for line in stderr.splitlines() if line.startswith("{")]
+
+
+def taken_port(sock: socket.socket) -> int:
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("flag, what", [("--listen", "NFS"), ("--admin-listen", "the admin API"),
+                                        ("--metrics-listen", "metrics")])
+def test_port_in_use_is_a_clear_error_before_the_store_and_the_embedded_s3(tmp_path, flag, what):
     with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        r = serve(tmp_path, "--listen", f"127.0.0.1:{port}")
-    assert r.returncode == 1
-    assert f"ckptgw: cannot listen for NFS on 127.0.0.1:{port}: Address already in use" in r.stderr
+        port = taken_port(taken)
+        args = [] if flag == "--listen" else ["--listen", "127.0.0.1:0"]
+        if flag == "--admin-listen":
+            args += ["--admin-token", "t0ken"]
+        r = serve(tmp_path, *args, flag, f"127.0.0.1:{port}")
+    assert r.returncode == 1, r.stderr
+    assert (f"ckptgw: cannot listen for {what} on 127.0.0.1:{port}: Address already in use "
+            "(another process listens there: ss -ltnp shows which)") in r.stderr
+    # nothing was started: no cache directory, no store, no in-memory S3, no admin socket
+    assert not (tmp_path / "c").exists()
+    started = {"embedded_s3_tryout_mode", "store_open", "uploader_started", "admin_listening"}
+    assert not started & set(events(r.stderr)), r.stderr
+    assert "startup_failed" in events(r.stderr)
     assert not (tmp_path / "a.sock").exists()
+
+
+def test_two_listeners_on_one_port_are_refused_at_once(tmp_path):
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    r = serve(tmp_path, "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{port}")
+    assert r.returncode == 1, r.stderr
+    assert (f"ckptgw: cannot listen for metrics on 127.0.0.1:{port}: Address already in use "
+            f"(NFS is configured on port {port} too)") in r.stderr
+    assert not (tmp_path / "c").exists()
+
+
+def test_an_address_not_on_this_host_is_a_clear_error(tmp_path):
+    r = serve(tmp_path, "--listen", "192.0.2.1:0", "--metrics-listen", "192.0.2.1:9464")    # TEST-NET-1
+    assert r.returncode == 1, r.stderr
+    assert "ckptgw: cannot listen for metrics on 192.0.2.1:9464: Cannot assign requested address" in r.stderr
+    assert not (tmp_path / "c").exists()
 
 
 def test_second_daemon_on_the_same_cache_is_refused(tmp_path):
