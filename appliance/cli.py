@@ -31,7 +31,39 @@ def fail(message: str, code: str = "failed") -> None:
     sys.exit(EXIT[code])
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+# The group's options, also accepted after the command where people type them
+# (`ckptgw serve --config X`, `ckptgw status --socket S`): flag -> (ctx.obj key, click type, metavar).
+# Given there, they win over the same option before the command and its environment variable.
+GROUP_OPTIONS = {"--socket": ("socket", None, "PATH"), "--admin": ("tcp", None, "HOST:PORT"),
+                 "--token": ("token", None, "TOKEN"), "--config": ("config", None, "PATH"),
+                 "--admin-timeout": ("timeout", click.FloatRange(min=0.1), "SECONDS")}
+
+
+def _set_group_option(ctx, param, value):
+    if value is not None:
+        ctx.find_root().obj[GROUP_OPTIONS[param.opts[0]][0]] = value
+
+
+class CkptgwGroup(click.Group):
+    """A group whose commands (and its subgroups' commands) also take GROUP_OPTIONS."""
+
+    def add_command(self, cmd, name=None):
+        super().add_command(cmd, name)
+        if isinstance(cmd, click.Group):
+            return
+        taken = {o for p in cmd.params for o in getattr(p, "opts", ())}
+        for flag, (_, kind, metavar) in GROUP_OPTIONS.items():
+            if flag not in taken:
+                cmd.params.append(click.Option([flag], type=kind, metavar=metavar, expose_value=False,
+                                               callback=_set_group_option,
+                                               help=f"As `ckptgw {flag} {metavar} COMMAND`."))
+
+
+CkptgwGroup.group_class = CkptgwGroup
+
+
+@click.group(cls=CkptgwGroup,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.option("--socket", "socket_path", envvar="CKPTGW_ADMIN_SOCKET", metavar="PATH",
               help="Admin socket of the daemon (default: from the config file).")
 @click.option("--admin", "admin_tcp", envvar="CKPTGW_ADMIN", metavar="HOST:PORT",

@@ -146,6 +146,28 @@ def test_cli_finds_the_socket_through_the_config(tmp_path):
     assert r.exit_code == 2 and "server.cache_dir" in r.stderr
 
 
+def test_group_options_work_after_the_command(tmp_path):
+    """`ckptgw status --socket S`, `ckptgw serve --config X`: where people type them; there they
+    win over the same option before the command."""
+    from click.testing import CliRunner
+    from appliance.cli import main
+    r = CliRunner().invoke(main, ["status", "--socket", f"{tmp_path}/x.sock"])
+    assert r.exit_code == 7 and f"no daemon is listening on {tmp_path}/x.sock" in r.stderr
+    r = CliRunner().invoke(main, ["--socket", f"{tmp_path}/a.sock", "retention", "plan", "--socket",
+                                  f"{tmp_path}/b.sock", "--json"])
+    assert r.exit_code == 7 and f"{tmp_path}/b.sock" in r.stderr and "a.sock" not in r.stderr
+    assert json.loads(r.stdout)["code"] == "no_daemon"
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[admin]\nsocket = "{tmp_path}/y.sock"\n')
+    r = CliRunner().invoke(main, ["flush", "--config", str(cfg)])
+    assert r.exit_code == 7 and f"{tmp_path}/y.sock" in r.stderr
+    cfg.write_text('[upload]\nsettle = "later"\n')
+    r = CliRunner().invoke(main, ["serve", "--config", str(cfg)])
+    assert r.exit_code == 78 and f"{cfg}:2: upload.settle: expected a duration" in r.stderr
+    r = CliRunner().invoke(main, ["status", "--admin-timeout", "0"])
+    assert r.exit_code == 2 and "--admin-timeout" in r.stderr
+
+
 def test_several_exports_are_cache_directories(tmp_path):
     from appliance import config as c
     from appliance.daemon import build_exports
