@@ -22,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 NATIVE = HERE / "nfsd" / "native"
 
 # (generator script, the .pyx it writes): run before cythonize, in this order.
-GENERATORS: list[tuple[str, str]] = []
+GENERATORS: list[tuple[str, str]] = [("nfsd/xdr/gen_cython.py", "nfsd/native/xdr_nfs4.pyx")]
 
 
 def _generate() -> None:
