@@ -37,6 +37,16 @@ def null_calls(port: int, seconds: float) -> int:
         return n
 
 
+def null_calls_n(port: int, count: int) -> None:
+    """`count` NULL calls one after the other (bench/instructions.py counts per call)."""
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for n in range(count):
+            s.sendall(null_call(n))
+            (mark,) = _MARK.unpack(s.recv(4, socket.MSG_WAITALL))
+            s.recv(mark & ~LAST_FRAGMENT, socket.MSG_WAITALL)
+
+
 class _Echo(asyncio.Protocol):
     """Answers each record with an accepted, successful reply carrying the call's xid."""
 

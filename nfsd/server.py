@@ -31,7 +31,7 @@ from nfsd.rpc import (
 from nfsd.offload import OffloadTable
 from nfsd.optable import OpTable, any_client_work
 from nfsd.state import DEFAULT_LEASE_TIME, SessionManager
-from nfsd.transport import NfsConnection
+from nfsd.transport import RPC_ENGINE, NfsConnection
 from nfsd.xdr.nfs4 import NFS4ERR_DELAY
 from nfsd.xdr.rpc import AUTH_TOOWEAK
 
@@ -122,7 +122,8 @@ class NfsServer:
         self.sessions.start_reaper()
         self._sweeper = loop.create_task(self._sweep())
         log.info("nfsd_listening", host=self.address[0], port=self.address[1],
-                 lease_time=self.lease_time)
+                 lease_time=self.lease_time, rpc_engine=RPC_ENGINE,
+                 event_loop=type(loop).__module__.split(".")[0])
 
     @property
     def port(self) -> int:
@@ -234,14 +235,22 @@ class NfsServer:
                 log.info("heap_trimmed", connections=len(self.connections))
 
     # ---- RPC dispatch ------------------------------------------------------------
+    def immediate_reply(self, call, conn) -> bytes | bytearray | None:
+        """The reply of a call that needs no waiting (NULL, or any call of a connection no
+        export admits), answered by the transport without a task; None for the others."""
+        if not conn.allowed:
+            return auth_error_reply(call.xid, AUTH_TOOWEAK)
+        if call.proc == PROC_NULL:
+            return finish_reply(start_success_reply(call.xid))
+        return None
+
     async def handle_call(self, call, conn) -> bytes | bytearray | Reply | None:
         """Answer one well-formed RPC call to NFSv4 (NULL or COMPOUND): the framed
         reply. Never raises: an unexpected failure is SYSTEM_ERR for this call only."""
+        reply = self.immediate_reply(call, conn)
+        if reply is not None:
+            return reply
         xid = call.xid
-        if not conn.allowed:
-            return auth_error_reply(xid, AUTH_TOOWEAK)
-        if call.proc == PROC_NULL:
-            return finish_reply(start_success_reply(xid))
         if not conn.port_ok:
             self.ratelog.warning("insecure_port_refused", conn.peer[0], port=conn.peer[1],
                                  reason="every export admitting this client is `secure` "

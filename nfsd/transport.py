@@ -36,11 +36,18 @@ from collections import deque
 
 import structlog
 
+from nfsd import native
 from nfsd.limits import Limits
 from nfsd.rpc import (
-    CallReceived, ConnectionError as RpcConnectionError, Reply, ReplyReceived, RpcConnection,
-    SendReply,
+    CallReceived, ConnectionError as RpcConnectionError, Reply, ReplyReceived, SendReply,
 )
+
+# The RPC layer: the typed Cython one when built (nfsd/native/rpc.pyx), else the reference.
+RPC_ENGINE = native.engine("rpc")
+if RPC_ENGINE == "native":
+    from nfsd.native.rpc import RpcConnection
+else:
+    from nfsd.rpc import RpcConnection
 
 log = structlog.get_logger(__name__)
 
@@ -100,7 +107,12 @@ class NfsConnection(asyncio.BufferedProtocol):
         rpc = self.rpc
         for event in rpc.buffer_updated(nbytes):
             if isinstance(event, CallReceived):
-                if len(self._inflight) < self.max_inflight:
+                reply = self.server.immediate_reply(event, self)
+                if reply is not None:      # NULL: answered here, no task (issue 37)
+                    self.transport.write(reply)
+                    if rpc.pool is not None:
+                        rpc.pool.give_back(event.record)
+                elif len(self._inflight) < self.max_inflight:
                     self._start(event)
                 else:                      # parsed in the same read: waits its turn
                     self._queued.append(event)
