@@ -124,12 +124,14 @@ def _give_back(conn, events) -> None:
         conn.pool.give_back(record)
 
 
-def feed_both(a, b, data: bytes, plan) -> None:
+def feed_both(a, b, data: bytes, plan, peek: bool = False) -> None:
     """Feed `data` to a (reference) and b (native) in the same steps and compare.
 
     plan: an iterator of steps, each ("recv", n) for receive_data of n bytes or
     ("buf", sizehint, fill) for get_buffer(sizehint) and buffer_updated of at most `fill`
-    bytes (a partial recv). Raises Mismatch at the first difference."""
+    bytes (a partial recv). peek: after every step, also compare the length of the buffer
+    get_buffer would hand out (where the next bytes go: scratch or the record's own tail),
+    as a transport whose recv found nothing does. Raises Mismatch at the first difference."""
     pos = 0
     steps = iter(plan)
     while pos < len(data):
@@ -165,6 +167,14 @@ def feed_both(a, b, data: bytes, plan) -> None:
                            f"{state(a)} vs {state(b)}")
         _give_back(a, ea)
         _give_back(b, eb)
+        if peek and not a.broken:
+            ba, bb = a.get_buffer(-1), b.get_buffer(-1)
+            la, lb = len(ba), len(bb)
+            ba.release()
+            bb.release()
+            if la != lb or state(a) != state(b):
+                raise Mismatch(f"after {what}: get_buffer hands out {la} vs {lb} bytes, "
+                               f"state {state(a)} vs {state(b)}")
 
 
 # -- stream pieces --
@@ -237,9 +247,51 @@ def call_body(draw) -> bytes:
 
 
 @st.composite
+def same_length_creds(draw) -> bytes:
+    """Calls whose AUTH_SYS bodies have one length but differ (the credential cache's memcmp)."""
+    name = draw(st.binary(max_size=12))
+    ngids = draw(st.integers(0, 16))
+    out = b""
+    for xid in range(draw(st.integers(2, 5))):
+        cred = Cred(AUTH_SYS, uid=draw(st.sampled_from([0, 1000, 1001])), gid=draw(st.sampled_from([0, 100])),
+                    gids=tuple(draw(st.lists(st.sampled_from([0, 27, 100]), min_size=ngids, max_size=ngids))),
+                    machinename=draw(st.sampled_from([name, name[::-1]])))
+        out += encode_call(xid, NFS, 4, 1, cred, b"")
+    return out
+
+
+def _opaque(flavor: int, body: bytes, pad: bool = True) -> bytes:
+    return struct.pack(">II", flavor, len(body)) + body + (b"\0" * (-len(body) % 4) if pad else b"")
+
+
+@st.composite
+def raw_auth_call(draw) -> bytes:
+    """A call whose cred and verifier are written by hand: bodies at the 400-byte limit and
+    just past it, AUTH_SYS bodies with bytes after the gids or cut short, missing pads."""
+    head = struct.pack(">6I", draw(st.integers(0, 2**32 - 1)), 0, 2, NFS, 4, draw(st.sampled_from([0, 1])))
+    sizes = st.sampled_from([0, 1, 3, 4, 8, 396, 399, 400, 401, 404])
+    if draw(st.booleans()):
+        sys_body = bytearray(encode_call(0, NFS, 4, 0, draw(creds.filter(lambda c: c is not None)), b"")[36:-8])
+        how = draw(st.sampled_from(["tail", "cut", "same"]))
+        if how == "tail":
+            sys_body += draw(st.binary(min_size=1, max_size=8))
+        elif how == "cut" and sys_body:
+            del sys_body[draw(st.integers(0, len(sys_body) - 1)):]
+        cred = _opaque(AUTH_SYS, bytes(sys_body), draw(st.booleans()))
+    else:
+        cred = _opaque(draw(st.sampled_from([AUTH_NONE, AUTH_SYS, 6])), bytes(draw(sizes)), draw(st.booleans()))
+    verf = _opaque(draw(st.sampled_from([AUTH_NONE, 1, 6])), b"v" * draw(sizes), draw(st.booleans()))
+    return frame(head + cred + verf + draw(st.binary(max_size=16)))
+
+
+@st.composite
 def piece(draw) -> bytes:
     kind = draw(st.sampled_from(["record"] * 6 + ["fragmented", "garbage", "oversized", "empties",
-                                                   "repeat"]))
+                                                   "repeat", "creds", "rawauth", "rawauth"]))
+    if kind == "rawauth":
+        return draw(raw_auth_call())
+    if kind == "creds":
+        return draw(same_length_creds())
     if kind == "record":
         return frame(draw(call_body()))
     if kind == "repeat":                       # the same credential bytes again: the cache
@@ -272,7 +324,7 @@ limits = st.fixed_dictionaries({
     "max_fragments": st.sampled_from([ref.DEFAULT_MAX_FRAGMENTS, ref.DEFAULT_MAX_FRAGMENTS, 0, 1, 2, 3, 10,
                                       1000]),
     "direct_threshold": st.sampled_from([ref.DIRECT_RECEIVE_THRESHOLD, ref.DIRECT_RECEIVE_THRESHOLD, 0, 1,
-                                         64, 1024]),
+                                         2, 3, 8, 64, 1024]),
     "scratch_size": st.sampled_from([ref.SCRATCH_SIZE, ref.SCRATCH_SIZE, 4, 5, 64, 1000]),
     "pooled": st.booleans(),
 })
@@ -281,18 +333,68 @@ limits = st.fixed_dictionaries({
 @needs_native
 @settings(max_examples=int(os.environ.get("CKPTGW_RPC_DIFF_EXAMPLES", 400)), deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(st.lists(piece(), min_size=1, max_size=8), plans, limits)
-def test_native_and_reference_agree_on_any_stream(pieces, plan, lim):
+@given(st.lists(piece(), min_size=1, max_size=8), plans, limits, st.booleans())
+def test_native_and_reference_agree_on_any_stream(pieces, plan, lim, peek):
     a, b = make_pair(**lim)
-    feed_both(a, b, b"".join(pieces), plan)
+    feed_both(a, b, b"".join(pieces), plan, peek)
 
 
 @needs_native
 @settings(max_examples=200, deadline=None)
-@given(st.binary(min_size=1, max_size=3000), plans, limits)
-def test_native_and_reference_agree_on_random_bytes(data, plan, lim):
+@given(st.binary(min_size=1, max_size=3000), plans, limits, st.booleans())
+def test_native_and_reference_agree_on_random_bytes(data, plan, lim, peek):
     a, b = make_pair(**lim)
-    feed_both(a, b, data, plan)
+    feed_both(a, b, data, plan, peek)
+
+
+def _sweep_streams() -> list[bytes]:
+    call = encode_call(7, NFS, 4, 1, SYS, b"0123456789ab")
+    body = call[4:]
+    reply = bytearray(body)
+    struct.pack_into(">I", reply, 4, 1)
+    return [call,
+            fragmented(body, [5, 5, 30, 31], 2),                          # empty fragments too
+            frame(bytes(reply)) + frame(body[:13]) + call,                  # back channel, truncated
+            encode_call(8, NFS, 4, 0, None, b"") * 2 + frame(b"\xff" * 3),
+            struct.pack(">I", 0x80000000 | 40) + body[:20]]                 # a mark claiming more
+
+
+@needs_native
+@pytest.mark.parametrize("stream", _sweep_streams(), ids=["call", "fragments", "mixed", "nulls", "claim"])
+def test_every_split_point_and_boundary_agrees(stream):
+    """Exhaustive where random plans rarely land: every cut of the stream, direct_threshold
+    and scratch sizes near the fragment sizes, max_record and max_fragments at each boundary,
+    with a peek at get_buffer after each feed (scratch or the record's own tail)."""
+    n = len(stream)
+    configs = [dict(direct_threshold=t, scratch_size=s, pooled=p)
+               for t in (0, 1, 2, 3, 4, 5, 8, 13, 16, 10**9) for s in (4, 5, 7, 16, 64) for p in (False, True)]
+    configs += [dict(max_record=m) for m in range(0, n + 2)]
+    configs += [dict(max_fragments=f, max_record=m) for f in range(0, 8) for m in (n, 10**6)]
+    for cfg in configs:
+        for cut in range(1, n):
+            a, b = make_pair(**cfg)
+            feed_both(a, b, stream, [("recv", cut), ("recv", 1), ("recv", n)], peek=True)
+        a, b = make_pair(**cfg)
+        feed_both(a, b, stream, [("buf", -1, 1)] * n, peek=True)
+
+
+@needs_native
+def test_every_auth_length_at_the_limits_agrees():
+    sizes = (0, 1, 3, 4, 5, 8, 396, 397, 399, 400, 401, 403, 404, 405)
+    head = struct.pack(">6I", 1, 0, 2, NFS, 4, 1)
+    sys_body = encode_call(0, NFS, 4, 0, SYS, b"")[36:-8]
+    bodies = [(f, bytes(range(256)) * 2, n) for f in (AUTH_NONE, AUTH_SYS, 6) for n in sizes]
+    bodies += [(AUTH_SYS, sys_body + b"\0" * k, len(sys_body) + k) for k in range(0, 9)]
+    bodies += [(AUTH_SYS, sys_body, k) for k in range(len(sys_body))]
+    for flavor, body, n in bodies:
+        for verf_len in sizes:
+            for cred_pad, verf_pad in ((True, True), (False, True), (True, False)):
+                record = frame(head + _opaque(flavor, body[:n], cred_pad)
+                               + _opaque(AUTH_NONE, b"v" * verf_len, verf_pad) + b"args")
+                for cut in (len(record), len(record) - 4, len(record) - 5):
+                    a, b = make_pair()
+                    data = record if cut == len(record) else frame(record[4:cut])
+                    feed_both(a, b, data, [])
 
 
 # ---- targeted checks of what the differential test cannot see ----------------------
