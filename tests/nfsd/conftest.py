@@ -16,6 +16,7 @@ server state safely) and returns its result.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import sys
 import threading
@@ -27,19 +28,24 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
+from cache.api import StatFS, StoreError  # noqa: E402
 from tests.nfsclient import NfsClient  # noqa: E402
 
 EXPORT = "/checkpoints"
 
 
 class FakeStore:
-    """What the RPC/session layer needs of a store, for tests without the real one."""
+    """A store with no files, for the RPC/session layer's tests: the whole `cache.api.NfsStore`
+    (tests/cache/test_api_protocol.py holds it to it), client records kept in memory and
+    every call about a file failing with EIO (NFS4ERR_IO), as nothing can name one."""
     write_verifier = b"wverf001"
     instance_id = b"fake-instance-id"
 
-    def __init__(self) -> None:
+    def __init__(self, path: str = "") -> None:
+        self.path = path                          # "" : file handles keyed by instance_id alone
         self.records: dict[bytes, bytes] = {}     # client records (nfsd/grace.py)
 
+    # ---- client records, durability --------------------------------------------------------
     def client_records(self) -> dict[bytes, bytes]:
         return dict(self.records)
 
@@ -48,9 +54,7 @@ class FakeStore:
             self.records.pop(owner, None)
         else:
             self.records[owner] = record
-        done: Future = Future()
-        done.set_result(None)
-        return done
+        return _done(None)
 
     def sync(self) -> None:
         pass
@@ -60,6 +64,49 @@ class FakeStore:
 
     def close(self) -> None:
         pass
+
+    def statfs(self) -> StatFS:
+        return StatFS(0, 0, 0, 0, 0, 0)
+
+    # ---- files: there are none ---------------------------------------------------------------
+    def getattr(self, ino): raise _no_files()
+    def lookup(self, parent, name): raise _no_files()
+    def lookup_parent(self, ino): raise _no_files()
+    def setattr(self, ino, sa): raise _no_files()
+    def setattr_submit(self, ino, sa): raise _no_files()
+    def setattr_unchanged(self, ino, sa): raise _no_files()
+    def submit(self, op, *args): return _failed(_no_files())
+    def create(self, parent, name, mode, uid, gid, *, exclusive=False): raise _no_files()
+    def readlink(self, ino): raise _no_files()
+    def readdir(self, ino, cookie=0): raise _no_files()
+    def open_file(self, ino, write): raise _no_files()
+    def close_file(self, ino, write, *, wait=True): raise _no_files()
+    def read_into(self, ino, offset, buf): raise _no_files()
+    def read_into_cached(self, ino, offset, buf): raise _no_files()
+    def write(self, ino, offset, data): raise _no_files()
+    def write_stable(self, ino, offset, data): raise _no_files()
+    def content_runs(self, ino, offset, end): raise _no_files()
+    def seek(self, ino, offset, data): raise _no_files()
+    def deallocate(self, ino, offset, length): raise _no_files()
+    def allocate(self, ino, offset, length): raise _no_files()
+    def copy_range(self, src, dst, src_off, dst_off, count): raise _no_files()
+    def commit(self, ino): raise _no_files()
+
+
+def _no_files() -> StoreError:
+    return StoreError(errno.EIO, "FakeStore has no files")
+
+
+def _done(value) -> Future:
+    done: Future = Future()
+    done.set_result(value)
+    return done
+
+
+def _failed(exc: BaseException) -> Future:
+    failed: Future = Future()
+    failed.set_exception(exc)
+    return failed
 
 
 class ServerThread:
