@@ -842,7 +842,7 @@ __all__ = ["decode", "encode", "types", "SPEC_SHA1"]
 
 cdef object _sterr = _struct.error
 cdef object _struct_pack = _struct.pack
-cdef dict _BOOLS = {False: 0, True: 1}
+cdef object _BOOLS = {False: 0, True: 1}   # not `dict`: Cython would raise KeyError() for None
 # Slow path only (values that are not plain ints): the reference's own conversions.
 cdef object _S_i = _struct.Struct(">i").pack
 cdef object _S_I = _struct.Struct(">I").pack
