@@ -6,7 +6,7 @@ The NFS server calls `OpStats.observe(op, status, seconds, nbytes)` once per ope
 (NfsServer.observer); the S3 client calls `S3Stats.observe(method, seconds, error_code)` once
 per request (Boto3ObjectClient.observer); everything else (cache bytes, queue depth...) comes
 from the status snapshot the admin `status` command also shows. Rates are left to Prometheus
-(`rate(ckptgw_uploaded_bytes_total[5m])`): only counters and point-in-time gauges are exported.
+(`rate(ckptgw_upload_bytes_total[5m])`): only counters and point-in-time gauges are exported.
 The registry also carries the process_* and python_* collectors and ckptgw_build_info.
 """
 from __future__ import annotations
@@ -177,23 +177,62 @@ class StatusCollector:
                                     value=cache["high_watermark"])
             yield GaugeMetricFamily("ckptgw_cache_low_watermark_bytes", "Eviction goes down to this",
                                     value=cache["low_watermark"])
-        yield GaugeMetricFamily("ckptgw_upload_queue_depth", "Files and jobs waiting for upload",
-                                value=up.get("queue_depth", 0))
-        yield GaugeMetricFamily("ckptgw_oldest_dirty_age_seconds", "Age of the oldest data not yet in S3",
-                                value=up.get("oldest_dirty_age_s") or 0.0)
-        yield GaugeMetricFamily("ckptgw_upload_foreground_ceiling",
-                                "1 while the drain yields to clients saving or reading "
-                                "([upload] foreground_concurrency)",
-                                value=1.0 if up.get("foreground_ceiling") else 0.0)
-        yield CounterMetricFamily("ckptgw_s3_retries", "S3 requests of the uploader retried",
-                                  value=up.get("retries", 0))
-        yield CounterMetricFamily("ckptgw_s3_throttles", "S3 requests of the uploader throttled (503 SlowDown "
-                                  "and the like); each is also counted in ckptgw_s3_requests_total",
-                                  value=up.get("throttles", 0))
-        yield CounterMetricFamily("ckptgw_uploaded_bytes", "Payload bytes uploaded to S3",
-                                  value=up.get("uploaded_bytes", 0))
-        yield CounterMetricFamily("ckptgw_upload_errors", "Upload attempts that failed",
-                                  value=up.get("errors", 0))
+        yield from _upload_families(up)
+        yield CounterMetricFamily("ckptgw_cache_read_through_bytes", "Bytes read through from S3 into the cache "
+                                  "for reads of evicted data", value=_first(up, "bytes_fetched"))
+        yield CounterMetricFamily("ckptgw_cache_evicted_bytes", "Bytes of clean data the evictor freed from the "
+                                  "cache", value=_first(up, "evicted_bytes"))
+
+
+def _first(d: dict, *keys: str, default=0):
+    """The first of keys present (and not None) in d: the status names a few values two ways."""
+    for key in keys:
+        if d.get(key) is not None:
+            return d[key]
+    return default
+
+
+def _upload_families(up: dict):
+    """The uploader's series, all ckptgw_upload_*: its queue, its AIMD request limiter and its
+    counters (status["upload"]; the S3 requests themselves are the ckptgw_s3_* series)."""
+    gauges = (
+        ("queue_depth", "Uploader jobs waiting (uploads and namespace mirroring)", ("queue_depth",)),
+        ("oldest_dirty_age_seconds", "Age of the oldest data not yet in S3",
+         ("oldest_dirty_age_s", "oldest_dirty_age_seconds")),
+        ("jobs_running", "Uploader jobs being worked on now", ("jobs_running",)),
+        ("concurrency_limit", "The uploader's adaptive (AIMD) limit on S3 requests in flight: cut on "
+         "throttling, raised on success, at most [upload] max_concurrency", ("concurrency_limit",)),
+        ("requests_in_flight", "S3 requests of the uploader in flight now", ("requests_in_flight",)),
+        ("requests_waiting_retry", "S3 requests of the uploader waiting out a backoff before their retry",
+         ("requests_waiting_retry",)),
+    )
+    for name, doc, keys in gauges:
+        yield GaugeMetricFamily(f"ckptgw_upload_{name}", doc, value=_first(up, *keys) or 0.0)
+    yield GaugeMetricFamily("ckptgw_upload_foreground_ceiling",
+                            "1 while the drain yields to clients saving or reading "
+                            "([upload] foreground_concurrency)",
+                            value=1.0 if up.get("foreground_ceiling") else 0.0)
+    counters = (
+        ("bytes", "Payload bytes uploaded to S3 (successful PutObject and UploadPart)",
+         ("bytes_uploaded", "uploaded_bytes")),
+        ("sent_bytes", "Payload bytes sent to S3 by every upload attempt, retries included",
+         ("bytes_sent",)),
+        ("copied_bytes", "Bytes S3 copied server-side (CopyObject, UploadPartCopy) instead of an upload",
+         ("bytes_copied",)),
+        ("files", "Files uploaded (each new version of a file counts once)", ("uploads_done",)),
+        ("errors", "Uploads that failed permanently (retried later)", ("permanent_errors", "errors")),
+        ("retries", "S3 requests of the uploader retried (after a throttle or a transient error)",
+         ("retries",)),
+        ("throttles", "S3 requests of the uploader throttled (503 SlowDown and the like); each is also "
+         "counted in ckptgw_s3_requests_total", ("throttles",)),
+    )
+    for name, doc, keys in counters:
+        yield CounterMetricFamily(f"ckptgw_upload_{name}", doc, value=_first(up, *keys))
+    ns = CounterMetricFamily("ckptgw_upload_namespace_ops", "Renames and removals mirrored to S3 "
+                             "(a move is a copy and a delete of the object)", labels=["op"])
+    ns.add_metric(["move"], _first(up, "moves_done"))
+    ns.add_metric(["delete"], _first(up, "deletes_done"))
+    yield ns
 
 
 def _le(bound: float) -> str:

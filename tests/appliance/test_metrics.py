@@ -45,13 +45,13 @@ def test_scrape_reads_live_status_and_op_stats():
         assert m[("ckptgw_nfs_read_bytes_total", ())] == 4096
         assert m[("ckptgw_cache_bytes", (("state", "dirty"),))] == 100
         assert m[("ckptgw_upload_queue_depth", ())] == 4
-        assert m[("ckptgw_oldest_dirty_age_seconds", ())] == 12.5
+        assert m[("ckptgw_upload_oldest_dirty_age_seconds", ())] == 12.5
         assert m[("ckptgw_upload_foreground_ceiling", ())] == 1
         # the uploader's count of successes ("requests" in status) is not what the counter exports
         assert not [k for k in m if k[0] == "ckptgw_s3_requests_total"]
-        assert m[("ckptgw_s3_retries_total", ())] == 3
-        assert m[("ckptgw_s3_throttles_total", ())] == 1
-        assert m[("ckptgw_uploaded_bytes_total", ())] == 4096
+        assert m[("ckptgw_upload_retries_total", ())] == 3
+        assert m[("ckptgw_upload_throttles_total", ())] == 1
+        assert m[("ckptgw_upload_bytes_total", ())] == 4096
         assert m[("ckptgw_nfs_clients", ())] == 2
         # live: the next scrape sees the status as it is now, nothing cached or double counted
         status["upload"]["queue_depth"] = 0
@@ -107,8 +107,99 @@ def test_process_build_info_and_s3_request_metrics():
     s3_labels = {k for name, labels in m if name.startswith("ckptgw_s3_") for k, _ in labels}
     assert s3_labels <= {"operation", "code", "le"}, s3_labels
     # counters, not rates computed in the daemon: Prometheus' rate() of the _total
-    assert m[("ckptgw_uploaded_bytes_total", ())] == 10
+    assert m[("ckptgw_upload_bytes_total", ())] == 10
     assert not [k for k in m if "rate" in k[0]]
+
+
+def uploader_status(**values) -> dict:
+    """status["upload"] as the daemon builds it: the uploader's own status (its counters under
+    their own names) with the daemon's aliases on top."""
+    from uploader.stats import Counters
+    up = {"running": True, "queue_depth": 0, "queued_uploads": 0, "queued_namespace_ops": 0, "jobs_running": 0,
+          "oldest_dirty_age_seconds": 0.0, "dirty_bytes": 0, "uploading": [], "concurrency_limit": 8.0,
+          "foreground_ceiling": False, "requests_in_flight": 0, "requests_waiting_retry": 0,
+          "permanent_error": None, **Counters().as_dict(), "rate_bytes_per_s": 0.0}
+    up.update(values)
+    up.setdefault("oldest_dirty_age_s", up["oldest_dirty_age_seconds"])
+    up.setdefault("uploaded_bytes", up["bytes_uploaded"])
+    up.setdefault("errors", up["permanent_errors"])
+    return up
+
+
+# what status --json knows that is deliberately not a metric, and why
+NOT_EXPORTED = {
+    "running", "permanent_error", "last_error", "last_errors", "uploading",   # text / per-file detail
+    "rate_bytes_per_s",                      # a rate: rate(ckptgw_upload_bytes_total[5m])
+    "requests", "requests_total", "failures",  # the uploader's successes and failures: ckptgw_s3_* count all
+    "dirty_bytes",                           # ckptgw_cache_bytes{state="dirty"}
+    "queued_uploads", "queued_namespace_ops",  # ckptgw_upload_queue_depth is their sum
+    "uploads_copied", "uploads_aborted", "parts_resumed", "orphans_aborted", "imported",   # rare events, journal
+}
+
+
+def test_what_status_knows_about_the_uploader_is_exported():
+    """The uploader's adaptive concurrency limit, requests in flight, read-through and evicted
+    bytes, and its counters, all under ckptgw_upload_* (the cache's under ckptgw_cache_*)."""
+    up = uploader_status(queue_depth=5, jobs_running=2, oldest_dirty_age_seconds=30.0, oldest_dirty_age_s=30.0,
+                         concurrency_limit=3.5, requests_in_flight=3, requests_waiting_retry=1,
+                         bytes_uploaded=4096, uploaded_bytes=4096, bytes_sent=5000, bytes_copied=700,
+                         bytes_fetched=123456, evicted_bytes=654321, uploads_done=4, moves_done=2,
+                         deletes_done=1, permanent_errors=6, errors=6, retries=7, throttles=8)
+    server = MetricsServer(("127.0.0.1", 0), lambda: {"upload": up}, OpStats())
+    address = server.start()
+    try:
+        m = scrape(address)
+    finally:
+        server.stop()
+    expected = {
+        "ckptgw_upload_queue_depth": 5, "ckptgw_upload_jobs_running": 2,
+        "ckptgw_upload_oldest_dirty_age_seconds": 30.0, "ckptgw_upload_concurrency_limit": 3.5,
+        "ckptgw_upload_requests_in_flight": 3, "ckptgw_upload_requests_waiting_retry": 1,
+        "ckptgw_upload_foreground_ceiling": 0, "ckptgw_upload_bytes_total": 4096,
+        "ckptgw_upload_sent_bytes_total": 5000, "ckptgw_upload_copied_bytes_total": 700,
+        "ckptgw_upload_files_total": 4, "ckptgw_upload_errors_total": 6, "ckptgw_upload_retries_total": 7,
+        "ckptgw_upload_throttles_total": 8, "ckptgw_cache_read_through_bytes_total": 123456,
+        "ckptgw_cache_evicted_bytes_total": 654321,
+    }
+    for name, value in expected.items():
+        assert m[(name, ())] == value, name
+    assert m[("ckptgw_upload_namespace_ops_total", (("op", "move"),))] == 2
+    assert m[("ckptgw_upload_namespace_ops_total", (("op", "delete"),))] == 1
+    # one prefix: the old names are gone (no value under two names)
+    for old in ("ckptgw_uploaded_bytes_total", "ckptgw_oldest_dirty_age_seconds", "ckptgw_s3_retries_total",
+                "ckptgw_s3_throttles_total"):
+        assert not [k for k in m if k[0] == old], old
+    # every number the uploader's status has is a metric here, or deliberately not one: each
+    # gets a value of its own, which must turn up in the scrape
+    aliases = {"oldest_dirty_age_s": "oldest_dirty_age_seconds", "uploaded_bytes": "bytes_uploaded",
+               "errors": "permanent_errors"}
+    numbers = [k for k, v in uploader_status().items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+               and k not in NOT_EXPORTED and k not in aliases]
+    distinct = uploader_status(**{k: 1000 + i for i, k in enumerate(numbers)})
+    distinct.update({alias: distinct[name] for alias, name in aliases.items()})
+    server = MetricsServer(("127.0.0.1", 0), lambda: {"upload": distinct}, OpStats())
+    address = server.start()
+    try:
+        exported_values = set(scrape(address).values())
+    finally:
+        server.stop()
+    unexported = [k for k in numbers if distinct[k] not in exported_values]
+    assert not unexported, f"in status --json but no metric: {unexported}"
+
+
+def test_the_uploaders_series_read_either_status_name():
+    """status["upload"] has named a value two ways (oldest_dirty_age_s / _seconds, uploaded_bytes /
+    bytes_uploaded, errors / permanent_errors); whichever one it keeps, the metric has the value."""
+    up = {"oldest_dirty_age_seconds": 9.0, "bytes_uploaded": 11, "permanent_errors": 2}
+    server = MetricsServer(("127.0.0.1", 0), lambda: {"upload": up}, OpStats())
+    address = server.start()
+    try:
+        m = scrape(address)
+    finally:
+        server.stop()
+    assert m[("ckptgw_upload_oldest_dirty_age_seconds", ())] == 9.0
+    assert m[("ckptgw_upload_bytes_total", ())] == 11
+    assert m[("ckptgw_upload_errors_total", ())] == 2
 
 
 def test_the_object_client_reports_every_request_to_its_observer():
