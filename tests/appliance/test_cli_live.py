@@ -250,12 +250,16 @@ def test_metrics_endpoint(daemon):
     assert daemon.cli("flush", "--wait", "--timeout", "120").exit_code == 0
     m = scrape(daemon)
     assert m[("ckptgw_upload_queue_depth", ())] == 0
-    assert m[("ckptgw_uploaded_bytes_total", ())] >= len(A) + len(B) + len(C)
+    assert m[("ckptgw_upload_bytes_total", ())] >= len(A) + len(B) + len(C)
     assert m[("ckptgw_cache_bytes", (("state", "dirty"),))] == 0
     assert m[("ckptgw_cache_bytes", (("state", "clean"),))] >= len(A) + len(B)
     assert sum(v for (name, _), v in m.items() if name == "ckptgw_s3_requests_total") > 0
-    assert ("ckptgw_s3_retries_total", ()) in m and ("ckptgw_s3_throttles_total", ()) in m
-    assert m[("ckptgw_oldest_dirty_age_seconds", ())] == 0
+    assert ("ckptgw_upload_retries_total", ()) in m and ("ckptgw_upload_throttles_total", ()) in m
+    assert m[("ckptgw_upload_oldest_dirty_age_seconds", ())] == 0
+    # the live uploader's limiter: a limit of at least one request, nothing in flight once flushed
+    assert m[("ckptgw_upload_concurrency_limit", ())] >= 1
+    assert m[("ckptgw_upload_requests_in_flight", ())] == 0
+    assert ("ckptgw_cache_read_through_bytes_total", ()) in m and ("ckptgw_cache_evicted_bytes_total", ()) in m
     assert m[("ckptgw_nfs_clients", ())] >= 1
 
 
