@@ -104,6 +104,17 @@ def test_dashboard_has_what_grafana_needs():
     assert used <= variables, used - variables
 
 
+def test_dashboard_shows_s3_latency_failures_and_the_uploader_limiter():
+    exprs = dashboard_exprs()
+    def uses(*parts):
+        return [e for e in exprs if all(re.search(p, e) for p in parts)]
+    assert uses(r"histogram_quantile\(0\.99,", r"by \(le, operation\)", r"ckptgw_s3_request_duration_seconds_bucket")
+    assert uses(r"by \(operation, code\)", r"ckptgw_s3_request_failures_total")
+    for name in ("ckptgw_upload_concurrency_limit", "ckptgw_upload_requests_in_flight",
+                 "ckptgw_cache_read_through_bytes_total", "ckptgw_cache_evicted_bytes_total"):
+        assert uses(name), name
+
+
 def test_dashboard_queries_are_valid_promql(tmp_path):
     """promtool parses each expr as a recording rule (Grafana's variables replaced by values)."""
     def concrete(expr: str) -> str:
