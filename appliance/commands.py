@@ -8,19 +8,17 @@ before the command runs, so a command only ever sees declared, type-checked, bou
 from __future__ import annotations
 
 import asyncio
-import base64
 import errno
-import hashlib
 import importlib
 import os
 import time
-import zlib
 from dataclasses import fields
 from typing import Any
 
 import structlog
 
 from cache.api import DataState, FileType, StoreError
+from uploader.verify import FORMS, verify_file
 
 from . import tree
 from .admin import AdminError
@@ -315,19 +313,27 @@ class Commands:
                                       if a.data_state not in (DataState.CLEAN, DataState.ABSENT))
         total = sum(a.size for _, a in files)
         done = 0
+        # the part layout of our own multipart uploads, for their composite checksums
+        settings = getattr(self.d.uploader, "settings", None) or self.d.config.upload_settings()
+        matched_by = results["matched_by"] = dict.fromkeys(FORMS, 0)    # what showed each match
         for path, attr in files:
-            problem = await asyncio.to_thread(_verify_one, store, client, prefix, attr)
+            verdict = await asyncio.to_thread(verify_file, store, client, prefix, attr,
+                                              part_size_min=settings.part_size_min)
             results["checked"] += 1
-            if problem == "not local":
+            if verdict.problem == "not local":
                 results["skipped_not_local"] += 1
-            elif problem:
-                results["mismatches"].append({"path": path, "problem": problem})
+            elif verdict.problem:
+                results["mismatches"].append({"path": path, "problem": verdict.problem,
+                                              "compared": verdict.form})
             else:
                 results["ok"] += 1
+                matched_by[verdict.form] += 1
             done += attr.size
             await progress({"done_bytes": done, "total_bytes": total, "file": path})
         if results["mismatches"]:
             log.error("verify_mismatch", path=rel, mismatches=results["mismatches"][:20])
+        log.info("verified", path=rel, checked=results["checked"], ok=results["ok"],
+                 differ=len(results["mismatches"]), matched_by=matched_by)
         return results
 
     @takes()
@@ -387,76 +393,3 @@ def _export_value(name: str, value):
     if name == "mode":
         return f"{value:04o}"
     return list(value) if isinstance(value, tuple) else value
-
-
-# ---- verify ---------------------------------------------------------------------------
-CHUNK = 8 << 20
-
-
-class _Digest:
-    """Incremental CRC32 or SHA-256, rendered like S3's checksum headers (base64)."""
-
-    def __init__(self, algorithm: str):
-        self.algorithm = algorithm
-        self._crc = 0
-        self._sha = hashlib.sha256() if algorithm == "sha256" else None
-
-    def update(self, data) -> None:
-        if self._sha is not None:
-            self._sha.update(data)
-        else:
-            self._crc = zlib.crc32(data, self._crc)
-
-    def b64(self) -> str:
-        raw = self._sha.digest() if self._sha is not None else self._crc.to_bytes(4, "big")
-        return base64.b64encode(raw).decode()
-
-
-def _local_digest(store, ino: int, size: int, algorithm: str) -> str:
-    digest = _Digest(algorithm)
-    fd = store.open_data_fd(ino)
-    try:
-        off = 0
-        while off < size:
-            want = min(CHUNK, size - off)
-            chunk = os.pread(fd, want, off) or bytes(want)      # past the data file's end: a hole
-            digest.update(chunk)
-            off += len(chunk)
-    finally:
-        os.close(fd)
-    return digest.b64()
-
-
-def _remote_digest(client, key: str, size: int, algorithm: str) -> str:
-    digest = _Digest(algorithm)
-    for off in range(0, size, CHUNK):
-        digest.update(client.get_range(key, off, min(CHUNK, size - off)))
-    return digest.b64()
-
-
-def _verify_one(store, client, prefix: str, attr) -> str | None:
-    """None if the cache and the object agree; else what differs ("not local": nothing to compare)."""
-    remote = store.remote_info(attr.ino)
-    if not remote.key:
-        return "no object recorded for this file"
-    key = prefix + remote.key
-    head = client.head_object(key)
-    if head is None:
-        return f"object {key!r} is missing from the bucket"
-    if head.size != attr.size:
-        return f"size differs: cache {attr.size}, object {head.size}"
-    etag = head.etag.strip('"')
-    if remote.etag and etag and etag != remote.etag.strip('"'):
-        return f"object was replaced: etag {etag} is not the uploaded {remote.etag}"
-    if attr.data_state == DataState.ABSENT:
-        return "not local"
-    algorithm, _, value = (head.checksum or "").partition(":")
-    if value and "-" not in value:       # a full-object checksum S3 keeps: compare with the cache's bytes
-        local = _local_digest(store, attr.ino, attr.size, algorithm)
-        if local != value:
-            return f"content differs: {algorithm} cache {local}, object {value}"
-        return None
-    # no full-object checksum stored (multipart: composite only): read the object and compare
-    if _local_digest(store, attr.ino, attr.size, "crc32") != _remote_digest(client, key, attr.size, "crc32"):
-        return "content differs from the object's bytes"
-    return None

@@ -52,6 +52,9 @@ class ObjectInfo:
     metadata: dict = field(default_factory=dict)  # x-amz-meta-* without the prefix
     checksum: str | None = None
     version_id: str | None = None
+    # how `checksum` was computed, as S3 reports it (HeadObject x-amz-checksum-type):
+    # "FULL_OBJECT" (of all the bytes) or "COMPOSITE" (of the parts' checksums); None: not said
+    checksum_type: str | None = None
 
 
 @dataclass(slots=True)
@@ -415,7 +418,8 @@ class Boto3ObjectClient:
         lm = resp.get("LastModified")
         return ObjectInfo(key, resp.get("ContentLength", 0), resp.get("ETag", ""),
                           lm.timestamp() if lm else 0.0, dict(resp.get("Metadata", {})),
-                          _checksum_from(resp, self.checksum_algorithm), resp.get("VersionId"))
+                          _checksum_from(resp, self.checksum_algorithm), resp.get("VersionId"),
+                          resp.get("ChecksumType"))
 
     def get_range(self, key, offset, length, *, if_match=None, version_id=None) -> bytes:
         """if_match / version_id pin the read to the object we mean (412 / 404 otherwise):

@@ -6,6 +6,8 @@ HEAD/204/304 without body), so each request can be treated on its own:
   - error_rate: answer that fraction of requests with 503 SlowDown (request body consumed)
   - reset_rate: that fraction of requests gets its connection reset (RST) instead of an answer
   - blackhole(seconds): accept and read, answer nothing until the hole closes
+  - rewrite_head(method, path, head) -> head: change an answer's status line and headers
+    (say, report checksums as another S3 would); not its body
 It records every request (time, method, path, query, body size) for assertions and benches.
 
 Use `FaultProxy(upstream_port)` inside an event loop, or `ThreadedFaultProxy` from
@@ -20,6 +22,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 from urllib.parse import urlsplit
 
 SLOWDOWN_BODY = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
@@ -107,6 +110,7 @@ class FaultProxy:
         self.records: list[RequestRecord] = []
         self.port = 0
         self._rng = random.Random(seed)
+        self.rewrite_head: Callable[[str, str, bytes], bytes] | None = None
         self._server: asyncio.base_events.Server | None = None
         self._conns: set[asyncio.Task] = set()
 
@@ -196,6 +200,8 @@ class FaultProxy:
                 until_eof = "content-length" not in rhdrs and "chunked" not in rhdrs.get(
                     "transfer-encoding", "").lower()
                 rbody = b"" if no_body else await _read_body(up_reader, rhdrs, until_eof=until_eof)
+                if self.rewrite_head is not None:
+                    rhead = self.rewrite_head(method, url.path, rhead)
                 writer.write(rhead + rbody)
                 await writer.drain()
                 if until_eof and not no_body or rhdrs.get("connection", "").lower() == "close":
