@@ -80,8 +80,42 @@ def test_promtool_checks_the_rules():
     r = subprocess.run([promtool(), "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
     names = {r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]}
-    assert {"CkptgwDirtyBytesGrowing", "CkptgwOldestDirtyDataOld", "CkptgwUploadErrors", "CkptgwCacheNearFull",
+    assert {"CkptgwDown", "CkptgwTargetMissing", "CkptgwWritersStalled", "CkptgwRestartFlapping",
+            "CkptgwDirtyBytesGrowing", "CkptgwOldestDirtyDataOld", "CkptgwUploadErrors", "CkptgwCacheNearFull",
             "CkptgwS3Throttling"} <= names
+
+
+def alert_rules() -> list[dict]:
+    return [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r]
+
+
+def markdown_anchors(text: str) -> set[str]:
+    """The anchors GitHub makes of a Markdown file's headings (lower case, punctuation dropped,
+    spaces as dashes)."""
+    anchors = set()
+    for line in text.splitlines():
+        m = re.match(r"#{1,6} (.+)", line)
+        if m:
+            anchors.add(re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-"))
+    return anchors
+
+
+def test_every_alert_has_a_runbook_in_operations_md():
+    docs = REPO / "docs" / "operations.md"
+    anchors = markdown_anchors(docs.read_text())
+    for rule in alert_rules():
+        url = rule["annotations"].get("runbook_url", "")
+        path, _, anchor = url.partition("#")
+        assert path == "docs/operations.md" and (REPO / path) == docs, (rule["alert"], url)
+        assert anchor == rule["alert"].lower() and anchor in anchors, (rule["alert"], url)
+
+
+def test_every_alert_is_unit_tested_firing_and_not_firing():
+    cases = [case for t in yaml.safe_load(RULES_TEST.read_text())["tests"] for case in t["alert_rule_test"]]
+    for name in {r["alert"] for r in alert_rules()}:
+        mine = [c for c in cases if c["alertname"] == name]
+        assert [c for c in mine if c["exp_alerts"]], f"{name}: no test in which it fires"
+        assert [c for c in mine if not c["exp_alerts"]], f"{name}: no test in which it stays quiet"
 
 
 def test_promtool_unit_tests_of_the_alerts_pass():
@@ -153,6 +187,6 @@ def test_every_metric_used_is_exposed_by_the_daemon(tmp_path):
         daemon.close()
     used = set()
     for expr in dashboard_exprs() + rule_exprs():
-        used |= set(re.findall(r"\bckptgw_[a-z0-9_]+\b", expr))
+        used |= set(re.findall(r"\b(?:ckptgw|process)_[a-z0-9_]+\b", expr))
     missing = used - exposed
     assert not missing, f"used by packaging/ but not exposed: {sorted(missing)}; exposed: {sorted(exposed)}"
