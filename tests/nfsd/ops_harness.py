@@ -9,15 +9,19 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+import structlog
+
 from cache.store import Store
 from nfsd.context import CompoundContext, Cred
 from nfsd.errors import NfsError
 from nfsd.exports import AUTH_SYS, Export, Exports
 from nfsd.grace import Grace
+from nfsd.limits import Limits, RateLimitedLog
 from nfsd.offload import OffloadTable
 from nfsd.openstate import OpenStateTable
 from nfsd.ops import HANDLERS as _ALL_HANDLERS
 from nfsd.optable import OpTable
+from nfsd.state import SessionManager
 from nfsd.xdr.nfs4 import *  # noqa: F401,F403
 
 # The server's own op table (nfsd/optable.py): the harness runs the handlers the server would.
@@ -27,17 +31,31 @@ ROOT = Cred(AUTH_SYS, uid=0, gid=0, gids=(0,))
 
 
 class FakeServer:
-    """The NfsServer attributes the handlers use."""
+    """The NfsServer a handler sees (nfsd.context.ServerContext, every member: held to it by
+    tests/nfsd/test_server_context.py), wired as NfsServer wires it, without the transport,
+    the reply caches or a thread pool of its own. The hooks are unset, as on a server no
+    appliance has set up: a test sets fetch_missing / note_read / observer when it wants them."""
+    observer = None
+    fetch_missing = None
+    note_read = None
 
-    def __init__(self, store, exports):
+    def __init__(self, store, exports, lease_time: float = 90):
         self.store = store
         self.exports = exports
-        self.opens = OpenStateTable(store)
+        self.lease_time = lease_time
         self.write_verifier = store.write_verifier
-        self.lease_time = 90
-        self.offloads = OffloadTable(write_verifier=store.write_verifier, keep_seconds=90)
-        self.blocking_calls = []
+        self.server_owner = self.server_scope = b"ops-harness-server"
+        self.sessions = SessionManager(lease_time)
         self.grace = Grace(store, 0)    # never started: no grace period
+        self.sessions.on_client_expired.append(self.grace.forget)
+        self.sessions.reclaim_needed = self.grace.reclaim_needed
+        self.ops = OPS
+        self.opens = OpenStateTable(store)
+        self.opens.attach(self.sessions)
+        self.offloads = OffloadTable(write_verifier=store.write_verifier, keep_seconds=lease_time)
+        self.offloads.attach(self.sessions)
+        self.ratelog = RateLimitedLog(structlog.get_logger("nfsd.server"), Limits().log_interval)
+        self.blocking_calls = []
 
     async def run_blocking(self, fn, *args):
         self.blocking_calls.append(getattr(fn, "__name__", repr(fn)))
