@@ -124,8 +124,8 @@ def load_secret(store_dir: str) -> bytes:
 
 def codec_for(store) -> FhCodec:
     """The codec for this store (cached): instance_id plus the directory's secret
-    (a store object without a directory, as in unit tests, uses instance_id alone)."""
-    store_dir = getattr(store, "path", None)
+    (a store without a directory, path "", as the nfsd tests' FakeStore, uses instance_id alone)."""
+    store_dir = store.path
     cache_key = (bytes(store.instance_id), store_dir)
     codec = _codecs.get(cache_key)
     if codec is None:

@@ -171,11 +171,6 @@ class SeriesScan:
     stale_candidates: list[TmpEntry]     # tmp entries beside the checkpoints (their parents)
 
 
-def _is_open(store, ino: int) -> bool:
-    fn = getattr(store, "is_open", None)
-    return bool(fn(ino)) if fn is not None else False
-
-
 def _join(base: str, name: str) -> str:
     return f"{base}/{name}" if base else name
 
@@ -187,14 +182,14 @@ def _subtree(store, path: str, attr, sink) -> None:
 
 
 def _tmp_entry(store, path: str, attr, pinned) -> TmpEntry:
-    newest, busy = attr.mtime_ns, _is_open(store, attr.ino)
+    newest, busy = attr.mtime_ns, store.is_open(attr.ino)
     pinned_inside = attr.ino in pinned
     if attr.type == FileType.DIR:
         box = {"newest": newest, "busy": busy, "pinned": pinned_inside}
 
         def sink(p, a):
             box["newest"] = max(box["newest"], a.mtime_ns)
-            box["busy"] = box["busy"] or _is_open(store, a.ino)
+            box["busy"] = box["busy"] or store.is_open(a.ino)
             box["pinned"] = box["pinned"] or a.ino in pinned
         _subtree(store, path, attr, sink)
         newest, busy, pinned_inside = box["newest"], box["busy"], box["pinned"]
@@ -206,7 +201,7 @@ def summarise(store, series: str, path: str, attr, step: int | None, pinned: dic
     cp = Checkpoint(series, path, attr.ino, step, newest_mtime_ns=attr.mtime_ns, pins=dict(above_pins))
     if attr.ino in pinned:
         cp.pins[path] = pinned[attr.ino]
-    if _is_open(store, attr.ino):
+    if store.is_open(attr.ino):
         cp.open_files += 1
     tmp_roots: list[str] = []
 
@@ -229,7 +224,7 @@ def summarise(store, series: str, path: str, attr, step: int | None, pinned: dic
         cp.file_inos.append((p, a.ino))
         if a.data_state not in _CLEAN_STATES:
             cp.dirty_files += 1
-        if _is_open(store, a.ino):
+        if store.is_open(a.ino):
             cp.open_files += 1
     _subtree(store, path, attr, sink)
     return cp

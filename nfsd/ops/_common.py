@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import inspect
 import time
 from dataclasses import dataclass
 
@@ -144,14 +143,11 @@ def root_obj(ctx) -> Obj:
 def check_export_access(ctx, exp: Export) -> None:
     ip = ctx.peer[0] if ctx.peer else ""
     # both refusals repeat with every op of a misconfigured client: rate-limited, never one line per op
-    ratelog = getattr(ctx.server, "ratelog", None)
     if not exp.allows(ip):
-        if ratelog is not None:
-            ratelog.warning("export_access_refused", ip, export=exp.path)
+        ctx.server.ratelog.warning("export_access_refused", ip, export=exp.path)
         raise NfsError(NFS4ERR_ACCESS, f"client {ip} may not use export {exp.path}")
     if ctx.peer and not exp.port_ok(ctx.peer[1]):       # `secure` export, port >= 1024
-        if ratelog is not None:
-            ratelog.warning("insecure_port_refused", ip, port=ctx.peer[1], export=exp.path)
+        ctx.server.ratelog.warning("insecure_port_refused", ip, port=ctx.peer[1], export=exp.path)
         raise NfsError(NFS4ERR_PERM, f"export {exp.path} is secure: source port {ctx.peer[1]} >= 1024")
 
 
@@ -248,14 +244,8 @@ def same_export(a: Obj, b: Obj) -> None:
 
 # ---- blocking store calls (sync, commit) ------------------------------------------------------
 async def blocking(ctx, fn, *args):
-    """Run a blocking store call off the event loop (the server's pool when it has one)."""
-    run = getattr(ctx.server, "run_blocking", None)
-    if run is None:
-        return await asyncio.to_thread(fn, *args)
-    result = run(fn, *args)
-    if inspect.isawaitable(result):
-        result = await result
-    return result
+    """Run a blocking store call off the event loop, on the server's pool."""
+    return await ctx.server.run_blocking(fn, *args)
 
 
 async def namespace_op(ctx, op: str, *args):
@@ -312,9 +302,7 @@ def expire_lapsed_holders(ctx, ino: int) -> None:
     """Other clients holding opens or locks on `ino` whose lease has run out lose them
     now, rather than at the reaper's next round, so the state they block is granted
     (RFC 7530 9.6, RFC 8881 8.3: past its lease a client's state may be released)."""
-    mgr = getattr(ctx.server, "sessions", None)
-    if mgr is None:
-        return
+    mgr = ctx.server.sessions
     now = time.monotonic()
     for clientid in {st.clientid for st in ctx.server.opens.opens_of(ino)}:
         client = mgr.clients.get(clientid)

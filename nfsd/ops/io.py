@@ -51,7 +51,7 @@ async def op_read(ctx, args) -> READ4res:
                        data_room(ctx)))
     buf = bytearray(count)
     n, eof = await read_local(ctx, obj.ino, args.offset, memoryview(buf))
-    note_read = getattr(ctx.server, "note_read", None)
+    note_read = ctx.server.note_read            # None: no read-through (no uploader)
     if n and note_read is not None and obj.attr.data_state == DataState.ABSENT:
         note_read(obj.ino, args.offset, n)          # readahead follows the reader
     data = memoryview(buf)[:n] if n < count else buf
@@ -104,7 +104,7 @@ def data_room(ctx) -> int:
 
 async def _fetch(ctx, ino: int, ranges) -> bool:
     """Ask the read-through hook (if the server has one) to bring ranges in from S3."""
-    fetch = getattr(ctx.server, "fetch_missing", None)
+    fetch = ctx.server.fetch_missing            # None: no read-through (no uploader)
     if fetch is None:
         return False
     try:

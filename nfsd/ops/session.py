@@ -301,8 +301,7 @@ async def op_destroy_clientid(ctx, args) -> DESTROY_CLIENTID4res:
     if client.sessions:
         raise NfsError(NFS4ERR_CLIENTID_BUSY, "client still has sessions")
     # RFC 8881 18.50.3: opens and locks keep the client busy too.
-    has_state = getattr(ctx.server.opens, "has_state", None)
-    if has_state is not None and has_state(client):
+    if ctx.server.opens.has_state(client):
         raise NfsError(NFS4ERR_CLIENTID_BUSY, "client still holds opens or locks")
     mgr.remove_client(client, "DESTROY_CLIENTID")
     return DESTROY_CLIENTID4res(NFS4_OK)

@@ -171,7 +171,7 @@ def fake_server_factory():
         table = dict(session_ops.HANDLERS) if handlers is None else handlers
 
         def make():
-            return NfsServer(FakeStore(), None, handlers=table, opens=object(), **kw)
+            return NfsServer(FakeStore(), None, handlers=table, **kw)
         st = ServerThread(make).start()
         started.append(st)
         return st

@@ -166,17 +166,16 @@ def test_secinfo(fs):
 
 def test_handle_key_needs_the_secret_beside_the_store(tmp_path):
     from nfsd.fh import KEY_FILE, codec_for, load_secret
+    from tests.nfsd.conftest import FakeStore
 
-    class S:
-        instance_id = b"i" * 16
-        path = str(tmp_path)
+    store = FakeStore(path=str(tmp_path))
     secret = load_secret(str(tmp_path))
     assert (tmp_path / KEY_FILE).read_bytes() == secret and load_secret(str(tmp_path)) == secret
-    fh = codec_for(S()).export(1, 5, 1)
+    fh = codec_for(store).export(1, 5, 1)
     # someone who knows only the instance_id (the NFS server owner) cannot make handles
     with pytest.raises(BadHandle):
-        FhCodec(S.instance_id).decode(fh.raw)
-    assert FhCodec(S.instance_id + secret).decode(fh.raw).ino == 5
+        FhCodec(store.instance_id).decode(fh.raw)
+    assert FhCodec(store.instance_id + secret).decode(fh.raw).ino == 5
     (tmp_path / KEY_FILE).write_bytes(b"short")
     with pytest.raises(ValueError):
         load_secret(str(tmp_path))

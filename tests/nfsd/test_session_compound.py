@@ -122,7 +122,7 @@ def _engine_server():
     from nfsd.ops import session as session_ops
     from nfsd.server import NfsServer
     from tests.nfsd.conftest import FakeStore
-    return NfsServer(FakeStore(), None, handlers=dict(session_ops.HANDLERS), opens=object())
+    return NfsServer(FakeStore(), None, handlers=dict(session_ops.HANDLERS))
 
 
 _SEED_COMPOUNDS = [

@@ -4,33 +4,26 @@ trip (two thread wake-ups per op on a loaded host, issue 15)."""
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
 from cache.api import ROOT_INO
 from cache.store import Store
+from nfsd.context import CompoundContext
 from nfsd.ops._common import sync_namespace
-
-
-def _ctx(store):
-    calls = []
-
-    def run_blocking(fn, *args):
-        calls.append(fn)
-        return fn(*args)
-    return SimpleNamespace(server=SimpleNamespace(store=store, run_blocking=run_blocking)), calls
+from tests.nfsd.ops_harness import ROOT, FakeServer
 
 
 def test_no_worker_round_trip_when_already_durable(tmp_path):
     store = Store.open(str(tmp_path / "s"))
     try:
         attr, _, _ = store.create(ROOT_INO, b"f", 0o644, 0, 0)   # durable on return
-        ctx, calls = _ctx(store)
+        server = FakeServer(store, None)
+        ctx = CompoundContext(server=server, cred=ROOT, peer=None, conn=None, minorversion=1)
         asyncio.run(sync_namespace(ctx))
-        assert calls == []
+        assert server.blocking_calls == []
         store.write(attr.ino, 0, b"x")          # its txn is committed, not yet group-synced
         assert not store.durable()
         asyncio.run(sync_namespace(ctx))
-        assert calls == [store.sync]
+        assert server.blocking_calls == ["sync"]
         assert store.durable()
     finally:
         store.close()
