@@ -1,6 +1,6 @@
 """Instructions per request, counted by callgrind: the repeatable figure of a noisy shared host.
 
-`python -m bench.instructions [--engine native --engine python] [--calls 400,2000]` runs
+`python -m bench.instructions [--engine native --engine python] [--calls 400,2000] [--floor]` runs
 `python -m nfsd` under `valgrind --tool=callgrind` once per engine and per call count, sends that
 many RPC NULL calls and that many nfs-rs `exists()` COMPOUND pairs (the report's "per request"
 loop: SEQUENCE+PUTFH+LOOKUP+GETFH+GETATTR, then SEQUENCE+PUTFH+LOOKUP failing NOENT), stops the
@@ -64,6 +64,28 @@ def _serve_and_count(engine: str, nulls: int, compounds: int, loop: str) -> int:
     return _total(out)
 
 
+def _floor_count(calls: int, loop: str) -> int:
+    """Instructions of one bench/rpc_floor.py run (canned replies) that answers `calls` NULLs."""
+    work = Path(tempfile.mkdtemp(prefix="ckptgw-instr-"))
+    out = work / "callgrind.out"
+    proc = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-line=no",
+         sys.executable, "-m", "bench.rpc_floor", "--loop", loop],
+        cwd=REPO, env=dict(os.environ, PYTHONHASHSEED="0"), stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, text=True)
+    try:
+        port = int(proc.stdout.readline().strip().split("=")[1])
+        null_calls_n(port, calls)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=300)
+    return _total(out)
+
+
+def floor_per_call(low: int, high: int, loop: str = "uvloop") -> float:
+    return (_floor_count(high, loop) - _floor_count(low, loop)) / (high - low)
+
+
 def _free_port() -> int:
     import socket
     with socket.socket() as s:
@@ -101,6 +123,7 @@ def main(argv=None) -> int:
     ap.add_argument("--engine", action="append", choices=("native", "python"))
     ap.add_argument("--loop", default="uvloop", choices=("uvloop", "asyncio"))
     ap.add_argument("--calls", default="400,2000", help="the two call counts (LOW,HIGH)")
+    ap.add_argument("--floor", action="store_true", help="also count the canned-reply server's NULL")
     args = ap.parse_args(argv)
     low, high = (int(x) for x in args.calls.split(","))
     rows = []
@@ -109,6 +132,9 @@ def main(argv=None) -> int:
         rows.append((engine, got))
         print(f"{engine:7s} {args.loop}: {got['null']:>9,.0f} instructions per NULL, "
               f"{got['compound']:>9,.0f} per COMPOUND", flush=True)
+    if args.floor:
+        print(f"floor   {args.loop}: {floor_per_call(low, high, args.loop):>9,.0f} instructions per NULL "
+              "(bench/rpc_floor.py: a canned reply, nothing decoded)", flush=True)
     return 0
 
 
