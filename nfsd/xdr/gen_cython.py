@@ -174,10 +174,42 @@ class _Gen:
         self.core = core
         self.nfs4 = nfs4
         self.out: list[str] = []
-        self.zc = {id(t) for t in graph.types if getattr(t, "zero_copy", False)}
+        # C arrays indexed by constants: classes (_TP), slot offsets (_OFF), enum value sets
+        # (_VALS, slow paths) and union arm dicts (_ARMS, slow paths).
+        self.tp: dict[int, int] = {}
+        self.off: dict[int, int] = {}
+        self.vals: dict[int, int] = {}
+        self.arms: dict[int, int] = {}
+        self.classes: list = []
+        noff = 0
+        for k, t in enumerate(graph.types):
+            kind = t.xdr_kind
+            if kind in ("struct", "union"):
+                names = tuple(p for p, _ in t.xdr_fields) if kind == "struct" else ("tag", "value")
+                self.tp[id(t)] = len(self.classes)
+                self.off[id(t)] = noff
+                self.classes.append((k, names, noff))
+                noff += len(names)
+            if kind == "enum":
+                self.vals[id(t)] = len(self.vals)
+            if kind == "union":
+                self.arms[id(t)] = len(self.arms)
+        self.noff = noff
 
     def I(self, t) -> str:                     # noqa: E743 - the C identifier of a type
         return self.g.ident[id(t)]
+
+    def T(self, t) -> str:
+        return f"_TP[{self.tp[id(t)]}]"
+
+    def O(self, t, j: int) -> str:             # noqa: E741,E743
+        return f"_OFF[{self.off[id(t)] + j}]"
+
+    def V(self, t) -> str:
+        return f"_VALS[{self.vals[id(t)]}]"
+
+    def A(self, t) -> str:
+        return f"_ARMS[{self.arms[id(t)]}]"
 
     def emit(self, *lines: str) -> None:
         self.out.extend(lines)
@@ -185,64 +217,48 @@ class _Gen:
     # -- module-level declarations
     def globals_(self) -> None:
         g = self.g
-        self.emit("", "# --- the reference's type objects and classes (resolved and checked at import)")
-        self.emit("cdef list _TYPES = []")
-        self.emit("_TYPE_EXPRS = (")
+        E = self.emit
+        E("", "# --- the reference's type objects and classes (resolved and checked at import)",
+          "cdef list _TYPES = []", "cdef list _VALS = []", "cdef list _ARMS = []",
+          f"cdef PyTypeObject* _TP[{len(self.classes)}]", f"cdef Py_ssize_t _OFF[{self.noff}]")
+        E("_TYPE_EXPRS = (")
         for t in g.types:
-            self.emit(f"    ({g.expr[id(t)]!r}, {t.xdr_name!r}, {t.xdr_kind!r}),")
-        self.emit(")")
+            E(f"    ({g.expr[id(t)]!r}, {t.xdr_name!r}, {t.xdr_kind!r}),")
+        E(")", "_CLASSES = (")
+        for k, names, off0 in self.classes:
+            E(f"    ({k}, {names!r}, {off0}),")
+        E(")", "_ENUMS = (")
+        enums = sorted(((n, g.types.index(t)) for tid, n in self.vals.items()
+                        for t in g.types if id(t) == tid))
+        for _n, k in enums:
+            E(f"    {k},")
+        E(")", "_UNIONS = (")
+        unions = sorted(((n, t) for tid, n in self.arms.items() for t in g.types if id(t) == tid),
+                        key=lambda x: x[0])
+        for _n, t in unions:
+            E(f"    {self.arm_dict(t)!r},")
+        E(")")
         for t in g.types:
-            k = t.xdr_kind
-            i = self.I(t)
-            if k in ("struct", "union"):
-                self.emit(f"cdef object C_{i}", f"cdef PyTypeObject* T_{i}")
-                names = [p for p, _ in t.xdr_fields] if k == "struct" else ["tag", "value"]
-                for j in range(len(names)):
-                    self.emit(f"cdef Py_ssize_t O_{i}_{j}")
-            if k == "enum":
-                vals = sorted(t.values)
-                self.emit(f"cdef object V_{i}",
-                          f"cdef inline bint m_{i}(long long x) noexcept:")
-                self.emit(f"    return x in ({', '.join(map(str, vals))},)")
-            if k == "union":
-                self.emit(f"cdef object A_{i}")
-        self.emit("", "cdef _resolve():",
-                  "    global " + ", ".join(self._global_names()))
-        self.emit("    cdef object t")
-        self.emit("    for k, (expr, name, kind) in enumerate(_TYPE_EXPRS):",
-                  "        t = eval(expr, {'_n': _n})",
-                  "        if t.xdr_name != name or t.xdr_kind != kind:",
-                  "            raise ImportError(f'nfsd.native.xdr_nfs4 is stale: {expr} is '",
-                  "                              f'{t.xdr_kind} {t.xdr_name}, generated for {kind} {name}; rebuild')",
-                  "        _TYPES.append(t)")
-        for n, t in enumerate(g.types):
-            k = t.xdr_kind
-            i = self.I(t)
-            if k in ("struct", "union"):
-                self.emit(f"    C_{i} = _TYPES[{n}]", f"    T_{i} = <PyTypeObject*>C_{i}")
-                names = [p for p, _ in t.xdr_fields] if k == "struct" else ["tag", "value"]
-                self.emit(f"    _check_class(C_{i}, {tuple(names)!r})")
-                for j, nm in enumerate(names):
-                    self.emit(f"    O_{i}_{j} = _slot_offset(C_{i}, {nm!r})")
-            if k == "enum":
-                self.emit(f"    V_{i} = _TYPES[{n}].values")
-            if k == "union":
-                self.emit(f"    A_{i} = {self.arm_dict(t)!r}")
-
-    def _global_names(self):
-        names = []
-        for t in self.g.types:
-            k = t.xdr_kind
-            i = self.I(t)
-            if k in ("struct", "union"):
-                names += [f"C_{i}", f"T_{i}"]
-                n = len(t.xdr_fields) if k == "struct" else 2
-                names += [f"O_{i}_{j}" for j in range(n)]
-            if k == "enum":
-                names.append(f"V_{i}")
-            if k == "union":
-                names.append(f"A_{i}")
-        return names
+            if t.xdr_kind == "enum":
+                E(f"cdef inline bint m_{self.I(t)}(long long x) noexcept:",
+                  f"    return x in ({', '.join(map(str, sorted(t.values)))},)")
+        E("", "cdef _resolve():",
+          "    cdef Py_ssize_t c, j, off0",
+          "    for expr, name, kind in _TYPE_EXPRS:",
+          "        t = eval(expr, {'_n': _n})",
+          "        if t.xdr_name != name or t.xdr_kind != kind:",
+          "            raise ImportError(f'nfsd.native.xdr_nfs4 is stale: {expr} is '",
+          "                              f'{t.xdr_kind} {t.xdr_name}, generated for {kind} {name}; rebuild')",
+          "        _TYPES.append(t)",
+          "    for c, (k, names, off0) in enumerate(_CLASSES):",
+          "        cls = _TYPES[k]",
+          "        _check_class(cls, names)",
+          "        _TP[c] = <PyTypeObject*>cls",
+          "        for j, nm in enumerate(names):",
+          "            _OFF[off0 + j] = _slot_offset(cls, nm)",
+          "    for k in _ENUMS:",
+          "        _VALS.append(_TYPES[k].values)",
+          "    _ARMS.extend(_UNIONS)")
 
     # -- unions: arms grouped by type
     def union_arms(self, t):
@@ -373,11 +389,11 @@ class _Gen:
         if linked:
             E("    cdef object head = None, prev = None", "    while True:")
             ind = "        "
-        E(f"{ind}o = PyType_GenericAlloc(T_{i}, 0)")
+        E(f"{ind}o = PyType_GenericAlloc({self.T(t)}, 0)")
         for kind, items in _runs(fields):
             if kind == "one":
                 j, pyn, ft = items[0]
-                E(f"{ind}_ss(o, O_{i}_{j}, d_{self.I(ft)}(d))")
+                E(f"{ind}_ss(o, {self.O(t, j)}, d_{self.I(ft)}(d))")
                 continue
             size = sum(_run_size(ft) for _j, _p, ft in items)
             E(f"{ind}p = d.pos",
@@ -388,26 +404,26 @@ class _Gen:
                 at = f"d.b + p + {off}"
                 if fk == "int":
                     _s, _ct, rd, mk, _cv = _PRIM[ft.run_fmt]
-                    E(f"{ind}_ss(o, O_{i}_{j}, {mk}({rd}({at})))")
+                    E(f"{ind}_ss(o, {self.O(t, j)}, {mk}({rd}({at})))")
                 elif fk == "bool":
                     E(f"{ind}x = _r32({at})",
                       f"{ind}if x > 1: raise _bad_bool({_q(name + '.' + pyn)}, x, p + {off})",
-                      f"{ind}_ss(o, O_{i}_{j}, x == 1)")
+                      f"{ind}_ss(o, {self.O(t, j)}, x == 1)")
                 elif fk == "enum":
                     E(f"{ind}e = <int32_t>_r32({at})",
                       f"{ind}if not m_{self.I(ft)}(e): raise _bad_enum({_q(ft.xdr_name)}, e, p + {off})",
-                      f"{ind}_ss(o, O_{i}_{j}, PyLong_FromLong(e))")
+                      f"{ind}_ss(o, {self.O(t, j)}, PyLong_FromLong(e))")
                 elif fk == "fopaque":
-                    E(f"{ind}_ss(o, O_{i}_{j}, PyBytes_FromStringAndSize(<const char*>{at}, {ft.size}))")
+                    E(f"{ind}_ss(o, {self.O(t, j)}, PyBytes_FromStringAndSize(<const char*>{at}, {ft.size}))")
                 off += _run_size(ft)
             E(f"{ind}d.pos = p + {size}")
         if not linked:
             E("    return o")
             return
         nl = len(t.xdr_fields) - 1
-        E(f"{ind}_ss(o, O_{i}_{nl}, None)",
+        E(f"{ind}_ss(o, {self.O(t, nl)}, None)",
           f"{ind}if prev is None: head = o",
-          f"{ind}else: _rs(prev, O_{i}_{nl}, o)",
+          f"{ind}else: _rs(prev, {self.O(t, nl)}, o)",
           f"{ind}prev = o",
           f"{ind}p = d.pos",
           f"{ind}if d.n - p < 4: raise _truncated({_q(name)}, p, d.n)",
@@ -453,14 +469,14 @@ class _Gen:
                 E(f"        if tag > 1: raise _bad_disc({_q(name)}, tag, p)")
             at = groups[dflt][1]
             E(f"        val = {'None' if at is None else f'd_{self.I(at)}(d)'}")
-        E(f"    o = PyType_GenericAlloc(T_{i}, 0)")
+        E(f"    o = PyType_GenericAlloc({self.T(t)}, 0)")
         if dk == "bool":
-            E(f"    _ss(o, O_{i}_0, tag == 1)")
+            E(f"    _ss(o, {self.O(t, 0)}, tag == 1)")
         elif signed:
-            E(f"    _ss(o, O_{i}_0, PyLong_FromLong(tag))")
+            E(f"    _ss(o, {self.O(t, 0)}, PyLong_FromLong(tag))")
         else:
-            E(f"    _ss(o, O_{i}_0, PyLong_FromUnsignedLong(tag))")
-        E(f"    _ss(o, O_{i}_1, val)", "    return o")
+            E(f"    _ss(o, {self.O(t, 0)}, PyLong_FromUnsignedLong(tag))")
+        E(f"    _ss(o, {self.O(t, 1)}, val)", "    return o")
 
     # -- encoders
     def enc(self, t) -> None:
@@ -468,14 +484,15 @@ class _Gen:
         i = self.I(t)
         name = t.xdr_name
         E = self.emit
+        if k == "struct":
+            return self.enc_struct(t)
+        if k == "union":
+            return self.enc_union(t)
         E("", f"cdef int e_{i}(_W* w, object v) except -1:", f"    # {k} {name}")
         if k == "int":
             size, ct, _rd, _mk, cv = _PRIM[t.run_fmt]
             E(f"    cdef {ct} x",
-              "    try:",
-              f"        {cv}(v, &x)",
-              "    except (_sterr, TypeError) as exc:",
-              f"        raise _pack_error({_q(name)}, v, exc) from None",
+              f"    {cv}_named({_q(name)}, v, &x)",
               f"    _need(w, {size})",
               f"    _w{size * 8}(w, <uint{size * 8}_t>x)",
               "    return 0")
@@ -483,11 +500,7 @@ class _Gen:
             E("    cdef uint32_t x",
               "    if v is True: x = 1",
               "    elif v is False: x = 0",
-              "    else:",
-              "        try:",
-              "            x = _BOOLS[v]",
-              "        except (KeyError, TypeError):",
-              f"            raise _bad_bool({_q(name)}, v) from None",
+              f"    else: x = _bool_standalone({_q(name)}, v)",
               "    _need(w, 4)",
               "    _w32(w, x)",
               "    return 0")
@@ -497,29 +510,16 @@ class _Gen:
               "    cdef int ovf = 1",
               "    if PyLong_CheckExact(v):",
               "        y = PyLong_AsLongLongAndOverflow(v, &ovf)",
-              f"    if ovf == 0 and m_{i}(y):",
-              "        x = <int32_t>y",
-              "    else:",
-              "        try:",
-              f"            ok = v in V_{i}",
-              "        except TypeError:",
-              "            ok = False",
-              f"        if not ok: raise _bad_enum({_q(name)}, v)",
-              "        _cv_i(v, &x)",
+              f"    if ovf == 0 and m_{i}(y): x = <int32_t>y",
+              f"    else: _enum_standalone({_q(name)}, v, {self.V(t)}, &x)",
               "    _need(w, 4)",
               "    _w32(w, <uint32_t>x)",
               "    return 0")
         elif k == "fopaque":
             E("    cdef Py_ssize_t ln",
               "    if PyBytes_CheckExact(v): ln = PyBytes_GET_SIZE(v)",
-              "    else:",
-              "        try:",
-              "            ln = _as_bytes_len(v)",
-              "        except TypeError as exc:",
-              f"            raise _pack_error({_q(name)}, v, exc) from None",
-              f"    if ln != {t.size}:",
-              f"        raise XdrError(f{_q(name + ': fixed opaque needs exactly ' + str(t.size) + ' bytes, got ')[:-1]}{{ln}}'"
-              f", {_q(name)})",
+              f"    else: ln = _blen({_q(name)}, v)",
+              f"    if ln != {t.size}: _fop_size({_q(name)}, {t.size}, ln)",
               f"    _wbytes(w, v, {t.size})",
               "    return 0")
         elif k in ("vopaque", "string"):
@@ -527,16 +527,9 @@ class _Gen:
             if k == "string":
                 E("    if PyUnicode_CheckExact(v): v = v.encode('utf-8')")
             E("    if PyBytes_CheckExact(v): ln = PyBytes_GET_SIZE(v)",
-              "    else:",
-              "        try:",
-              "            ln = _as_bytes_len(v)",
-              "        except TypeError as exc:",
-              f"            raise _pack_error({_q(name)}, v, exc) from None")
-            if t.maxlen < 0xFFFFFFFF:
-                E(f"    if ln > {t.maxlen}: raise _too_long({_q(name)}, ln, {t.maxlen})")
-            else:
-                E(f"    if ln > 0xFFFFFFFF: raise _too_long({_q(name)}, ln, {t.maxlen})")
-            E("    _need(w, 4)",
+              f"    else: ln = _blen({_q(name)}, v)",
+              f"    if ln > {t.maxlen}: raise _too_long({_q(name)}, ln, {t.maxlen})",
+              "    _need(w, 4)",
               "    _w32(w, <uint32_t>ln)",
               "    _wbytes(w, v, ln)",
               "    return 0")
@@ -549,25 +542,26 @@ class _Gen:
               "        return 0",
               "    _w32(w, 1)",
               f"    return e_{self.I(t.elem)}(w, v)")
-        elif k == "struct":
-            self.enc_struct(t)
-        elif k == "union":
-            self.enc_union(t)
+        else:
+            raise SystemExit(f"gen_cython: cannot encode {k} ({name})")
 
     def enc_varray(self, t) -> None:
-        i = self.I(t)
         name = t.xdr_name
         E = self.emit
         el = t.elem
         mx = t.maxlen
         E("    cdef Py_ssize_t n, j, start")
-        if el.xdr_kind == "int":
-            size, ct, _rd, _mk, _cv = _PRIM[el.run_fmt]
-            lo, hi = el.lo, el.hi
-            E(f"    cdef {ct} x",
-              "    cdef long long y",
+        if el.xdr_kind == "int":                # the reference's bulk path
+            size, _ct, _rd, _mk, _cv = _PRIM[el.run_fmt]
+            if el.run_fmt == "q":
+                bad = "ovf"
+            elif el.run_fmt == "Q":
+                bad = "ovf or y < 0"
+            else:
+                bad = f"ovf or y < {el.lo} or y > {el.hi}"
+            E("    cdef long long y",
               "    cdef int ovf",
-              "    cdef object item",
+              "    cdef PyObject* item",
               "    if PyList_CheckExact(v):",
               "        n = PyList_GET_SIZE(v)",
               f"        if n > {mx}: raise _too_long({_q(name)}, n, {mx})",
@@ -575,42 +569,32 @@ class _Gen:
               f"        _need(w, 4 + n * {size})",
               "        _w32(w, <uint32_t>n)",
               "        for j in range(n):",
-              "            item = <object>PyList_GET_ITEM(v, j)",
-              "            if not PyLong_CheckExact(item): break")
-            if el.run_fmt in ("q", "Q"):
-                E("            y = PyLong_AsLongLongAndOverflow(item, &ovf)",
-                  f"            if ovf{' or y < 0' if el.run_fmt == 'Q' else ''}: break",
-                  "            _w64(w, <uint64_t>y)")
-            else:
-                E("            y = PyLong_AsLongLongAndOverflow(item, &ovf)",
-                  f"            if ovf or y < {lo} or y > {hi}: break",
-                  f"            _w{size * 8}(w, <uint{size * 8}_t>y)")
-            E("        else:",
+              "            item = PyList_GET_ITEM(v, j)",
+              "            if not PyLong_CheckExact(<object>item): break",
+              "            y = PyLong_AsLongLongAndOverflow(<object>item, &ovf)",
+              f"            if {bad}: break",
+              f"            _w{size * 8}(w, <uint{size * 8}_t>y)",
+              "        else:",
               "            return 0",
               "        w.len = start",
-              "    try:",
-              "        n = len(v)",
-              f"        if n > {mx}: raise _too_long({_q(name)}, n, {mx})",
-              f"        bs = _struct_pack(f'>I{{n}}{el.run_fmt}', n, *v)",
-              "    except XdrError:",
-              "        raise",
-              "    except _PACK_ERRORS as exc:",
-              f"        raise _pack_error({_q(name)}, v, exc) from None",
-              "    _wbytes(w, bs, PyBytes_GET_SIZE(bs))",
-              "    return 0")
+              f"    return _varray_num_slow(w, {_q(name)}, v, {mx}, {_q(el.run_fmt)})")
             return
         E("    if PyList_CheckExact(v): n = PyList_GET_SIZE(v)",
-          "    else:",
-          "        try:",
-          "            n = len(v)",
-          "        except TypeError as exc:",
-          f"            raise _pack_error({_q(name)}, v, exc) from None",
+          f"    else: n = _len_of({_q(name)}, v)",
           f"    if n > {mx}: raise _too_long({_q(name)}, n, {mx})",
           "    _need(w, 4)",
           "    _w32(w, <uint32_t>n)",
           "    for item in v:",
           f"        e_{self.I(el)}(w, item)",
           "    return 0")
+
+    def _wrapper(self, t) -> None:
+        """e_X calls the body b_X and turns what escapes it into the reference's XdrError."""
+        i = self.I(t)
+        self.emit("", f"cdef int e_{i}(_W* w, object v) except -1:",
+                  f"    # {t.xdr_kind} {t.xdr_name}: the reference wraps what escapes in XdrError",
+                  f"    if XDR_CALL_NOCHECK(b_{i}, w, v) == 0: return 0",
+                  f"    return _wrap({_q(t.xdr_name)}, v)")
 
     def enc_struct(self, t) -> None:
         i = self.I(t)
@@ -620,6 +604,10 @@ class _Gen:
         linked = t.xdr_linked
         if linked:
             fields = fields[:-1]
+            E("", f"cdef int e_{i}(_W* w, object v) except -1:", f"    # linked struct {name}")
+        else:
+            self._wrapper(t)
+            E("", f"cdef int b_{i}(_W* w, object v) except -1:")
         groups = _runs(fields)
         decl = set()
         for kind, items in groups:
@@ -634,26 +622,25 @@ class _Gen:
                     if fk == "enum":
                         decl.add(f"    cdef bint f{j}")
         if any(ft.xdr_kind == "enum" for k_, its in groups if k_ == "run" for _j, _p, ft in its):
-            E("    cdef long long y", "    cdef int ovf")
+            decl.update(("    cdef long long y", "    cdef int ovf"))
         E(*sorted(decl))
-        E("    try:")
-        ind = "        "
+        ind = "    "
         if linked:
-            E("        while True:")
+            E("    try:", "        while True:")
             ind = "            "
         for kind, items in groups:
             if kind == "one":
                 j, pyn, ft = items[0]
-                E(f"{ind}e_{self.I(ft)}(w, _gf(v, T_{i}, O_{i}_{j}, {pyn!r}))")
+                E(f"{ind}e_{self.I(ft)}(w, _gf(v, {self.T(t)}, {self.O(t, j)}, {pyn!r}))")
                 continue
             # phase 1: read and check in field order (what the reference does before spack)
             for j, pyn, ft in items:
                 fk = ft.xdr_kind
-                E(f"{ind}a{j} = _gf(v, T_{i}, O_{i}_{j}, {pyn!r})")
+                E(f"{ind}a{j} = _gf(v, {self.T(t)}, {self.O(t, j)}, {pyn!r})")
                 if fk == "bool":
                     E(f"{ind}if a{j} is True: c{j} = 1",
                       f"{ind}elif a{j} is False: c{j} = 0",
-                      f"{ind}else: c{j} = _BOOLS[a{j}]")
+                      f"{ind}else: c{j} = _bool_slow(a{j})")
                 elif fk == "enum":
                     E(f"{ind}f{j} = False",
                       f"{ind}if PyLong_CheckExact(a{j}):",
@@ -661,12 +648,11 @@ class _Gen:
                       f"{ind}    if ovf == 0 and m_{self.I(ft)}(y):",
                       f"{ind}        c{j} = <int32_t>y",
                       f"{ind}        f{j} = True",
-                      f"{ind}if not f{j} and a{j} not in V_{self.I(ft)}:",
-                      f"{ind}    raise _bad_enum({_q(ft.xdr_name)}, a{j})")
+                      f"{ind}if not f{j}: _enum_field(a{j}, {self.V(ft)}, {_q(ft.xdr_name)})")
                 elif fk == "fopaque":
-                    E(f"{ind}if (not PyBytes_CheckExact(a{j}) or PyBytes_GET_SIZE(a{j}) != {ft.size}) "
-                      f"and _as_bytes_len(a{j}) != {ft.size}:",
-                      f"{ind}    raise XdrError({_q(f'{name}: field {pyn} needs exactly {ft.size} bytes')})")
+                    E(f"{ind}if not PyBytes_CheckExact(a{j}) or PyBytes_GET_SIZE(a{j}) != {ft.size}:",
+                      f"{ind}    _fop_field(a{j}, {ft.size}, "
+                      f"{_q(f'{name}: field {pyn} needs exactly {ft.size} bytes')})")
             # phase 2: ints (and enums off the fast path) in order, as struct.pack checks them
             for j, pyn, ft in items:
                 fk = ft.xdr_kind
@@ -686,15 +672,17 @@ class _Gen:
                     E(f"{ind}_w32(w, <uint32_t>c{j})")
                 else:
                     E(f"{ind}_wbytes(w, a{j}, {ft.size})")
-        if linked:
-            nl = len(t.xdr_fields) - 1
-            E(f"{ind}v = _gf(v, T_{i}, O_{i}_{nl}, {linked!r})",
-              f"{ind}_need(w, 4)",
-              f"{ind}if v is None:",
-              f"{ind}    _w32(w, 0)",
-              f"{ind}    return 0",
-              f"{ind}_w32(w, 1)")
-        E("    except XdrError:",
+        if not linked:
+            E("    return 0")
+            return
+        nl = len(t.xdr_fields) - 1
+        E(f"{ind}v = _gf(v, {self.T(t)}, {self.O(t, nl)}, {linked!r})",
+          f"{ind}_need(w, 4)",
+          f"{ind}if v is None:",
+          f"{ind}    _w32(w, 0)",
+          f"{ind}    return 0",
+          f"{ind}_w32(w, 1)",
+          "    except XdrError:",
           "        raise",
           "    except _PACK_ERRORS as exc:",
           f"        raise _pack_error({_q(name)}, v, exc) from None",
@@ -708,23 +696,22 @@ class _Gen:
         dk = disc.xdr_kind
         groups, dflt = self.union_arms(t)
         fmt = "I" if dk == "bool" else disc.run_fmt
-        E("    cdef long long c",
-          "    cdef int ovf = 0, arm = -1",
-          "    try:",
-          f"        tag = _gf(v, T_{i}, O_{i}_0, 'tag')",
-          "        if PyLong_CheckExact(tag):",
-          "            c = PyLong_AsLongLongAndOverflow(tag, &ovf)",
-          "            if ovf == 0:")
+        self._wrapper(t)
+        E("", f"cdef int b_{i}(_W* w, object v) except -1:",
+          "    cdef long long c",
+          "    cdef int ovf = 1, arm = -1",
+          f"    tag = _gf(v, {self.T(t)}, {self.O(t, 0)}, 'tag')",
+          "    if PyLong_CheckExact(tag):",
+          "        c = PyLong_AsLongLongAndOverflow(tag, &ovf)")
         first = True
         for idx, at, vals in groups:
             if idx == dflt:
                 continue
             cond = " or ".join(f"c == {v}" for v in vals)
-            E(f"                {'if' if first else 'elif'} {cond}: arm = {idx}")
+            E(f"        {'if' if first else 'elif'} ovf == 0 and ({cond}): arm = {idx}")
             first = False
-        E("            if arm == -1:")
         if dflt is None:
-            E(f"                raise _no_arm({_q(name)}, tag)")
+            E("        if arm == -1:", f"            raise _no_arm({_q(name)}, tag)")
         else:
             if dk == "enum":
                 valid = f"ovf == 0 and m_{self.I(disc)}(c)"
@@ -732,37 +719,28 @@ class _Gen:
                 valid = "ovf == 0 and (c == 0 or c == 1)"
             else:
                 valid = f"ovf == 0 and {disc.lo} <= c <= {disc.hi}"
-            E(f"                if not ({valid}): raise _bad_tag({_q(name)}, tag)",
-              f"                arm = {dflt}")
-        E("        else:",
-          f"            arm = A_{i}.get(tag, -1)",
-          "            if arm == -1:")
-        if dflt is None:
-            E(f"                raise _no_arm({_q(name)}, tag)")
+            E("        if arm == -1:",
+              f"            if not ({valid}): raise _bad_tag({_q(name)}, tag)",
+              f"            arm = {dflt}")
+        if dk == "enum":
+            valid = self.V(disc)
+        elif dk == "bool":
+            valid = "(0, 1)"
         else:
-            if dk == "enum":
-                valid = f"tag in V_{self.I(disc)}"
-            elif dk == "bool":
-                valid = "tag in (0, 1)"
-            else:
-                valid = "False"           # the reference wants tag.__class__ is int
-            E(f"                if not ({valid}): raise _bad_tag({_q(name)}, tag)",
-              f"                arm = {dflt}")
-        E(f"            c = _slow_tag_{fmt}(tag)",
-          "        _need(w, 4)",
-          "        _w32(w, <uint32_t>c)")
+            valid = "None"                # the reference wants tag.__class__ is int
+        E("    else:",
+          f"        c = _slow_tag({_q(name)}, tag, {self.A(t)}, {-1 if dflt is None else dflt}, "
+          f"{valid}, _S_{fmt}, {int(fmt == 'i')}, &arm)",
+          "    _need(w, 4)",
+          "    _w32(w, <uint32_t>c)")
         first = True
         for idx, at, vals in groups:
             if at is None:
                 continue
-            E(f"        {'if' if first else 'elif'} arm == {idx}:",
-              f"            e_{self.I(at)}(w, _gf(v, T_{i}, O_{i}_1, 'value'))")
+            E(f"    {'if' if first else 'elif'} arm == {idx}:",
+              f"        e_{self.I(at)}(w, _gf(v, {self.T(t)}, {self.O(t, 1)}, 'value'))")
             first = False
-        E("    except XdrError:",
-          "        raise",
-          "    except _PACK_ERRORS as exc:",
-          f"        raise _pack_error({_q(name)}, v, exc) from None",
-          "    return 0")
+        E("    return 0")
 
     # -- public tables
     def tables(self) -> None:
@@ -817,7 +795,7 @@ from cpython.long cimport (PyLong_FromLong, PyLong_FromUnsignedLong, PyLong_From
                            PyLong_FromUnsignedLongLong, PyLong_CheckExact, PyLong_AsUnsignedLongLong)
 from cpython.list cimport PyList_New, PyList_GET_ITEM, PyList_GET_SIZE, PyList_CheckExact
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
-from cpython.exc cimport PyErr_Occurred, PyErr_Clear
+from cpython.exc cimport PyErr_ExceptionMatches, PyErr_Fetch, PyErr_NormalizeException
 
 cdef extern from "Python.h":
     object PyType_GenericAlloc(PyTypeObject* tp, Py_ssize_t nitems)
@@ -909,6 +887,9 @@ cdef inline object _gf(object o, PyTypeObject* tp, Py_ssize_t off, str name):
         r = (<PyObject**>((<char*><PyObject*>o) + off))[0]
         if r != NULL:
             return <object>r
+    return _getattr(o, name)
+
+cdef object _getattr(object o, str name):
     return getattr(o, name)
 
 cdef Py_ssize_t _slot_offset(object cls, str name) except -1:
@@ -1029,11 +1010,126 @@ cdef int _cv_Q(object v, uint64_t* r) except -1:
     r[0] = _r64(<const unsigned char*>PyBytes_AS_STRING(_S_Q(v)))
     return 0
 
-cdef long long _slow_tag_i(object tag) except? -1:
-    return <int32_t>_r32(<const unsigned char*>PyBytes_AS_STRING(_S_i(tag)))
+cdef int _cv_i_named(str name, object v, int32_t* r) except -1:
+    try:
+        return _cv_i(v, r)
+    except (_sterr, TypeError) as exc:
+        raise _pack_error(name, v, exc) from None
 
-cdef long long _slow_tag_I(object tag) except? -1:
-    return _r32(<const unsigned char*>PyBytes_AS_STRING(_S_I(tag)))
+cdef int _cv_I_named(str name, object v, uint32_t* r) except -1:
+    try:
+        return _cv_I(v, r)
+    except (_sterr, TypeError) as exc:
+        raise _pack_error(name, v, exc) from None
+
+cdef int _cv_q_named(str name, object v, int64_t* r) except -1:
+    try:
+        return _cv_q(v, r)
+    except (_sterr, TypeError) as exc:
+        raise _pack_error(name, v, exc) from None
+
+cdef int _cv_Q_named(str name, object v, uint64_t* r) except -1:
+    try:
+        return _cv_Q(v, r)
+    except (_sterr, TypeError) as exc:
+        raise _pack_error(name, v, exc) from None
+
+
+# --- slow and error paths, shared (each mirrors one line of the reference) ---------------------
+
+cdef extern from *:
+    """
+    /* call an encoder body without Cython's error check: the wrapper inspects the exception */
+    #define XDR_CALL_NOCHECK(f, w, v) ((f)((w), (v)))
+    """
+    int XDR_CALL_NOCHECK(int (*f)(_W*, object) except -1, _W* w, object v) noexcept
+
+cdef int _wrap(str name, object v) except -1:
+    """A struct or union body failed: XdrError passes; what the reference's `except
+    _PACK_ERRORS` catches becomes its _pack_error(name, value, exc); the rest passes."""
+    cdef PyObject* et = NULL
+    cdef PyObject* ev = NULL
+    cdef PyObject* tb = NULL
+    if PyErr_ExceptionMatches(XdrError) or not PyErr_ExceptionMatches(_PACK_ERRORS):
+        return -1
+    PyErr_Fetch(&et, &ev, &tb)
+    PyErr_NormalizeException(&et, &ev, &tb)
+    exc = <object>ev
+    Py_XDECREF(et)
+    Py_XDECREF(ev)
+    Py_XDECREF(tb)
+    raise _pack_error(name, v, exc) from None
+
+cdef Py_ssize_t _blen(str name, object v) except -1:
+    try:
+        return _as_bytes_len(v)
+    except TypeError as exc:
+        raise _pack_error(name, v, exc) from None
+
+cdef int _fop_size(str name, Py_ssize_t size, Py_ssize_t ln) except -1:
+    raise XdrError(f"{name}: fixed opaque needs exactly {size} bytes, got {ln}", name)
+
+cdef int _fop_field(object a, Py_ssize_t size, str msg) except -1:
+    if _as_bytes_len(a) != size:
+        raise XdrError(msg)
+    return 0
+
+cdef int _enum_field(object a, object vals, str ename) except -1:
+    if a not in vals:
+        raise _bad_enum(ename, a)
+    return 0
+
+cdef int _enum_standalone(str name, object v, object vals, int32_t* r) except -1:
+    try:
+        ok = v in vals
+    except TypeError:
+        ok = False
+    if not ok:
+        raise _bad_enum(name, v)
+    return _cv_i(v, r)
+
+cdef int32_t _bool_slow(object a) except? -1:
+    return _BOOLS[a]
+
+cdef uint32_t _bool_standalone(str name, object v) except? 9:
+    try:
+        return _BOOLS[v]
+    except (KeyError, TypeError):
+        raise _bad_bool(name, v) from None
+
+cdef Py_ssize_t _len_of(str name, object v) except -1:
+    try:
+        return len(v)
+    except TypeError as exc:
+        raise _pack_error(name, v, exc) from None
+
+cdef int _varray_num_slow(_W* w, str name, object v, Py_ssize_t mx, str fmt) except -1:
+    try:
+        n = len(v)
+        if n > mx:
+            raise _too_long(name, n, mx)
+        bs = _struct_pack(f">I{n}{fmt}", n, *v)
+    except XdrError:
+        raise
+    except _PACK_ERRORS as exc:
+        raise _pack_error(name, v, exc) from None
+    _wbytes(w, bs, PyBytes_GET_SIZE(bs))
+    return 0
+
+cdef long long _slow_tag(str name, object tag, dict arms, int dflt, object valid, object spack,
+                         bint signed, int* arm) except? -1:
+    a = arms.get(tag, -1)
+    if a == -1:
+        if dflt < 0:
+            raise _no_arm(name, tag)
+        if valid is None or tag not in valid:
+            raise _bad_tag(name, tag)
+        a = dflt
+    arm[0] = a
+    b = spack(tag)
+    if signed:
+        return <int32_t>_r32(<const unsigned char*>PyBytes_AS_STRING(b))
+    return _r32(<const unsigned char*>PyBytes_AS_STRING(b))
 '''
 
 EPILOGUE = r'''
