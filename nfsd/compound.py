@@ -339,7 +339,7 @@ def _start_session_part(ctx, args, results: _Results, request_size: int):
 async def _run_ops(ctx, args: CompoundArgs, ops: list, first: int, results: _Results) -> None:
     rows = ctx.server.ops.rows     # nfsd/optable.py; decode_compound let declared ops through only
     minor = ctx.minorversion
-    observer = getattr(ctx.server, "observer", None)
+    observer = ctx.server.observer
     last = len(ops) - 1
     for i in range(first, len(ops)):
         op = ops[i]

@@ -81,9 +81,7 @@ class NfsServer:
             from nfsd.openstate import OpenStateTable
             opens = OpenStateTable(store)
         self.opens = opens
-        attach = getattr(opens, "attach", None)
-        if attach is not None:
-            attach(self.sessions)
+        opens.attach(self.sessions)
         # Asynchronous COPYs (nfsd/offload.py); an undelivered outcome is kept a lease.
         self.offloads = OffloadTable(write_verifier=store.write_verifier,
                                      keep_seconds=lease_time)
@@ -173,14 +171,12 @@ class NfsServer:
 
     # ---- connections -----------------------------------------------------------
     def client_allowed(self, ip: str) -> bool:
-        check = getattr(self.exports, "client_allowed", None)
-        return True if check is None else bool(check(ip))
+        return bool(self.exports.client_allowed(ip))
 
     def port_allowed(self, ip: str, port: int) -> bool:
         """`secure` exports: a source port >= 1024 is accepted only when an export that
         admits this client is `insecure` (knfsd's rule)."""
-        check = getattr(self.exports, "port_allowed", None)
-        return True if check is None else bool(check(ip, port))
+        return bool(self.exports.port_allowed(ip, port))
 
     def set_exports(self, exports) -> None:
         """Swap the exports (config reload); the network check is redone for every open

@@ -61,7 +61,7 @@ class NfsConnection(asyncio.BufferedProtocol):
         limits = limits or Limits()
         self.server = server
         self.rpc = RpcConnection(server.programs, limits.max_record, max_fragments=limits.max_fragments,
-                                 pool=getattr(server, "record_pool", None))
+                                 pool=server.record_pool)
         self.max_inflight = limits.max_inflight
         self.transport: asyncio.Transport | None = None
         self.peer: tuple = ()

@@ -158,9 +158,15 @@ def run_client(port: int, body, *, minorversion: int = 1, setup: bool = True, **
     return asyncio.run(main())
 
 
+def open_exports():
+    """Exports that admit every client from any port (the fake servers' RPC tests)."""
+    from nfsd.exports import Export, Exports
+    return Exports([Export(1, "/checkpoints", root_squash=False, secure=False)])
+
+
 @pytest.fixture
 def fake_server_factory():
-    """Start NfsServer(FakeStore(), exports=None, ...) with any handler table (RPC and
+    """Start NfsServer(FakeStore(), OPEN_EXPORTS, ...) with any handler table (RPC and
     session tests that need no filesystem). Returns a ServerThread."""
     started: list[ServerThread] = []
 
@@ -171,7 +177,7 @@ def fake_server_factory():
         table = dict(session_ops.HANDLERS) if handlers is None else handlers
 
         def make():
-            return NfsServer(FakeStore(), None, handlers=table, **kw)
+            return NfsServer(FakeStore(), open_exports(), handlers=table, **kw)
         st = ServerThread(make).start()
         started.append(st)
         return st

@@ -133,6 +133,9 @@ def test_refused_network_is_closed_at_accept(fake_server_factory):
     class NoOne:
         def client_allowed(self, ip):
             return False
+
+        def port_allowed(self, ip, port):
+            return True
     server = fake_server_factory()
     server.server.exports = NoOne()                    # connections made from now on
 
@@ -147,6 +150,9 @@ def test_set_exports_rechecks_open_connections(fake_server):
     class NoOne:
         def client_allowed(self, ip):
             return False
+
+        def port_allowed(self, ip, port):
+            return True
 
     async def body(c):
         await c.null()

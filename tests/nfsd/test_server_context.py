@@ -12,7 +12,7 @@ from nfsd.context import ServerContext
 from nfsd.exports import Export, Exports
 from nfsd.server import NfsServer
 from tests.cache.test_api_protocol import protocol_members, shape
-from tests.nfsd.conftest import FakeStore
+from tests.nfsd.conftest import FakeStore, open_exports
 from tests.nfsd.ops_harness import FakeServer
 
 NFSD = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "nfsd")
@@ -31,7 +31,7 @@ def missing(server) -> list[str]:
 def test_nfs_server_and_fake_server_are_server_contexts():
     members = protocol_members(ServerContext)
     assert {"store", "exports", "sessions", "opens", "grace", "run_blocking"} <= members.keys()
-    assert missing(NfsServer(FakeStore(), None)) == []
+    assert missing(NfsServer(FakeStore(), open_exports())) == []
     assert missing(FakeServer(FakeStore(), Exports([Export(1, "/checkpoints")]))) == []
 
 

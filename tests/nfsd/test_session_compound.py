@@ -121,8 +121,8 @@ def test_random_bytes_decode_or_are_garbage(data):
 def _engine_server():
     from nfsd.ops import session as session_ops
     from nfsd.server import NfsServer
-    from tests.nfsd.conftest import FakeStore
-    return NfsServer(FakeStore(), None, handlers=dict(session_ops.HANDLERS))
+    from tests.nfsd.conftest import FakeStore, open_exports
+    return NfsServer(FakeStore(), open_exports(), handlers=dict(session_ops.HANDLERS))
 
 
 _SEED_COMPOUNDS = [
