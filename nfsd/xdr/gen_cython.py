@@ -48,7 +48,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = ROOT / "nfsd" / "native" / "xdr_nfs4.pyx"
-HOT = ("COMPOUND4args", "COMPOUND4res", "CB_COMPOUND4args", "CB_COMPOUND4res")
+HOT = ("COMPOUND4args", "COMPOUND4res", "CB_COMPOUND4args", "CB_COMPOUND4res",
+       "nfs_argop4", "nfs_resop4", "nfs_cb_argop4", "nfs_cb_resop4")
 
 
 def _load_reference():
@@ -381,10 +382,14 @@ class _Gen:
         linked = t.xdr_linked
         if linked:
             fields = fields[:-1]
-        E("    cdef Py_ssize_t p",
-          "    cdef uint32_t x",
-          "    cdef int32_t e",
-          "    cdef object o")
+        kinds = {ft.xdr_kind for _p, ft in fields if getattr(ft, "run_fmt", None) is not None}
+        E("    cdef object o")
+        if kinds or linked:
+            E("    cdef Py_ssize_t p")
+        if "bool" in kinds or linked:
+            E("    cdef uint32_t x")
+        if "enum" in kinds:
+            E("    cdef int32_t e")
         ind = "    "
         if linked:
             E("    cdef object head = None, prev = None", "    while True:")
@@ -777,8 +782,10 @@ PRELUDE = r'''# cython: language_level=3, boundscheck=False, wraparound=False, c
 
     decode(T, buf, pos=0) -> (value, new_pos)     == T.unpack(memoryview(buf), pos)
     encode(T, value, out: bytearray) -> None      == T.pack(value, out)
-    decode_COMPOUND4args(buf, pos=0), encode_COMPOUND4res(value, out), ... (also COMPOUND4res,
-    CB_COMPOUND4args, CB_COMPOUND4res both ways): the same for the hot types, no lookup.
+    decode_COMPOUND4args(buf, pos=0), encode_COMPOUND4res(value, out), ...: the same for the
+        hot types, no lookup: decode_X and encode_X for X in COMPOUND4args, COMPOUND4res,
+        CB_COMPOUND4args, CB_COMPOUND4res, nfs_argop4, nfs_resop4, nfs_cb_argop4, nfs_cb_resop4
+    codec(T) -> Codec with .decode(buf, pos=0) and .encode(value, out): any type, looked up once
 
 T is a type object of nfsd.xdr.nfs4 (or its xdr_name). Values are the reference's objects;
 errors are nfsd.xdr.core.XdrError with the reference's type_name and message. A pack that
@@ -816,7 +823,7 @@ from nfsd.xdr import nfs4 as _n
 from nfsd.xdr.core import (XdrError, _PACK_ERRORS, _pack_error, _bad_bool, _bad_enum,
                            _too_long, _as_bytes_len)
 
-__all__ = ["decode", "encode", "types", "SPEC_SHA1"]
+__all__ = ["decode", "encode", "codec", "Codec", "types", "SPEC_SHA1"]
 
 cdef object _sterr = _struct.error
 cdef object _struct_pack = _struct.pack
@@ -1183,6 +1190,34 @@ def encode(t, value, bytearray out not None):
 def types():
     """The reference type objects this module has codecs for."""
     return list(_TYPES)
+
+
+cdef class Codec:
+    """The native codec of one type, looked up once: .decode(buf, pos=0), .encode(value, out)."""
+    cdef _dfunc _d
+    cdef _efunc _e
+    cdef readonly object type
+
+    def decode(self, buf, Py_ssize_t pos=0):
+        """type.unpack(memoryview(buf), pos) natively: (value, new_pos)."""
+        return _decode_with(self._d, buf, pos)
+
+    def encode(self, value, bytearray out not None):
+        """type.pack(value, out) natively."""
+        _encode_with(self._e, value, out)
+
+    def __repr__(self):
+        return f"<native xdr codec {self.type.xdr_name}>"
+
+
+def codec(t):
+    """The Codec of t (a type object of nfsd.xdr.nfs4 or an xdr_name)."""
+    cdef Py_ssize_t k = _index(t)
+    cdef Codec c = Codec.__new__(Codec)
+    c._d = _DEC[k]
+    c._e = _ENC[k]
+    c.type = _TYPES[k]
+    return c
 
 
 def _check_spec():

@@ -324,3 +324,30 @@ def test_bounds_checked_before_allocating():
             check_decode(t, data)
     r = check_decode(nfs4.bitmap4, b"\0\0\0\x41" + b"\0" * 260)       # DECODE_LIMITS: 64 words
     assert r[0] == "XdrError" and r[1] == "bitmap4"
+
+
+def test_entry_points_and_inputs():
+    # the per-op entry points (what compound.py decodes and encodes op by op) and codec()
+    seq = nfs4.nfs_argop4(nfs4.OP_SEQUENCE, nfs4.SEQUENCE4args(b"s" * 16, 1, 0, 0, True))
+    wire = bytearray()
+    nfs4.nfs_argop4.pack(seq, wire)
+    blob = b"\0" * 8 + bytes(wire) + b"\0" * 4
+    for dec in (xn.decode_nfs_argop4, xn.codec(nfs4.nfs_argop4).decode,
+                lambda b, p: xn.decode("nfs_argop4", b, p)):
+        v, end = dec(blob, 8)
+        assert same(v, seq) and end == 8 + len(wire)
+        v, end = dec(memoryview(blob)[4:], 4)              # a memoryview slice as input
+        assert same(v, seq) and end == 4 + len(wire)
+    res = nfs4.nfs_resop4(nfs4.OP_PUTFH, nfs4.PUTFH4res(nfs4.NFS4_OK))
+    ref = bytearray(b"xy")
+    nfs4.nfs_resop4.pack(res, ref)
+    for enc in (xn.encode_nfs_resop4, xn.codec("nfs_resop4").encode):
+        out = bytearray(b"xy")
+        enc(res, out)
+        assert out == ref
+    # past the end of the buffer: both say truncated, alike
+    for t in (nfs4.COMPOUND4args, nfs4.utf8string, nfs4.stateid4, nfs4.nfs_argop4, nfs4.bitmap4):
+        r = check_decode(t, bytes(wire), len(wire) + 4)
+        assert r[0] == "XdrError"
+    with pytest.raises(KeyError):
+        xn.codec("no_such_type")
