@@ -1,4 +1,4 @@
-"""Fixtures for the Ansible role tests: controller tools, the ckptgw wheel, the guest image.
+"""Fixtures for the Ansible role tests: controller tools, the ckptgw (platform) wheel, the guest image.
 
 Everything slow is cached outside the repository: the controller venv with ansible-core and
 ansible-lint (from requirements.txt) in /var/cache/ckptgw-ansible-tools/<hash>, the guest image
@@ -22,6 +22,8 @@ sys.path.insert(0, str(HERE))          # guestimage, guestvm, playbook
 from guestimage import REPO, ensure_image  # noqa: E402
 from playbook import REPORT, report  # noqa: E402
 
+# The wheel tags the guest's python3 installs (Debian 12: CPython 3.11.2, x86-64, glibc 2.36).
+GUEST_WHEEL_TAGS = "-cp311-cp311-linux_x86_64.whl"
 TOOLS_CACHE = Path(os.environ.get("CKPTGW_ANSIBLE_TOOLS_CACHE", "/var/cache/ckptgw-ansible-tools"))
 
 
@@ -64,7 +66,13 @@ def ckptgw_dist(tmp_path_factory) -> Path:
                           env=dict(os.environ, PYTHON=sys.executable), capture_output=True, text=True)
     if proc.returncode != 0:
         pytest.fail(f"packaging/build-dist.sh failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    assert len(list(out.glob("ckptgw-*.whl"))) == 1, list(out.iterdir())
+    wheels = list(out.glob("ckptgw-*.whl"))
+    assert len(wheels) == 1, list(out.iterdir())
+    # A platform wheel (compiled nfsd/native): the guest's python3 (Debian 12) is CPython 3.11 on x86-64.
+    if not wheels[0].name.endswith(GUEST_WHEEL_TAGS):
+        pytest.fail(f"packaging/build-dist.sh built {wheels[0].name} with {sys.executable}: the guest's Debian 12 "
+                    f"python3 (3.11, x86-64) installs only a ...{GUEST_WHEEL_TAGS} wheel of ckptgw; run the tests "
+                    "with a CPython 3.11")
     report(f"packaging/build-dist.sh: {time.monotonic() - t0:.0f}s")
     return out
 

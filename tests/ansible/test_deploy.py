@@ -135,6 +135,18 @@ def journal(vm: GuestVM, lines: int = 60) -> str:
     return vm.ssh(f"sudo journalctl --no-pager -u ckptgw.service -n {lines}", check=False).stdout
 
 
+def journal_events(vm: GuestVM) -> list[dict]:
+    """The service's structured log records in its journal (JSON lines: [log] format auto, no TTY)."""
+    events = []
+    for line in vm.ssh("sudo journalctl --no-pager -o cat -u ckptgw.service", check=False).stdout.splitlines():
+        if line.startswith("{"):
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                pass
+    return events
+
+
 def test_check_mode_on_a_fresh_host_previews_and_changes_nothing(fresh_check, first_run):
     run, before, after = fresh_check.result()
     assert run.returncode == 0, run.tail()
@@ -153,6 +165,16 @@ def test_first_run_deploys_an_active_service(vm, first_run):
     assert vm.ssh("sudo systemctl is-active ckptgw.service", check=False).stdout.strip() == "active", journal(vm)
     assert vm.ssh("sudo systemctl is-enabled ckptgw.service").stdout.strip() == "enabled"
     assert service(vm, "User") == "ckptgw"
+    # the platform wheel's compiled engine, installed as built (the guest has no compiler) and running
+    listening = [e for e in journal_events(vm) if e.get("event") == "nfsd_listening"]
+    assert listening and all(e.get("rpc_engine") == "native" for e in listening), listening or journal(vm)
+    native = vm.ssh("command -v cc || command -v gcc || echo no-compiler; cd /opt/ckptgw/venv &&"
+                    " ls lib/python3*/site-packages/nfsd/native && bin/python -c 'import nfsd.native.rpc, nfsd.native.xdr_nfs4'",
+                    check=False)
+    assert native.returncode == 0 and "no-compiler" in native.stdout, native.stdout + native.stderr
+    assert "rpc.cpython-311-x86_64-linux-gnu.so" in native.stdout, native.stdout
+    report(f"guest: nfsd_listening rpc_engine={listening[-1].get('rpc_engine')} "
+           f"event_loop={listening[-1].get('event_loop')}; " + " ".join(native.stdout.split()[1:]))
     pid = service(vm, "MainPID")
     assert vm.ssh(f"ps -o user= -p {pid}").stdout.strip() == "ckptgw"
     # the cache lives on the disk the inventory named, mounted by UUID

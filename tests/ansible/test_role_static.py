@@ -177,3 +177,52 @@ def test_cache_mount_unit_is_named_as_systemd_escape_names_it(ansible_bin, tmp_p
     expected = subprocess.run([escape, "--path", "--suffix=mount", mountpoint], capture_output=True, text=True,
                               check=True).stdout.strip()
     assert (tmp_path / "cache-mount-unit-name").read_text().strip() == expected
+
+
+# What the guest's python3 reports (Debian 12 on x86-64), as tasks/assert.yml's probe reads it.
+DEBIAN12_X86_64 = {"version": "3.11.2", "minor": 11, "interpreter": "cp311", "abi": "cp311",
+                   "platform": "linux_x86_64", "machine": "x86_64"}
+
+
+def test_default_wheel_is_the_one_platform_wheel_and_its_tags_must_suit_the_host(ansible_bin, tmp_path):
+    """ckptgw_wheel "": the one ckptgw-VERSION-*.whl in ckptgw_dist_dir (none or two: none picked, the
+    play fails naming them); its tags against the host's Python (a wheel for another one fails)."""
+    version = role_defaults()["ckptgw_version"]
+    cases, expected = [], []
+
+    def case(files: list[str], suits, host=DEBIAN12_X86_64, wheel: str = ""):
+        dist = tmp_path / f"dist{len(cases)}"
+        dist.mkdir()
+        for name in files:
+            (dist / name).write_bytes(b"")
+        cases.append({"dist_dir": str(dist), "wheel": wheel and str(dist / wheel), "host": json.dumps(host)})
+        expected.append((files, wheel, suits))
+
+    case([f"ckptgw-{version}-cp311-cp311-linux_x86_64.whl", f"ckptgw-{version}-constraints.txt",
+          "ckptgw-0.0.9-cp311-cp311-linux_x86_64.whl"], True)                  # build-dist.sh's; an older version beside it
+    case([f"ckptgw-{version}-cp312-cp312-linux_x86_64.whl"], False)                # built with another Python
+    case([f"ckptgw-{version}-cp311-cp311-linux_aarch64.whl"], False)               # another machine
+    case([f"ckptgw-{version}-cp311-cp311-macosx_11_0_arm64.whl"], False)
+    case([f"ckptgw-{version}-py3-none-any.whl"], True)                             # a pure wheel suits any host
+    case([f"ckptgw-{version}-cp39-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"], True)
+    case([f"ckptgw-{version}-cp312-abi3-manylinux_2_17_x86_64.whl"], False)        # abi3 from 3.12 on
+    case([f"ckptgw-{version}-cp311-cp311-linux_x86_64.whl"], False,
+         host=dict(DEBIAN12_X86_64, version="3.12.3", minor=12, interpreter="cp312", abi="cp312"))
+    case([], None)                                                                 # nothing built
+    case([f"ckptgw-{version}-cp311-cp311-linux_x86_64.whl", f"ckptgw-{version}-py3-none-any.whl"], None)
+    case([f"ckptgw-{version}-py3-none-any.whl", "ckptgw-0.2.0-cp311-cp311-linux_x86_64.whl"], True,
+         wheel="ckptgw-0.2.0-cp311-cp311-linux_x86_64.whl")                        # named: no glob
+
+    run = render(ansible_bin, tmp_path, ckptgw_admin_group="", wheel_cases=cases)
+    assert run.returncode == 0, run.tail()
+    for index, (files, wheel, suits) in enumerate(expected):
+        got = json.loads((tmp_path / f"wheel-{index}.json").read_text())
+        wheels = sorted(f for f in files if f.startswith(f"ckptgw-{version}-") and f.endswith(".whl"))
+        picked = wheel or (wheels[0] if len(wheels) == 1 else "")
+        assert Path(got["wheel_file"]).name == picked, (files, got)
+        assert [Path(w).name for w in got["dist_wheels"]] == wheels, (files, got)
+        assert got["suits"] == suits, (files, got)
+        if picked:
+            picked_version = picked.split("-")[1]
+            assert got["wanted_version"] == picked_version
+            assert got["constraints_file"].endswith(f"/ckptgw-{picked_version}-constraints.txt"), got
