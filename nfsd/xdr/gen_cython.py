@@ -802,6 +802,8 @@ from cpython.long cimport (PyLong_FromLong, PyLong_FromUnsignedLong, PyLong_From
                            PyLong_FromUnsignedLongLong, PyLong_CheckExact, PyLong_AsUnsignedLongLong)
 from cpython.list cimport PyList_New, PyList_GET_ITEM, PyList_GET_SIZE, PyList_CheckExact
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
+from cpython.memoryview cimport PyMemoryView_FromObject, PyMemoryView_GET_BUFFER
+from cpython.sequence cimport PySequence_GetSlice
 from cpython.exc cimport PyErr_ExceptionMatches, PyErr_Fetch, PyErr_NormalizeException
 
 cdef extern from "Python.h":
@@ -851,14 +853,18 @@ cdef inline uint64_t _r64(const unsigned char* p) noexcept nogil:
     return (<uint64_t>_r32(p) << 32) | <uint64_t>_r32(p + 4)
 
 cdef object _zc_slice(_B* d, Py_ssize_t start, Py_ssize_t end):
+    """buf[start:end] of the reference's memoryview of the input (made once per decode)."""
     cdef object mv
+    cdef Py_buffer* vb
     if d.mv == NULL:
-        mv = memoryview(<object>d.src)
-        if mv.ndim != 1 or mv.format not in ("B", "b", "c"):
+        mv = PyMemoryView_FromObject(<object>d.src)
+        vb = PyMemoryView_GET_BUFFER(mv)
+        if vb.ndim != 1 or (vb.format != NULL and not (
+                vb.format[0] in b"Bbc" and vb.format[0] != 0 and vb.format[1] == 0)):
             mv = mv.cast("B")
         Py_INCREF(mv)
         d.mv = <PyObject*>mv
-    return (<object>d.mv)[start:end]
+    return PySequence_GetSlice(<object>d.mv, start, end)
 
 cdef object _truncated(str name, Py_ssize_t pos, Py_ssize_t n):
     return XdrError(f"{name}: truncated input at offset {pos} (buffer has {n} bytes)", name, pos)
