@@ -156,7 +156,7 @@ ATTRS: dict[int, AttrDef] = {
     FATTR4_NAMED_ATTR: AttrDef(fattr4_named_attr, lambda e: False),
     FATTR4_FSID: AttrDef(fattr4_fsid, lambda e: e.fsid()),
     FATTR4_UNIQUE_HANDLES: AttrDef(fattr4_unique_handles, lambda e: True),
-    FATTR4_LEASE_TIME: AttrDef(fattr4_lease_time, lambda e: int(getattr(e.server, "lease_time", 90))),
+    FATTR4_LEASE_TIME: AttrDef(fattr4_lease_time, lambda e: int(e.server.lease_time)),
     FATTR4_RDATTR_ERROR: AttrDef(fattr4_rdattr_error, lambda e: e.rdattr_error),
     FATTR4_CANSETTIME: AttrDef(fattr4_cansettime, lambda e: True),
     FATTR4_CASE_INSENSITIVE: AttrDef(fattr4_case_insensitive, lambda e: False),

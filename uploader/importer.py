@@ -70,7 +70,7 @@ async def import_prefix(store, client: ObjectClient, keys: KeyMap, gate: Request
     report = ImportReport()
     objects = await gate.call("ListObjectsV2", lambda: list(client.list_objects(keys.prefix)), what=keys.prefix)
     owned = await asyncio.to_thread(store.owned_keys)     # after the listing: covers every listed key
-    store_id = getattr(store, "instance_id", b"").hex()
+    store_id = store.instance_id.hex()
     for obj in objects:
         path = keys.path_of_key(obj.key)
         if path is None:

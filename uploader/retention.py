@@ -473,7 +473,7 @@ def _resolve(store, rel: str):
 def _unsafe(attr, store, *, allow_dirty: bool) -> str | None:
     if attr.pinned:
         return "pinned"
-    if store.is_open(attr.ino) if hasattr(store, "is_open") else False:
+    if store.is_open(attr.ino):
         return "open"
     if attr.type == FileType.REG and not allow_dirty and attr.data_state not in _CLEAN:
         return "not clean in S3"

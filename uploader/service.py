@@ -519,7 +519,7 @@ class Uploader:
 
     def _usage(self) -> dict:
         """The store's byte accounting; {} for a store without it (tests' stand-ins)."""
-        return self.store.usage() if hasattr(self.store, "usage") else {}
+        return self.store.usage()
 
     def _urgent(self) -> bool:
         """The drain must not yield to clients (foreground.py): a flush waits, or dirty data
@@ -537,7 +537,7 @@ class Uploader:
         # Settled dirty files not yet picked up count too: they have waited since their last
         # write/commit/close, measured on the store's clock (like the settle window), then
         # put on the jobs' time line as that many seconds ago.
-        ready_ns = self.store.oldest_ready_ns() if hasattr(self.store, "oldest_ready_ns") else None
+        ready_ns = self.store.oldest_ready_ns()
         if ready_ns is not None:
             upload_ts.append(now - max(0, self.store.clock_ns() - ready_ns) / 1e9)
         usage = self._usage()

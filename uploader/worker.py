@@ -124,7 +124,7 @@ class Worker:
         self.keys = keys
         self.settings = settings
         self.counters = counters
-        self.store_id = getattr(store, "instance_id", b"").hex()
+        self.store_id = store.instance_id.hex()
         self.algorithm = client.checksum_algorithm
         self.fetch_missing = None    # async (ino, ranges): read-through, set by the service
         self.manifests_on = False    # series configured: a removed directory's manifest goes too
