@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import structlog
 
 import nfsd.xdr.nfs4 as nfs4
+from nfsd import native
 from nfsd.context import CompoundContext
 from nfsd.errors import NfsError
 from nfsd.ops import session as session_ops
@@ -31,6 +32,17 @@ from nfsd.xdr.nfs4 import (
 )
 
 log = structlog.get_logger(__name__)
+
+# The op codecs: generated typed Cython when built (nfsd/xdr/gen_cython.py writes
+# nfsd/native/xdr_nfs4.pyx from the same .x text; tests/nfsd/test_xdr_native.py holds it to
+# the reference byte for byte and error for error), else the reference combinators.
+XDR_ENGINE = native.engine("xdr_nfs4")
+if XDR_ENGINE == "native":
+    from nfsd.native.xdr_nfs4 import decode_nfs_argop4 as _decode_argop
+    from nfsd.native.xdr_nfs4 import encode_nfs_resop4 as _encode_resop
+else:
+    _decode_argop = nfs_argop4.unpack
+    _encode_resop = nfs_resop4.pack
 
 _U32 = struct.Struct(">I")
 
@@ -139,7 +151,7 @@ def decode_compound(buf: memoryview) -> CompoundArgs:
             if opnum not in OP_NAMES or opnum == OP_ILLEGAL:
                 args.illegal_opnum = opnum
                 return args
-            op, pos = nfs_argop4.unpack(buf, pos)
+            op, pos = _decode_argop(buf, pos)
             args.ops.append(op)
         if pos != len(buf):
             raise GarbageArgs(f"COMPOUND4args: {len(buf) - pos} bytes after the last op")
@@ -197,22 +209,22 @@ class _Results:
         data = _out_of_line_data(resop)
         try:
             if data is None:
-                nfs_resop4.pack(resop, self.out)
+                _encode_resop(resop, self.out)
             else:     # encoded with no data: its length is patched in, the data follows
-                nfs_resop4.pack(_read_without_data(resop), self.out)
+                _encode_resop(_read_without_data(resop), self.out)
                 _U32.pack_into(self.out, len(self.out) - 4, len(data))
         except XdrError as exc:
             del self.out[mark:]
             log.error("op_result_unencodable", op=op_name(resop.tag), error=str(exc))
             resop, data = error_result(resop.tag, NFS4ERR_SERVERFAULT), None
-            nfs_resop4.pack(resop, self.out)
+            _encode_resop(resop, self.out)
         if data is not None:
             self.tail = (data, -len(data) % 4)
         if self.room() < 0:
             del self.out[mark:]
             self.tail = None
             resop = error_result(resop.tag, self.too_big)
-            nfs_resop4.pack(resop, self.out)
+            _encode_resop(resop, self.out)
         self.count += 1
         self.opnums.append(resop.tag)
         self.status = result_status(resop.value)
