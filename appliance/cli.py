@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+from dataclasses import fields as dataclass_fields
 
 import click
 
@@ -86,12 +87,35 @@ def main(ctx, socket_path, admin_tcp, token, config_path, admin_timeout):
 
 # ---- serve ------------------------------------------------------------------------------
 
+def _default_text(f) -> str | None:
+    """The declared default as one would type it on the command line ("8MiB", "90s", "0600")."""
+    from dataclasses import MISSING
+
+    from .config_example import _human
+    value, parse = f.default, f.metadata["parse"]
+    if value is None or value is MISSING or value == "":
+        return None                     # derived at start or none: the option's help says so
+    if parse in (configmod._mode, configmod._dir_mode):
+        return f"{value:04o}"
+    if isinstance(value, tuple) and parse is configmod._address:
+        return f"{value[0]}:{value[1]}"
+    return _human(value, parse).strip('"')
+
+
 def _serve_options(fn):
     for flag, path, doc in reversed(configmod.flag_options()):
-        fn = click.option(flag, "opt__" + "__".join(path), metavar="VALUE", default=None, help=doc)(fn)
-    fn = click.option("--export", "exports", multiple=True, metavar="PATH[:NETS[:rw|ro[:SQUASH]]]",
-                      help="An export (repeatable; replaces the file's [[exports]]). "
-                           "NETS: comma-separated CIDRs; SQUASH: none|root|all.")(fn)
+        f = {f.name: f for f in dataclass_fields(configmod.SECTIONS[path[0]])}[path[1]]
+        choices = getattr(f.metadata["parse"], "choices", None)
+        default = _default_text(f)
+        fn = click.option(flag, "opt__" + "__".join(path), default=None,
+                          type=click.Choice(choices) if choices else None,
+                          metavar=None if choices else f.metadata["metavar"],
+                          help=doc + (f"  [default: {default}]" if default is not None else ""))(fn)
+    fn = click.option("--export", "exports", multiple=True,
+                      metavar="PATH[:NETS[:rw|ro[:SQUASH[:secure|insecure]]]]",
+                      help="An export (repeatable; replaces the file's [[exports]]). NETS: comma-separated "
+                           "CIDRs (default loopback); rw|ro default rw; SQUASH: none|root|all (default root); "
+                           "insecure admits clients on unprivileged source ports (nfs-rs), default secure.")(fn)
     return fn
 
 

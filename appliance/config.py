@@ -59,12 +59,21 @@ class ConfigError(ValueError):
 # A parser takes the raw TOML (or flag text) value and returns the typed value or raises
 # ValueError("expected ..."). Flags arrive as strings; `from_text` says how to read them.
 
+def _kind(metavar: str):
+    """Mark a parser with the placeholder `serve --help` shows for its flags."""
+    def mark(fn):
+        fn.metavar = metavar
+        return fn
+    return mark
+
+
 def _describe(v: Any) -> str:
     kind = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
             list: "an array", dict: "a table"}.get(type(v), type(v).__name__)
     return f"{kind} ({v!r})" if isinstance(v, (bool, int, float, str)) else kind
 
 
+@_kind("true|false")
 def _bool(v):
     if isinstance(v, bool):
         return v
@@ -73,12 +82,14 @@ def _bool(v):
     raise ValueError(f"expected true or false, got {_describe(v)}")
 
 
+@_kind("TEXT")
 def _str(v):
     if isinstance(v, str):
         return v
     raise ValueError(f"expected a string, got {_describe(v)}")
 
 
+@_kind("TEXT")
 def _opt_str(v):
     """A string; "" means unset (None)."""
     return _str(v) or None
@@ -93,6 +104,7 @@ def _int(lo=None, hi=None):
         if lo is not None and v < lo or hi is not None and v > hi:
             raise ValueError(f"expected an integer in [{lo}, {hi if hi is not None else 'inf'}], got {v}")
         return v
+    parse.metavar = "INTEGER"
     return parse
 
 
@@ -108,9 +120,11 @@ def _float(lo=None, hi=None):
         if lo is not None and v < lo or hi is not None and v > hi:
             raise ValueError(f"expected a number in [{lo}, {hi}], got {v}")
         return float(v)
+    parse.metavar = "NUMBER"
     return parse
 
 
+@_kind("SIZE")
 def _size(v):
     """Bytes: an integer or a string with a unit ("8MiB", "500GB")."""
     if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
@@ -123,6 +137,7 @@ def _size(v):
     raise ValueError(f'expected a size such as 8388608 or "8MiB" or "500GB", got {_describe(v)}')
 
 
+@_kind("auto|SIZE")
 def _opt_size(v):
     """A size, or "auto" (None: decided at start)."""
     if v == "auto":
@@ -133,6 +148,7 @@ def _opt_size(v):
         raise ValueError(f'expected "auto" or a size such as "500GiB", got {_describe(v)}') from None
 
 
+@_kind("DURATION")
 def _duration(v):
     """Seconds: a number or a string with a unit ("500ms", "90s", "5m", "2h", "30d")."""
     if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0:
@@ -145,6 +161,7 @@ def _duration(v):
     raise ValueError(f'expected a duration such as 30 or "500ms", "90s", "5m", "2h", "30d", got {_describe(v)}')
 
 
+@_kind("DURATION|never")
 def _opt_duration(v):
     """A duration, or "" / "never" for none."""
     if v in ("", "never"):
@@ -157,9 +174,11 @@ def _choice(*choices):
         if v in choices:
             return v
         raise ValueError(f"expected one of {', '.join(repr(c) for c in choices)}, got {_describe(v)}")
+    parse.choices = choices             # `serve --help` lists them; click checks a flag against them
     return parse
 
 
+@_kind("HOST:PORT")
 def _address(v):
     """'HOST:PORT' or '[v6]:PORT' -> (host, port); '' -> None."""
     v = _str(v)
@@ -174,6 +193,7 @@ def _address(v):
     return (host, int(port))
 
 
+@_kind("OCTAL")
 def _mode(v):
     """File mode as an octal string ("0600") or integer."""
     if isinstance(v, str) and re.fullmatch(r"0?[0-7]{3}", v):
@@ -183,6 +203,7 @@ def _mode(v):
     raise ValueError(f'expected an octal file mode such as "0600" or "0660", got {_describe(v)}')
 
 
+@_kind("OCTAL")
 def _dir_mode(v):
     """A directory's permission bits, sticky/setgid included ("0775", "1777"); "" for unset."""
     if v == "":
@@ -192,6 +213,7 @@ def _dir_mode(v):
     raise ValueError(f'expected "" or an octal mode such as "0775" or "1777", got {_describe(v)}')
 
 
+@_kind("UID:GID")
 def _owner(v):
     """ "UID:GID" (numbers: names differ between clients and the gateway); "" for unset."""
     v = _str(v)
@@ -203,6 +225,7 @@ def _owner(v):
     return (int(m.group(1)), int(m.group(2)))
 
 
+@_kind("GROUP")
 def _group(v):
     """A group name or gid that exists on this host; "" for none."""
     v = _str(v) if not isinstance(v, int) or isinstance(v, bool) else str(v)
@@ -215,6 +238,7 @@ def _group(v):
     return v
 
 
+@_kind("CIDR[,CIDR...]")
 def _networks(v):
     if isinstance(v, str):
         v = [s for s in v.split(",") if s.strip()]
@@ -229,6 +253,7 @@ def _networks(v):
     return tuple(out)
 
 
+@_kind("PATH")
 def _export_path(v):
     v = _str(v)
     if not v.startswith("/") or "//" in v or any(p in (".", "..") for p in v.split("/")):
@@ -236,6 +261,7 @@ def _export_path(v):
     return v.rstrip("/") or "/"
 
 
+@_kind("URL")
 def _s3_endpoint(v):
     v = _str(v)
     if v and not re.match(r"^https?://[^/\s]+", v):
@@ -243,6 +269,7 @@ def _s3_endpoint(v):
     return v or None
 
 
+@_kind("BUCKET")
 def _bucket(v):
     v = _str(v)
     if not re.fullmatch(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]", v):
@@ -250,6 +277,7 @@ def _bucket(v):
     return v
 
 
+@_kind("PREFIX")
 def _prefix(v):
     v = _str(v)
     if v.startswith("/"):
@@ -277,13 +305,15 @@ RELOAD_EFFECTS = {
 
 
 def _opt(default, parse: Callable, doc: str, *, example: str | None = None, required: bool = False,
-         reload: str | None = None, to: str | None = None):
+         reload: str | None = None, to: str | None = None, metavar: str | None = None):
     """Declare one option: its default, its parser, the comment that documents it, what a
     reload does when it changes (a RELOAD_EFFECTS key; None: the section's reload_default), and
-    `to`, the name of the library setting it feeds when that differs (uploader.settings)."""
+    `to`, the name of the library setting it feeds when that differs (uploader.settings), and
+    `metavar`, its flag's placeholder in `serve --help` when the parser's (`_kind`) says too little."""
     assert reload is None or reload in RELOAD_EFFECTS, reload
     return field(default=default, metadata={"parse": parse, "doc": doc, "example": example,
-                                            "required": required, "reload": reload, "to": to})
+                                            "required": required, "reload": reload, "to": to,
+                                            "metavar": metavar or getattr(parse, "metavar", "VALUE")})
 
 
 def _default_cache_dir() -> str:
@@ -302,7 +332,8 @@ class ServerSettings:
                                 "(or with CAP_NET_BIND_SERVICE under systemd), else 127.0.0.1:12049. "
                                 'Clients on other hosts need e.g. "0.0.0.0:2049".', example='""')
     cache_dir: str = _opt(_default_cache_dir(), _str, "Local cache (extent store + LMDB index). Put it on NVMe. "
-                          "Default ./ckptgw-data, or $STATE_DIRECTORY/cache under systemd (/var/lib/ckptgw/cache).")
+                          "Default ./ckptgw-data, or $STATE_DIRECTORY/cache under systemd (/var/lib/ckptgw/cache).",
+                          metavar="PATH")
     capacity: int | None = _opt(None, _opt_size, '"auto" (filesystem size less reserve) or a size: the most '
                                 'the cache may hold.', example='"auto"')
     reserve: int = _opt(1 << 30, _size, "Space left free on the cache filesystem when capacity is auto.")
@@ -330,15 +361,17 @@ class ServerSettings:
 class AdminSettings:
     reload_default: ClassVar[str] = "restart"
     socket: str | None = _opt(None, _opt_str, "Admin API Unix socket. Default <cache_dir>/admin.sock, or "
-                              "/run/ckptgw/admin.sock when run by systemd.", example='""')
+                              "/run/ckptgw/admin.sock when run by systemd.", example='""',
+                              metavar="PATH")
     socket_mode: int = _opt(0o600, _mode, "Permissions of the admin socket (0660 with `group`).", example='"0600"')
     group: str | None = _opt(None, _group, "Members of this group may use the admin socket (besides the daemon's "
                              "user and root).", example='""')
     listen: tuple | None = _opt(None, _address, "Admin API over TCP (JSON lines). Off unless set; needs `token`.",
                                 example='""')
-    token: str | None = _opt(None, _opt_str, "Shared secret every TCP admin request must carry.", example='""')
+    token: str | None = _opt(None, _opt_str, "Shared secret every TCP admin request must carry.", example='""',
+                            metavar="TOKEN")
     token_file: str | None = _opt(None, _opt_str, "Read the token from this file instead (first line).",
-                                  example='""')
+                                  example='""', metavar="PATH")
 
 
 @dataclass(frozen=True)

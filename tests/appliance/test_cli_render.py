@@ -49,3 +49,40 @@ def test_ls_shows_progress_and_pins():
     assert out[3].split() == ["run1/sub/", "dir", "-", "-"]
     # SIZE is right-aligned
     assert out[1].index("KiB") == out[2].index("MiB")
+
+
+def _help_of(command: str) -> dict[str, str]:
+    """`ckptgw COMMAND --help` at a width that keeps each option's first line whole:
+    flag -> its placeholder and help text (continuation lines joined)."""
+    out = CliRunner().invoke(cli.main, [command, "--help"], terminal_width=400).output
+    opts: dict[str, str] = {}
+    last = None
+    for line in out.splitlines():
+        if line.startswith("  -"):
+            flag, _, rest = line.strip().partition(" ")
+            last = flag.rstrip(",")
+            opts[last] = rest.strip()
+        elif last and line.startswith("      "):
+            opts[last] += " " + line.strip()
+    return opts
+
+
+def test_serve_help_shows_placeholders_defaults_and_choices():
+    opts = _help_of("serve")
+    assert opts["--listen"].startswith("HOST:PORT ")
+    assert opts["--cache-dir"].startswith("PATH ")
+    assert opts["--upload-part-size"].startswith("SIZE ") and "[default: 8MiB]" in opts["--upload-part-size"]
+    assert opts["--lease-time"].startswith("DURATION ") and "[default: 90s]" in opts["--lease-time"]
+    assert opts["--upload-max-concurrency"].startswith("INTEGER ")
+    assert "[default: 0600]" in opts["--admin-socket-mode"]
+    assert opts["--log-level"].startswith("[debug|info|warning|error] ") and "[default: info]" in opts["--log-level"]
+    assert opts["--s3-checksum-algorithm"].startswith("[CRC32|SHA256] ")
+    assert opts["--capacity"].startswith("auto|SIZE ")
+    assert opts["--export"].startswith("PATH[:NETS[:rw|ro[:SQUASH[:secure|insecure]]]] ")
+    assert not [f for f, text in opts.items() if text.startswith("VALUE")]
+
+
+def test_serve_refuses_a_value_outside_the_choices():
+    res = CliRunner().invoke(cli.main, ["serve", "--log-level", "verbose"])
+    assert res.exit_code == 2
+    assert "'verbose' is not one of 'debug', 'info', 'warning', 'error'" in res.output
