@@ -595,13 +595,15 @@ def clients(as_json):
 @main.command()
 @json_option
 def exports(as_json):
-    """The exports being served."""
+    """The exports being served; SECURE: secure (AUTH_SYS clients need a source port below 1024) or
+    insecure (any port, for user-space clients such as nfs-rs)."""
     res = call("exports")
     if as_json:
         return emit_json(res)
-    rows = [[e["path"], ",".join(e["networks"]), e["access"], e["squash"], f"{e['anon_uid']}:{e['anon_gid']}"]
+    rows = [[e["path"], ",".join(e["networks"]), e["access"], e["squash"], f"{e['anon_uid']}:{e['anon_gid']}",
+             "-" if e.get("secure") is None else "secure" if e["secure"] else "insecure"]
             for e in res["exports"]]
-    click.echo(table(["PATH", "NETWORKS", "ACCESS", "SQUASH", "ANON"], rows))
+    click.echo(table(["PATH", "NETWORKS", "ACCESS", "SQUASH", "ANON", "SECURE"], rows))
 
 
 @main.command()

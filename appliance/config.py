@@ -8,7 +8,7 @@ keys, so `_LineIndex` finds them with a light scan of the TOML text.
 
 Flags: options of [server] are `--KEY` (`--listen`, `--cache-dir`), every other table's
 are `--TABLE-KEY` (`--s3-bucket`, `--metrics-listen`, `--upload-settle`); exports are
-given with the repeatable `--export PATH[:NETWORKS[:rw|ro[:SQUASH]]]`.
+given with the repeatable `--export PATH[:NETWORKS[:rw|ro[:SQUASH[:secure|insecure]]]]`.
 """
 from __future__ import annotations
 
@@ -924,13 +924,18 @@ def parse_export_flag(text: str) -> dict:
     """--export PATH[:NETWORKS[:rw|ro[:SQUASH[:secure|insecure]]]], NETWORKS comma-separated:
     "/checkpoints:10.0.0.0/8,127.0.0.1:rw:root:insecure"."""
     parts = text.split(":")
-    if len(parts) == 5 and parts[4] in ("secure", "insecure"):
-        secure = parts.pop() == "secure"
+    key = f"--export {text!r}"
+    if len(parts) == 5 and parts[4] in ("secure", "insecure", ""):
+        secure = {"secure": True, "insecure": False, "": None}[parts.pop()]
+    elif len(parts) == 5:
+        raise ConfigError(None, key, f"expected the fifth field to be secure or insecure, got {parts[4]!r} "
+                          "(PATH:NETWORKS:rw|ro:SQUASH:secure|insecure)")
     else:
         secure = None
     if len(parts) > 4:
-        # IPv6 networks contain ':' too: then NETWORKS must be last-but-two... keep it simple:
-        raise ConfigError(None, f"--export {text!r}", "expected PATH[:NETWORKS[:rw|ro[:none|root|all]]] "
+        # IPv6 networks contain ':' too: splitting them out of the fields is left to the config file
+        raise ConfigError(None, key, f"expected at most 5 fields, got {len(parts)}: "
+                          "PATH[:NETWORKS[:rw|ro[:none|root|all[:secure|insecure]]]] "
                           "(IPv6 networks: use the config file)")
     item: dict[str, Any] = {"path": parts[0]}
     if len(parts) > 1 and parts[1]:

@@ -86,3 +86,18 @@ def test_serve_refuses_a_value_outside_the_choices():
     res = CliRunner().invoke(cli.main, ["serve", "--log-level", "verbose"])
     assert res.exit_code == 2
     assert "'verbose' is not one of 'debug', 'info', 'warning', 'error'" in res.output
+
+
+def test_exports_table_shows_secure():
+    base = {"networks": ["127.0.0.0/8"], "access": "rw", "squash": "root", "anon_uid": 65534, "anon_gid": 65534,
+            "owner": None, "mode": None}
+    reply = {"exports": [dict(base, path="/a", secure=True), dict(base, path="/b", secure=False)]}
+    out = run(["exports"], reply).output.splitlines()
+    assert out[0].split() == ["PATH", "NETWORKS", "ACCESS", "SQUASH", "ANON", "SECURE"]
+    assert out[1].split()[-1] == "secure" and out[2].split()[-1] == "insecure"
+
+
+def test_serve_export_error_names_the_fifth_field():
+    res = CliRunner().invoke(cli.main, ["serve", "--export", "/ck:127.0.0.0/8:rw:root:unsafe"])
+    assert res.exit_code == cli.EX_CONFIG
+    assert "fifth field" in res.output and "'unsafe'" in res.output

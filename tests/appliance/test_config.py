@@ -359,3 +359,13 @@ def test_exports_are_secure_unless_they_say_insecure(tmp_path):
     f = tmp_path / "c.toml"
     f.write_text('[[exports]]\npath = "/ck"\nsecure = false\n')
     assert c.load(str(f)).exports[0].secure is False
+
+
+def test_export_flag_errors_name_the_fifth_field():
+    with pytest.raises(c.ConfigError) as info:
+        c.parse_export_flag("/ck:127.0.0.0/8:rw:none:insecur")
+    assert "fifth field" in str(info.value) and "secure or insecure" in str(info.value)
+    assert "'insecur'" in str(info.value)
+    with pytest.raises(c.ConfigError) as info:
+        c.parse_export_flag("/ck:127.0.0.0/8:rw:none:insecure:extra")
+    assert "at most 5 fields" in str(info.value) and "secure|insecure" in str(info.value)
