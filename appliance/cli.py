@@ -182,22 +182,46 @@ def check_config(as_json, path):
 
 # ---- talking to the daemon --------------------------------------------------------------------
 
-def _socket_path(obj: dict) -> str:
+def _socket_path(obj: dict) -> tuple[str, str, list[str]]:
+    """The admin socket to use, where that choice came from, and the sockets looked at before it
+    (for the exit-7 message)."""
     if obj["socket"]:
-        return obj["socket"]
-    if not obj["config"] and os.path.exists(configmod.SERVICE_ADMIN_SOCKET):
-        return configmod.SERVICE_ADMIN_SOCKET          # the systemd service's
+        return obj["socket"], "from --socket or $CKPTGW_ADMIN_SOCKET", []
+    skipped = []
+    if not obj["config"]:
+        if os.path.exists(configmod.SERVICE_ADMIN_SOCKET):
+            return configmod.SERVICE_ADMIN_SOCKET, "the systemd service's", []
+        skipped.append(f"{configmod.SERVICE_ADMIN_SOCKET} (the systemd service's: absent)")
     path = obj["config"] or configmod.default_config_path()
     try:
         cfg = configmod.load(path)
     except configmod.ConfigError as e:
         fail(f"cannot find the admin socket: {e}", "bad_request")
-    return cfg.admin.socket or os.path.join(cfg.server.cache_dir, "admin.sock")
+    where = f"the config file {path}" if path else "the built-in defaults"
+    if cfg.admin.socket:
+        return cfg.admin.socket, f"admin.socket of {where}", skipped
+    return os.path.join(cfg.server.cache_dir, "admin.sock"), f"<cache_dir>/admin.sock of {where}", skipped
+
+
+def _no_daemon(where: str, why: str, source: str, skipped: list[str]) -> str:
+    """Exit 7's sentence: the socket tried and why that one, the ones looked at before it, and for a
+    relative path what it is relative to (the daemon's and this command's directories may differ)."""
+    notes = [source]
+    if not os.path.isabs(where):
+        notes.append(f"a relative path, relative to the current directory {os.getcwd()}: run this where "
+                     "the daemon runs, or give --socket an absolute path")
+    tried = f"no daemon is listening on {where} ({'; '.join(notes)}): {why}"
+    if skipped:
+        tried += f"; also tried {', '.join(skipped)}"
+    return tried + ". Is `ckptgw serve` running? (--socket PATH or $CKPTGW_ADMIN_SOCKET names its socket)"
 
 
 def call(cmd: str, args: dict | None = None, on_progress=None):
     obj = click.get_current_context().obj
-    where = obj["tcp"] or _socket_path(obj)
+    if obj["tcp"]:
+        where, source, skipped = obj["tcp"], "from --admin or $CKPTGW_ADMIN", []
+    else:
+        where, source, skipped = _socket_path(obj)
     timeout = obj.get("timeout", DEFAULT_CLIENT_TIMEOUT)
     wedged = (f"the daemon at {where} did not answer within {timeout:g} s: is it wedged? "
               "(see its log, e.g. `journalctl -u ckptgw`; --admin-timeout waits longer)")
@@ -211,10 +235,13 @@ def call(cmd: str, args: dict | None = None, on_progress=None):
     except PermissionError:
         fail(f"permission denied on the admin socket {where}: run as the daemon's user, root, or a "
              "member of the admin group", "denied")
-    except (FileNotFoundError, ConnectionRefusedError):
-        fail(f"no daemon is listening on {where}: is `ckptgw serve` running?", "no_daemon")
+    except FileNotFoundError:
+        fail(_no_daemon(where, "no such socket", source, skipped), "no_daemon")
+    except ConnectionRefusedError:
+        fail(_no_daemon(where, "connection refused (a socket left by a daemon that stopped?)" if not obj["tcp"]
+                        else "connection refused", source, skipped), "no_daemon")
     except (OSError, ValueError) as e:
-        fail(f"cannot reach the daemon at {where}: {e}", "no_daemon")
+        fail(f"cannot reach the daemon at {where} ({source}): {e}", "no_daemon")
     try:
         with client:
             return client.call(cmd, args, on_progress)

@@ -1,6 +1,7 @@
 """Human output of `ckptgw` from given replies (no daemon): tables, units, progress percentages."""
 from __future__ import annotations
 
+import os
 from unittest import mock
 
 from click.testing import CliRunner
@@ -101,3 +102,26 @@ def test_serve_export_error_names_the_fifth_field():
     res = CliRunner().invoke(cli.main, ["serve", "--export", "/ck:127.0.0.0/8:rw:root:unsafe"])
     assert res.exit_code == cli.EX_CONFIG
     assert "fifth field" in res.output and "'unsafe'" in res.output
+
+
+def test_exit_7_names_the_sockets_tried_and_what_a_relative_path_is_relative_to(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for var in ("CKPTGW_ADMIN_SOCKET", "CKPTGW_CONFIG", "CKPTGW_ADMIN"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(cli.configmod, "SERVICE_ADMIN_SOCKET", str(tmp_path / "run" / "admin.sock"))
+    monkeypatch.setattr(cli.configmod, "default_config_path", lambda: None)
+    r = CliRunner().invoke(cli.main, ["status"])
+    default = os.path.join(cli.configmod.ServerSettings().cache_dir, "admin.sock")
+    assert r.exit_code == 7
+    assert f"no daemon is listening on {default} (<cache_dir>/admin.sock of the built-in defaults" in r.stderr
+    assert f"also tried {tmp_path}/run/admin.sock (the systemd service's: absent)" in r.stderr
+    (tmp_path / "c.toml").write_text('[server]\ncache_dir = "data"\n')
+    r = CliRunner().invoke(cli.main, ["status", "--config", "c.toml"])
+    assert r.exit_code == 7
+    assert "no daemon is listening on data/admin.sock (<cache_dir>/admin.sock of the config file c.toml" in r.stderr
+    assert f"relative to the current directory {tmp_path}" in r.stderr
+    r = CliRunner().invoke(cli.main, ["status", "--socket", "gw.sock", "--json"])
+    assert r.exit_code == 7 and "gw.sock (from --socket" in r.stderr
+    assert f"relative to the current directory {tmp_path}" in r.stderr
+    r = CliRunner().invoke(cli.main, ["status", "--socket", str(tmp_path / "gw.sock")])
+    assert r.exit_code == 7 and "relative" not in r.stderr
