@@ -680,6 +680,7 @@ class _Source:
         self.index = _LineIndex(text) if text is not None else None
         self.flags = flags          # path -> flag name, for values given on the command line
         self.errors: list[ConfigError] = []
+        self.bad: set[tuple] = set()    # paths of the problems noted: their values are not to be trusted
 
     def where(self, path: tuple) -> str | None:
         if path in self.flags:
@@ -700,6 +701,12 @@ class _Source:
     def add(self, path: tuple, expected: str) -> None:
         """Note a problem and go on, so one run reports every problem of the file."""
         self.errors.append(self.error(path, expected))
+        self.bad.add(path)
+
+    def ok(self, *paths: tuple) -> bool:
+        """No problem was noted at, above or below any of these paths: a rule across keys may judge
+        their values (a value in error holds its default, and a rule would report that instead)."""
+        return not any(b[:len(p)] == p or p[:len(b)] == b for p in paths for b in self.bad)
 
     def raise_if_any(self) -> None:
         """Raise every noted problem in one ConfigError, in the file's line order."""
@@ -750,58 +757,75 @@ def _build(cls, raw: Any, path: tuple, src: _Source):
 
 
 def _check(cfg: Config, src: _Source) -> None:
-    """Rules across keys."""
+    """Rules across keys. They run even when some keys failed to parse, so one run names every
+    problem; a rule is skipped only when one of its own keys already has a problem (`src.ok`)."""
     s = cfg.server
-    if s.low_watermark <= 0:
+    if src.ok(("server", "low_watermark")) and s.low_watermark <= 0:
         src.add(("server", "low_watermark"), f"expected above 0, got {s.low_watermark}")
-    if not s.low_watermark < s.high_watermark:
+    elif src.ok(("server", "low_watermark"), ("server", "high_watermark")) \
+            and not s.low_watermark < s.high_watermark:
         src.add(("server", "low_watermark"),
                 f"expected below high_watermark ({s.high_watermark}), got {s.low_watermark}")
-    if cfg.admin.listen and not (cfg.admin.token or cfg.admin.token_file):
-        src.add(("admin", "listen"), "the admin API over TCP needs `token` or `token_file` set")
-    if cfg.admin.token and cfg.admin.token_file:
-        src.add(("admin", "token_file"), "give either `token` or `token_file`, not both")
-    if cfg.upload.part_size < 5 << 20:
+    if src.ok(("admin",)):
+        if cfg.admin.listen and not (cfg.admin.token or cfg.admin.token_file):
+            src.add(("admin", "listen"), "the admin API over TCP needs `token` or `token_file` set")
+        if cfg.admin.token and cfg.admin.token_file:
+            src.add(("admin", "token_file"), "give either `token` or `token_file`, not both")
+    if src.ok(("upload", "part_size")) and cfg.upload.part_size < 5 << 20:
         src.add(("upload", "part_size"), f"expected at least 5MiB (an S3 limit), got {cfg.upload.part_size}")
-    if cfg.upload.min_concurrency > cfg.upload.max_concurrency:
+    if src.ok(("upload", "min_concurrency"), ("upload", "max_concurrency")) \
+            and cfg.upload.min_concurrency > cfg.upload.max_concurrency:
         src.add(("upload", "min_concurrency"), "expected at most max_concurrency")
-    if (cfg.s3.access_key is None) != (cfg.s3.secret_key is None):
+    if src.ok(("s3", "access_key"), ("s3", "secret_key")) \
+            and (cfg.s3.access_key is None) != (cfg.s3.secret_key is None):
         src.add(("s3", "access_key"), "expected access_key and secret_key together (or neither)")
     seen = {}
     for i, e in enumerate(cfg.exports):
+        if not src.ok(("exports", i, "path")):
+            continue
         if e.path in seen:
             src.add(("exports", i, "path"), f"expected a unique path; {e.path!r} is already export "
                     f"{seen[e.path]}")
         seen[e.path] = i
         for j, other in enumerate(cfg.exports[:i]):
+            if not src.ok(("exports", j, "path")):
+                continue
             if e.path.startswith(other.path.rstrip("/") + "/") or other.path.startswith(e.path.rstrip("/") + "/"):
                 src.add(("exports", i, "path"), f"expected exports not nested in each other; "
                         f"{e.path!r} and {other.path!r} are")
     names = set()
     for i, rule in enumerate(cfg.retention.series):
-        if rule.name in names:
-            src.add(("retention", "series", i, "name"), f"expected a unique series name, {rule.name!r} repeats")
-        names.add(rule.name)
         where = ("retention", "series", i)
-        if rule.expire_after is not None and rule.expire_after < rule.min_age:
+        if src.ok(where + ("name",)):
+            if rule.name in names:
+                src.add(where + ("name",), f"expected a unique series name, {rule.name!r} repeats")
+            names.add(rule.name)
+        if src.ok(where + ("expire_after",), where + ("min_age",)) \
+                and rule.expire_after is not None and rule.expire_after < rule.min_age:
             src.add(where + ("expire_after",), f"expected at least min_age ({rule.min_age:g} s), "
                     f"got {rule.expire_after:g} s")
         afters = set()
         for j, t in enumerate(rule.transitions):
+            at = where + ("transitions", j, "after")
+            if not src.ok(at):
+                continue
             if t.after in afters:
-                src.add(where + ("transitions", j, "after"), f"expected distinct ages, {t.after:g} s repeats")
+                src.add(at, f"expected distinct ages, {t.after:g} s repeats")
             afters.add(t.after)
-            if rule.expire_after is not None and t.after >= rule.expire_after:
-                src.add(where + ("transitions", j, "after"), "expected less than expire_after "
+            if src.ok(where + ("expire_after",)) and rule.expire_after is not None \
+                    and t.after >= rule.expire_after:
+                src.add(at, "expected less than expire_after "
                         f"({rule.expire_after:g} s): the checkpoint is deleted first")
     r = cfg.retention
-    if r.pin_lock in ("governance", "compliance") and r.pin_lock_days < 1:
+    if src.ok(("retention", "pin_lock"), ("retention", "pin_lock_days")) \
+            and r.pin_lock in ("governance", "compliance") and r.pin_lock_days < 1:
         src.add(("retention", "pin_lock_days"), f"expected at least 1 day with pin_lock = {r.pin_lock!r}")
-    if r.schedule is not None and r.schedule < 60:
+    if src.ok(("retention", "schedule")) and r.schedule is not None and r.schedule < 60:
         src.add(("retention", "schedule"), f"expected at least 60 s (or \"never\"), got {r.schedule:g} s")
     # the uploader's own settings checks, so nothing it would refuse gets past check-config
-    # (a backstop: only when the checks above found nothing, so a problem is named once)
-    if src.errors:
+    # (a backstop: only when nothing above found a problem in what they read, so a problem is
+    # named once)
+    if not src.ok(("s3",), ("upload",), ("server", "evict_interval")):
         return
     try:
         cfg.s3_settings(endpoint=cfg.s3.endpoint or "http://127.0.0.1:1")
@@ -862,10 +886,9 @@ def load(path: str | None, overrides: dict[tuple, tuple[str, Any]] | None = None
                                       for i, item in enumerate(raw["exports"]))
     if "retention" in raw:
         kwargs["retention"] = _build(RetentionSettings, raw["retention"], ("retention",), src)
-    src.raise_if_any()              # every problem of every key, at once
-    cfg = Config(**kwargs)
-    _check(cfg, src)                # the rules across keys, on values that each parsed
-    src.raise_if_any()
+    cfg = Config(**kwargs)          # a value in error holds its default here
+    _check(cfg, src)                # the rules across keys, on the values that parsed
+    src.raise_if_any()              # every problem of every key and rule, at once
     return cfg
 
 

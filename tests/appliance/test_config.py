@@ -369,3 +369,60 @@ def test_export_flag_errors_name_the_fifth_field():
     with pytest.raises(c.ConfigError) as info:
         c.parse_export_flag("/ck:127.0.0.0/8:rw:none:insecure:extra")
     assert "at most 5 fields" in str(info.value) and "secure|insecure" in str(info.value)
+
+
+def test_rules_across_keys_are_checked_in_the_same_pass_as_each_key(tmp_path):
+    """A file with bad values and broken rules across keys names them all in one run (README: "every
+    problem at once"), each with file, line and key; a rule whose own key is already wrong stays quiet
+    rather than judging the default that stands in for it."""
+    path = write(tmp_path, """
+        [server]
+        lease_time = "forever"
+        low_watermark = "high"
+
+        [s3]
+        bucket = "AB"
+
+        [upload]
+        part_size = "1MiB"
+        min_concurrency = 9
+        max_concurrency = 4
+        settle = "soon"
+
+        [[retention.series]]
+        name = "run"
+        pattern = "runs/step_{step}"
+        expire_after = "7d"
+        transitions = [{after = "30d", storage_class = "GLACIER_IR"}]
+
+        [[retention.series]]
+        name = "other"
+        pattern = "other/step_{step}"
+        expire_after = "often"
+        transitions = [{after = "30d", storage_class = "GLACIER_IR"}]
+    """)
+    with pytest.raises(c.ConfigError) as info:
+        c.load(path)
+    got = [(e.key, e.where) for e in info.value.errors]
+    assert got == [
+        ("server.lease_time", f"{path}:2"),
+        ("server.low_watermark", f"{path}:3"),
+        ("s3.bucket", f"{path}:6"),
+        ("upload.part_size", f"{path}:9"),
+        ("upload.min_concurrency", f"{path}:10"),
+        ("upload.settle", f"{path}:12"),
+        ("retention.series[0].transitions[0].after", f"{path}:18"),
+        ("retention.series[1].expire_after", f"{path}:23"),
+    ], got
+    by_key = {e.key: e.expected for e in info.value.errors}
+    assert "at least 5MiB" in by_key["upload.part_size"]
+    assert "less than expire_after" in by_key["retention.series[0].transitions[0].after"]
+    assert str(info.value).startswith("8 problems:\n")
+    # check-config lists the same problems, every one located
+    from click.testing import CliRunner
+    from appliance.cli import main
+    r = CliRunner().invoke(main, ["check-config", "--json", path])
+    assert r.exit_code == 1
+    import json
+    problems = json.loads(r.stdout)["problems"]
+    assert [(p["key"], p["where"]) for p in problems] == got
