@@ -229,7 +229,7 @@ class Daemon:
         sdnotify.ready(f"serving NFS on {self.listen[0]}:{self.listen[1]}" if self.listen else "serving")
         log.info("ready", listen=_addr(self.listen), admin_socket=self.admin.socket_path if self.admin else None,
                  metrics=_addr(self.metrics_address), s3_endpoint=self.s3_endpoint, bucket=cfg.s3.bucket,
-                 tryout=cfg.embedded_s3, pid=os.getpid())
+                 exports=[e.path for e in cfg.exports], tryout=cfg.embedded_s3, pid=os.getpid())
 
     def _reupload_missing(self) -> None:
         """Try-out mode: the in-memory S3 is new and empty at every start; what the cache holds
@@ -263,8 +263,7 @@ class Daemon:
         from uploader.service import Uploader
         self.uploader = Uploader(self.store, self.object_client, self.config.upload_settings(),
                                  prefix=self.s3_prefix, series=self.config.retention.series)
-        await self.uploader.start()
-        log.info("uploader_started", bucket=self.config.s3.bucket, prefix=self.s3_prefix)
+        await self.uploader.start()         # it logs uploader_started
 
     async def _start_nfs(self) -> None:
         from nfsd.server import NfsServer
@@ -283,8 +282,7 @@ class Daemon:
         except OSError as e:
             raise StartupError(f"cannot listen for NFS on {host}:{port}: {_why(e)}") from None
         self.nfs = server
-        self.listen = tuple(server.address[:2])
-        log.info("nfs_listening", listen=_addr(self.listen), exports=[e.path for e in self.config.exports])
+        self.listen = tuple(server.address[:2])     # the server logs nfsd_listening
 
     async def _start_admin(self) -> None:
         cfg = self.config

@@ -30,6 +30,28 @@ def banner(endpoint: str) -> str:
     return "\n".join([rule, *(f"*  {line.ljust(width)}  *" for line in lines), rule]) + "\n"
 
 
+def show_banner(text: str, stderr=None) -> bool:
+    """The banner is for the person at the terminal, not for whatever reads the log stream:
+    on stderr when stderr is a terminal, else on the controlling terminal (/dev/tty) when
+    there is one, else nowhere (stderr is then a file, a pipe or the journal, where the JSON
+    log lines go: the embedded_s3_tryout_mode warning says the same there). True if shown."""
+    stream = stderr if stderr is not None else sys.stderr
+    try:
+        on_tty = stream.isatty()
+    except (AttributeError, ValueError):
+        on_tty = False
+    if on_tty:
+        stream.write(text)
+        stream.flush()
+        return True
+    try:
+        with open("/dev/tty", "w") as tty:
+            tty.write(text)
+    except OSError:             # no controlling terminal (a service, a detached session)
+        return False
+    return True
+
+
 class TryoutUnavailable(RuntimeError):
     """No S3 endpoint is configured and moto (the `tryout` extra) is not installed."""
 
@@ -56,8 +78,7 @@ class EmbeddedS3:
         self.client().create_bucket(Bucket=self.bucket)
         log.warning("embedded_s3_tryout_mode", endpoint=self.endpoint, bucket=self.bucket,
                     detail="objects are kept in memory and lost at exit; the cache is never evicted")
-        sys.stderr.write(banner(self.endpoint))
-        sys.stderr.flush()
+        show_banner(banner(self.endpoint))
         return self.endpoint
 
     def client(self):

@@ -60,7 +60,7 @@ class GroupCommit:
                 try:
                     self._flush()
                 except lmdb.Error as e:
-                    log.error("commit.sync_failed", error=str(e))
+                    log.error("commit_sync_failed", error=str(e))
                     raise StoreError(errno.EIO, f"index sync failed: {e}") from None
                 finally:
                     self._cond.acquire()

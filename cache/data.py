@@ -55,7 +55,7 @@ class _Handle:
 def _io_error(e: OSError, what: str, ino: int) -> StoreError:
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         return StoreError(errno.ENOSPC, f"{what} inode {ino}: disk full")
-    log.error("data.io_error", op=what, ino=ino, error=str(e))
+    log.error("data_io_error", op=what, ino=ino, error=str(e))
     return StoreError(errno.EIO, f"{what} inode {ino}: {e}")
 
 

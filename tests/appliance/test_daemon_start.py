@@ -95,8 +95,10 @@ def test_export_ids_are_stable_and_in_range():
     assert all(1 <= export_id(f"/e{i}") <= 0xFFFF for i in range(1000))
 
 
-def test_tryout_defaults_cache_dir_banner_and_warning(tmp_path):
-    """No config, no flags but a free port: ./ckptgw-data, embedded S3, a loud warning."""
+def test_tryout_defaults_cache_dir_and_warning_and_a_json_only_log(tmp_path):
+    """No config, no flags but a free port: ./ckptgw-data, embedded S3, a loud warning. The log
+    (stderr to a file, no controlling terminal) is JSON lines only: the banner is for a terminal,
+    and no start-up event is logged twice or under two names."""
     import json
     import os
     import signal
@@ -105,6 +107,7 @@ def test_tryout_defaults_cache_dir_banner_and_warning(tmp_path):
     err = open(tmp_path / "err.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "appliance.cli", "serve", "--listen", "127.0.0.1:0",
                              "--log-format", "json"], stdout=err, stderr=err, cwd=tmp_path,
+                            start_new_session=True,         # no /dev/tty: the banner has nowhere to go
                             env={k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"})
     sock = tmp_path / "ckptgw-data" / "admin.sock"
     try:
@@ -125,10 +128,43 @@ def test_tryout_defaults_cache_dir_banner_and_warning(tmp_path):
         assert proc.wait(60) == 0
         err.close()
     text = (tmp_path / "err.log").read_text()
-    assert "TRY-OUT MODE" in text and "LOST when ckptgw stops" in text
-    warnings = [json.loads(line) for line in text.splitlines()
-                if line.startswith("{") and '"embedded_s3_tryout_mode"' in line]
+    assert "TRY-OUT MODE" not in text, text
+    records = [json.loads(line) for line in text.splitlines() if line.strip()]     # every line is JSON
+    warnings = [r for r in records if r["event"] == "embedded_s3_tryout_mode"]
     assert warnings and warnings[0]["level"] == "warning"
+    names = [r["event"] for r in records]
+    for once in ("embedded_s3_tryout_mode", "store_open", "uploader_started", "nfsd_listening", "ready"):
+        assert names.count(once) == 1, (once, names)
+    assert "nfs_listening" not in names
+    ready = next(r for r in records if r["event"] == "ready")
+    assert ready["exports"] == ["/checkpoints"] and ready["bucket"]
+
+
+def test_the_tryout_banner_goes_to_the_terminal_only(tmp_path, monkeypatch):
+    import builtins
+    import os
+    import pty
+    from appliance.embedded_s3 import banner, show_banner
+    text = banner("http://127.0.0.1:1")
+    assert "TRY-OUT MODE" in text and "LOST when ckptgw stops" in text
+    primary, secondary = pty.openpty()
+    try:
+        with open(secondary, "w", closefd=False) as tty:        # stderr is a terminal: there
+            assert show_banner(text, tty)
+        assert "TRY-OUT MODE" in os.read(primary, 4096).decode()
+    finally:
+        os.close(primary)
+        os.close(secondary)
+    real_open = builtins.open
+
+    def no_tty(path, *a, **kw):
+        if path == "/dev/tty":
+            raise OSError(6, "No such device or address")
+        return real_open(path, *a, **kw)
+    monkeypatch.setattr(builtins, "open", no_tty)
+    with real_open(tmp_path / "log", "w") as log_file:         # a file (or pipe, or journal): not there
+        assert not show_banner(text, log_file)
+    assert (tmp_path / "log").read_text() == ""
 
 
 def test_cli_finds_the_socket_through_the_config(tmp_path):
