@@ -36,7 +36,8 @@ def fail(message: str, code: str = "failed") -> None:
 # (`ckptgw serve --config X`, `ckptgw status --socket S`): flag -> (ctx.obj key, click type, metavar).
 # Given there, they win over the same option before the command and its environment variable.
 GROUP_OPTIONS = {"--socket": ("socket", None, "PATH"), "--admin": ("tcp", None, "HOST:PORT"),
-                 "--token": ("token", None, "TOKEN"), "--config": ("config", None, "PATH"),
+                 "--token": ("token", None, "TOKEN"), "--token-file": ("token_file", None, "PATH"),
+                 "--config": ("config", None, "PATH"),
                  "--admin-timeout": ("timeout", click.FloatRange(min=0.1), "SECONDS")}
 
 
@@ -68,8 +69,13 @@ CkptgwGroup.group_class = CkptgwGroup
 @click.option("--socket", "socket_path", envvar="CKPTGW_ADMIN_SOCKET", metavar="PATH",
               help="Admin socket of the daemon (default: from the config file).")
 @click.option("--admin", "admin_tcp", envvar="CKPTGW_ADMIN", metavar="HOST:PORT",
-              help="Use the admin API over TCP (needs --token).")
-@click.option("--token", envvar="CKPTGW_ADMIN_TOKEN", metavar="TOKEN", help="Admin token for --admin.")
+              help="Use the admin API over TCP (needs --token or --token-file).")
+@click.option("--token", envvar="CKPTGW_ADMIN_TOKEN", metavar="TOKEN",
+              help="Admin token for --admin. A flag is visible to every user in `ps`: prefer "
+                   "$CKPTGW_ADMIN_TOKEN or --token-file.")
+@click.option("--token-file", envvar="CKPTGW_ADMIN_TOKEN_FILE", metavar="PATH",
+              help="Read the admin token for --admin from this file (its first line), e.g. the daemon's "
+                   "admin.token_file.")
 @click.option("--config", "config_path", envvar="CKPTGW_CONFIG", metavar="PATH",
               help=f"Config file (default {configmod.DEFAULT_CONFIG_PATH} when present).")
 @click.option("--admin-timeout", type=click.FloatRange(min=0.1), default=DEFAULT_CLIENT_TIMEOUT,
@@ -79,10 +85,10 @@ CkptgwGroup.group_class = CkptgwGroup
 @click.version_option(versionmod.version(), "--version", "-V", message=versionmod.describe(),
                       help="Show the version and the on-disk store format, and exit.")
 @click.pass_context
-def main(ctx, socket_path, admin_tcp, token, config_path, admin_timeout):
+def main(ctx, socket_path, admin_tcp, token, token_file, config_path, admin_timeout):
     """ckptgw: NFSv4 checkpoint caching gateway in front of S3."""
-    ctx.obj = {"socket": socket_path, "tcp": admin_tcp, "token": token, "config": config_path,
-               "timeout": admin_timeout}
+    ctx.obj = {"socket": socket_path, "tcp": admin_tcp, "token": token, "token_file": token_file,
+               "config": config_path, "timeout": admin_timeout}
 
 
 # ---- serve ------------------------------------------------------------------------------
@@ -102,6 +108,22 @@ def _default_text(f) -> str | None:
     return _human(value, parse).strip('"')
 
 
+# Secrets given to `serve`: a flag is visible to every user in `ps`, so each is also read from the
+# environment (flag -> variable; the admin token's are the same the admin commands read), and the
+# help says so. The S3 credentials come from boto3's chain (AWS_* variables, ~/.aws) when unset.
+SECRET_ENV = {"--admin-token": "CKPTGW_ADMIN_TOKEN", "--admin-token-file": "CKPTGW_ADMIN_TOKEN_FILE"}
+SECRET_FLAGS = {
+    "--admin-token": "A flag is visible to every user in `ps`: prefer $CKPTGW_ADMIN_TOKEN, --admin-token-file "
+                     "or admin.token_file.",
+    "--admin-token-file": "Also $CKPTGW_ADMIN_TOKEN_FILE.",
+    "--s3-secret-key": "A flag is visible to every user in `ps`: prefer $AWS_SECRET_ACCESS_KEY or ~/.aws "
+                       "(leave access_key and secret_key unset).",
+    "--s3-session-token": "A flag is visible to every user in `ps`: prefer $AWS_SESSION_TOKEN.",
+}
+# The token's two sources exclude each other; one given by flag or environment replaces the file's.
+TOKEN_SOURCES = (("admin", "token"), ("admin", "token_file"))
+
+
 def _serve_options(fn):
     for flag, path, doc in reversed(configmod.flag_options()):
         f = {f.name: f for f in dataclass_fields(configmod.SECTIONS[path[0]])}[path[1]]
@@ -109,8 +131,9 @@ def _serve_options(fn):
         default = _default_text(f)
         fn = click.option(flag, "opt__" + "__".join(path), default=None,
                           type=click.Choice(choices) if choices else None,
-                          metavar=None if choices else f.metadata["metavar"],
-                          help=doc + (f"  [default: {default}]" if default is not None else ""))(fn)
+                          metavar=None if choices else f.metadata["metavar"], envvar=SECRET_ENV.get(flag),
+                          help=" ".join(filter(None, (doc, SECRET_FLAGS.get(flag))))
+                          + (f"  [default: {default}]" if default is not None else ""))(fn)
     fn = click.option("--export", "exports", multiple=True,
                       metavar="PATH[:NETS[:rw|ro[:SQUASH[:secure|insecure]]]]",
                       help="An export (repeatable; replaces the file's [[exports]]). NETS: comma-separated "
@@ -119,16 +142,27 @@ def _serve_options(fn):
     return fn
 
 
-def _overrides(params: dict, exports: tuple) -> dict:
+def _overrides(params: dict, exports: tuple, from_env: frozenset = frozenset()) -> dict:
+    """{key path: (flag, value)} for the options given; `from_env`: the flags whose value came from
+    their environment variable (named as $VAR in errors)."""
     out = {}
     flags = {tuple(path): flag for flag, path, _ in configmod.flag_options()}
     for name, value in params.items():
         if name.startswith("opt__") and value is not None:
             path = tuple(name[len("opt__"):].split("__"))
-            out[path] = (flags[path], value)
+            flag = flags[path]
+            out[path] = (f"${SECRET_ENV[flag]}" if flag in from_env else flag, value)
+    given = [p for p in TOKEN_SOURCES if p in out]
+    if len(given) == 1:                 # the token from here, not from the file's other source
+        other = TOKEN_SOURCES[1 - TOKEN_SOURCES.index(given[0])]
+        out[other] = (out[given[0]][0], "")
     if exports:
         out[("exports",)] = ("--export", [configmod.parse_export_flag(e) for e in exports])
     return out
+
+
+def _flag_path(flag: str) -> tuple:
+    return next(tuple(path) for f, path, _ in configmod.flag_options() if f == flag)
 
 
 @main.command()
@@ -142,7 +176,10 @@ def serve(ctx, exports, **params):
     from . import daemon, logs
     path = ctx.obj["config"] or configmod.default_config_path()
     try:
-        overrides = _overrides(params, exports)
+        from_env = frozenset(flag for flag in SECRET_ENV
+                             if ctx.get_parameter_source("opt__" + "__".join(_flag_path(flag)))
+                             is click.core.ParameterSource.ENVIRONMENT)
+        overrides = _overrides(params, exports, from_env)
         cfg = configmod.load(path, overrides)
     except configmod.ConfigError as e:
         click.echo(f"ckptgw: configuration error: {e}", err=True)
@@ -227,7 +264,7 @@ def call(cmd: str, args: dict | None = None, on_progress=None):
               "(see its log, e.g. `journalctl -u ckptgw`; --admin-timeout waits longer)")
     try:
         if obj["tcp"]:
-            client = AdminClient(tcp=configmod._address(obj["tcp"]), token=obj["token"], timeout=timeout)
+            client = AdminClient(tcp=configmod._address(obj["tcp"]), token=_client_token(obj), timeout=timeout)
         else:
             client = AdminClient(socket_path=where, timeout=timeout)
     except TimeoutError:
@@ -251,6 +288,24 @@ def call(cmd: str, args: dict | None = None, on_progress=None):
         fail(wedged, "timeout")
     except (ConnectionError, OSError) as e:
         fail(f"lost the connection to the daemon: {e}", "no_daemon")
+
+
+def _client_token(obj: dict) -> str | None:
+    """The token for --admin: --token / $CKPTGW_ADMIN_TOKEN, or the first line of --token-file /
+    $CKPTGW_ADMIN_TOKEN_FILE (a file keeps it out of `ps` and the shell history)."""
+    if obj.get("token") and obj.get("token_file"):
+        fail("give either --token ($CKPTGW_ADMIN_TOKEN) or --token-file ($CKPTGW_ADMIN_TOKEN_FILE), not both",
+             "bad_request")
+    if not obj.get("token_file"):
+        return obj.get("token")
+    try:
+        with open(obj["token_file"], encoding="utf-8") as f:
+            token = f.readline().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        fail(f"cannot read the token file {obj['token_file']}: {getattr(e, 'strerror', None) or e}", "bad_request")
+    if not token:
+        fail(f"the token file {obj['token_file']} has no token on its first line", "bad_request")
+    return token
 
 
 def emit_json(result) -> None:

@@ -125,3 +125,88 @@ def test_exit_7_names_the_sockets_tried_and_what_a_relative_path_is_relative_to(
     assert f"relative to the current directory {tmp_path}" in r.stderr
     r = CliRunner().invoke(cli.main, ["status", "--socket", str(tmp_path / "gw.sock")])
     assert r.exit_code == 7 and "relative" not in r.stderr
+
+
+class _RecordingClient:
+    """Stands in for AdminClient: records the token it was given and answers every call with {}."""
+    tokens: list = []
+
+    def __init__(self, tcp=None, socket_path=None, token=None, timeout=None):
+        _RecordingClient.tokens.append(token)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def call(self, cmd, args=None, on_progress=None):
+        return {}
+
+
+def test_admin_token_from_a_file_or_the_environment(tmp_path, monkeypatch):
+    for var in ("CKPTGW_ADMIN_TOKEN", "CKPTGW_ADMIN_TOKEN_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(cli, "AdminClient", _RecordingClient)
+    _RecordingClient.tokens = []
+    secret = tmp_path / "token"
+    secret.write_text("s3cr3t\nignored\n")
+    assert CliRunner().invoke(cli.main, ["--admin", "127.0.0.1:1", "--token-file", str(secret),
+                                         "status", "--json"]).exit_code == 0
+    assert CliRunner().invoke(cli.main, ["status", "--json", "--admin", "127.0.0.1:1",
+                                         "--token-file", str(secret)]).exit_code == 0
+    assert CliRunner().invoke(cli.main, ["--admin", "127.0.0.1:1", "status", "--json"],
+                              env={"CKPTGW_ADMIN_TOKEN_FILE": str(secret)}).exit_code == 0
+    assert CliRunner().invoke(cli.main, ["--admin", "127.0.0.1:1", "status", "--json"],
+                              env={"CKPTGW_ADMIN_TOKEN": "from-env"}).exit_code == 0
+    assert _RecordingClient.tokens == ["s3cr3t", "s3cr3t", "s3cr3t", "from-env"]
+    r = CliRunner().invoke(cli.main, ["--admin", "127.0.0.1:1", "--token", "x", "--token-file", str(secret),
+                                      "status"])
+    assert r.exit_code == 2 and "not both" in r.stderr
+    r = CliRunner().invoke(cli.main, ["--admin", "127.0.0.1:1", "--token-file", str(tmp_path / "none"), "status"])
+    assert r.exit_code == 2 and "cannot read the token file" in r.stderr
+
+
+def test_help_says_a_token_flag_is_visible_in_ps():
+    top = CliRunner().invoke(cli.main, ["--help"], terminal_width=400).output
+    token_help = next(line for line in top.splitlines() if line.strip().startswith("--token TOKEN"))
+    assert "`ps`" in token_help and "$CKPTGW_ADMIN_TOKEN" in token_help and "--token-file" in token_help
+    opts = _help_of("serve")
+    assert "`ps`" in opts["--admin-token"] and "$CKPTGW_ADMIN_TOKEN" in opts["--admin-token"]
+    assert "`ps`" in opts["--s3-secret-key"] and "`ps`" in opts["--s3-session-token"]
+
+
+_REAL_LOAD = cli.configmod.load
+
+
+def _serve_config(args, env, monkeypatch):
+    """The Config `ckptgw serve ARGS` would run with (stopped before anything starts)."""
+    got = {}
+
+    def load(path, overrides=None):
+        got["cfg"] = _REAL_LOAD(path, overrides)
+        raise SystemExit(0)
+    monkeypatch.setattr(cli.configmod, "load", load)
+    r = CliRunner().invoke(cli.main, ["serve", *args], env=env)
+    assert r.exit_code == 0, r.output
+    return got["cfg"]
+
+
+def test_serve_takes_the_admin_token_from_the_environment(tmp_path, monkeypatch):
+    for var in ("CKPTGW_ADMIN_TOKEN", "CKPTGW_ADMIN_TOKEN_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    secret = tmp_path / "token"
+    secret.write_text("from-file\n")
+    conf = tmp_path / "c.toml"
+    conf.write_text(f'[admin]\nlisten = "127.0.0.1:0"\ntoken_file = "{secret}"\n')
+    cfg = _serve_config(["--config", str(conf)], {}, monkeypatch)
+    assert cfg.admin_token() == "from-file"
+    # the environment's token replaces the file's token_file (no "give either" error)
+    cfg = _serve_config(["--config", str(conf)], {"CKPTGW_ADMIN_TOKEN": "from-env"}, monkeypatch)
+    assert cfg.admin_token() == "from-env" and cfg.admin.token_file is None
+    other = tmp_path / "other"
+    other.write_text("from-other-file\n")
+    cfg = _serve_config(["--config", str(conf)], {"CKPTGW_ADMIN_TOKEN_FILE": str(other)}, monkeypatch)
+    assert cfg.admin_token() == "from-other-file"
+    cfg = _serve_config(["--config", str(conf), "--admin-token-file", str(other)], {}, monkeypatch)
+    assert cfg.admin_token() == "from-other-file"
