@@ -535,28 +535,15 @@ class Daemon:
         return cache
 
     def _upload_status(self) -> dict:
+        """The uploader's status under its own names (uploader/service.py: one name a value, the
+        unit spelled out: oldest_dirty_age_seconds, bytes_uploaded, permanent_errors), with the
+        daemon's measured upload rate and the last error as a list."""
         if self.uploader is None:
             return {"running": False}
-        raw = dict(self.uploader.status())
-        up = {"running": True, **raw, "rate_bytes_per_s": self.upload_rate.rate()}
-        counters = raw.get("counters") if isinstance(raw.get("counters"), dict) else raw
-        aliases = {"queue_depth": ("queue_depth", "queued", "pending"),
-                   "oldest_dirty_age_s": ("oldest_dirty_age_s", "oldest_dirty_age_seconds"),
-                   "rate_bytes_per_s": ("rate_bytes_per_s", "upload_rate", "bytes_per_second"),
-                   "uploaded_bytes": ("uploaded_bytes", "bytes_uploaded"),
-                   "retries": ("retries",), "throttles": ("throttles",),
-                   "requests": ("requests",), "errors": ("errors", "permanent_errors"),
-                   "last_errors": ("last_errors", "last_error", "permanent_error")}
-        for name, candidates in aliases.items():
-            for c in candidates:
-                for source in (raw, counters):
-                    if c in source and source[c] is not None:
-                        up.setdefault(name, source[c])
-                        break
-                if name in up:
-                    break
-        if isinstance(up.get("last_errors"), str):
-            up["last_errors"] = [up["last_errors"]]
+        up = {"running": True, **self.uploader.status(), "rate_bytes_per_s": self.upload_rate.rate()}
+        last = up.get("last_error") or up.get("permanent_error")
+        if last:
+            up["last_errors"] = [last]
         return up
 
 

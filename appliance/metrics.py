@@ -185,7 +185,7 @@ class StatusCollector:
 
 
 def _first(d: dict, *keys: str, default=0):
-    """The first of keys present (and not None) in d: the status names a few values two ways."""
+    """The first of keys present (and not None) in d, else default."""
     for key in keys:
         if d.get(key) is not None:
             return d[key]
@@ -197,8 +197,7 @@ def _upload_families(up: dict):
     counters (status["upload"]; the S3 requests themselves are the ckptgw_s3_* series)."""
     gauges = (
         ("queue_depth", "Uploader jobs waiting (uploads and namespace mirroring)", ("queue_depth",)),
-        ("oldest_dirty_age_seconds", "Age of the oldest data not yet in S3",
-         ("oldest_dirty_age_s", "oldest_dirty_age_seconds")),
+        ("oldest_dirty_age_seconds", "Age of the oldest data not yet in S3", ("oldest_dirty_age_seconds",)),
         ("jobs_running", "Uploader jobs being worked on now", ("jobs_running",)),
         ("concurrency_limit", "The uploader's adaptive (AIMD) limit on S3 requests in flight: cut on "
          "throttling, raised on success, at most [upload] max_concurrency", ("concurrency_limit",)),
@@ -214,13 +213,13 @@ def _upload_families(up: dict):
                             value=1.0 if up.get("foreground_ceiling") else 0.0)
     counters = (
         ("bytes", "Payload bytes uploaded to S3 (successful PutObject and UploadPart)",
-         ("bytes_uploaded", "uploaded_bytes")),
+         ("bytes_uploaded",)),
         ("sent_bytes", "Payload bytes sent to S3 by every upload attempt, retries included",
          ("bytes_sent",)),
         ("copied_bytes", "Bytes S3 copied server-side (CopyObject, UploadPartCopy) instead of an upload",
          ("bytes_copied",)),
         ("files", "Files uploaded (each new version of a file counts once)", ("uploads_done",)),
-        ("errors", "Uploads that failed permanently (retried later)", ("permanent_errors", "errors")),
+        ("errors", "Uploads that failed permanently (retried later)", ("permanent_errors",)),
         ("retries", "S3 requests of the uploader retried (after a throttle or a transient error)",
          ("retries",)),
         ("throttles", "S3 requests of the uploader throttled (503 SlowDown and the like); each is also "

@@ -27,6 +27,7 @@ in the structured log.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import errno
 import json
 import os
@@ -428,8 +429,14 @@ def build_plan(store, rules, object_client=None, now: float | None = None, setti
     return {"generated": now, "actions": actions, "checkpoints": verdicts, "notes": notes}
 
 
+def iso_time(t: float) -> str:
+    """Unix time -> ISO 8601 in UTC, as JSON output gives times ("2026-11-28T02:41:20.612Z")."""
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat(timespec="milliseconds") \
+        .replace("+00:00", "Z")
+
+
 def _public(p: dict) -> dict:
-    return {"generated": p["generated"], "actions": [a.public() for a in p["actions"]],
+    return {"generated": iso_time(p["generated"]), "actions": [a.public() for a in p["actions"]],
             "checkpoints": [asdict(v) for v in p["checkpoints"]], "notes": p["notes"],
             "summary": _summary(p)}
 
@@ -566,7 +573,7 @@ def _apply_sync(store, rules, object_client, now, settings, only) -> dict:
             current = {a.id for a in p["actions"]}
             for aid in sorted(set(only) - current):
                 skipped.append({"id": aid, "why": "no longer in the plan"})
-        return {"generated": p["generated"], "actions": done, "skipped": skipped, "queued_jobs": queued_jobs,
+        return {"generated": iso_time(p["generated"]), "actions": done, "skipped": skipped, "queued_jobs": queued_jobs,
                 "resumed": resumed, "notes": p["notes"], "summary": _summary(p)}
 
 

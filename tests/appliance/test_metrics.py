@@ -23,9 +23,9 @@ def scrape(address) -> dict:
 def test_scrape_reads_live_status_and_op_stats():
     status = {"nfs": {"clients": 2},
               "cache": {"capacity": 1000, "used": 600, "bytes_by_state": {"dirty": 100, "clean": 500}},
-              "upload": {"queue_depth": 4, "oldest_dirty_age_s": 12.5, "requests": {"PutObject": 7},
+              "upload": {"queue_depth": 4, "oldest_dirty_age_seconds": 12.5, "requests": {"PutObject": 7},
                          "foreground_ceiling": True,
-                         "retries": 3, "throttles": 1, "uploaded_bytes": 4096}}
+                         "retries": 3, "throttles": 1, "bytes_uploaded": 4096}}
     ops = OpStats()
     ops.observe("WRITE", "NFS4_OK", 0.002, 1 << 20)
     ops("WRITE", "NFS4_OK", 0.004, 1 << 20)                 # the object itself is the hook
@@ -73,7 +73,7 @@ def test_process_build_info_and_s3_request_metrics():
     s3("upload_part", 7.0, "SlowDown")
     s3("head_object", 0.004, "404")
     status = {"version": "9.9.9", "store_format": "ckptgw-store/1",
-              "upload": {"uploaded_bytes": 10, "rate_bytes_per_s": 123.0}}
+              "upload": {"bytes_uploaded": 10, "rate_bytes_per_s": 123.0}}
     server = MetricsServer(("127.0.0.1", 0), lambda: status, OpStats(), s3)
     address = server.start()
     try:
@@ -113,16 +113,13 @@ def test_process_build_info_and_s3_request_metrics():
 
 def uploader_status(**values) -> dict:
     """status["upload"] as the daemon builds it: the uploader's own status (its counters under
-    their own names) with the daemon's aliases on top."""
+    their own names, one name a value) and the daemon's rate."""
     from uploader.stats import Counters
     up = {"running": True, "queue_depth": 0, "queued_uploads": 0, "queued_namespace_ops": 0, "jobs_running": 0,
           "oldest_dirty_age_seconds": 0.0, "dirty_bytes": 0, "uploading": [], "concurrency_limit": 8.0,
           "foreground_ceiling": False, "requests_in_flight": 0, "requests_waiting_retry": 0,
           "permanent_error": None, **Counters().as_dict(), "rate_bytes_per_s": 0.0}
     up.update(values)
-    up.setdefault("oldest_dirty_age_s", up["oldest_dirty_age_seconds"])
-    up.setdefault("uploaded_bytes", up["bytes_uploaded"])
-    up.setdefault("errors", up["permanent_errors"])
     return up
 
 
@@ -140,11 +137,11 @@ NOT_EXPORTED = {
 def test_what_status_knows_about_the_uploader_is_exported():
     """The uploader's adaptive concurrency limit, requests in flight, read-through and evicted
     bytes, and its counters, all under ckptgw_upload_* (the cache's under ckptgw_cache_*)."""
-    up = uploader_status(queue_depth=5, jobs_running=2, oldest_dirty_age_seconds=30.0, oldest_dirty_age_s=30.0,
+    up = uploader_status(queue_depth=5, jobs_running=2, oldest_dirty_age_seconds=30.0,
                          concurrency_limit=3.5, requests_in_flight=3, requests_waiting_retry=1,
-                         bytes_uploaded=4096, uploaded_bytes=4096, bytes_sent=5000, bytes_copied=700,
+                         bytes_uploaded=4096, bytes_sent=5000, bytes_copied=700,
                          bytes_fetched=123456, evicted_bytes=654321, uploads_done=4, moves_done=2,
-                         deletes_done=1, permanent_errors=6, errors=6, retries=7, throttles=8)
+                         deletes_done=1, permanent_errors=6, retries=7, throttles=8)
     server = MetricsServer(("127.0.0.1", 0), lambda: {"upload": up}, OpStats())
     address = server.start()
     try:
@@ -171,12 +168,9 @@ def test_what_status_knows_about_the_uploader_is_exported():
         assert not [k for k in m if k[0] == old], old
     # every number the uploader's status has is a metric here, or deliberately not one: each
     # gets a value of its own, which must turn up in the scrape
-    aliases = {"oldest_dirty_age_s": "oldest_dirty_age_seconds", "uploaded_bytes": "bytes_uploaded",
-               "errors": "permanent_errors"}
     numbers = [k for k, v in uploader_status().items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-               and k not in NOT_EXPORTED and k not in aliases]
+               and k not in NOT_EXPORTED]
     distinct = uploader_status(**{k: 1000 + i for i, k in enumerate(numbers)})
-    distinct.update({alias: distinct[name] for alias, name in aliases.items()})
     server = MetricsServer(("127.0.0.1", 0), lambda: {"upload": distinct}, OpStats())
     address = server.start()
     try:
@@ -187,19 +181,21 @@ def test_what_status_knows_about_the_uploader_is_exported():
     assert not unexported, f"in status --json but no metric: {unexported}"
 
 
-def test_the_uploaders_series_read_either_status_name():
-    """status["upload"] has named a value two ways (oldest_dirty_age_s / _seconds, uploaded_bytes /
-    bytes_uploaded, errors / permanent_errors); whichever one it keeps, the metric has the value."""
-    up = {"oldest_dirty_age_seconds": 9.0, "bytes_uploaded": 11, "permanent_errors": 2}
-    server = MetricsServer(("127.0.0.1", 0), lambda: {"upload": up}, OpStats())
-    address = server.start()
-    try:
-        m = scrape(address)
-    finally:
-        server.stop()
-    assert m[("ckptgw_upload_oldest_dirty_age_seconds", ())] == 9.0
-    assert m[("ckptgw_upload_bytes_total", ())] == 11
-    assert m[("ckptgw_upload_errors_total", ())] == 2
+def test_the_uploaders_series_read_one_name_each():
+    """status["upload"] named a value two ways (oldest_dirty_age_s / _seconds, uploaded_bytes /
+    bytes_uploaded, errors / permanent_errors); it keeps the uploader's name, the one with the unit
+    spelled out, and the metric reads that one only."""
+    for up, want in (({"oldest_dirty_age_seconds": 9.0, "bytes_uploaded": 11, "permanent_errors": 2}, (9.0, 11, 2)),
+                     ({"oldest_dirty_age_s": 9.0, "uploaded_bytes": 11, "errors": 2}, (0.0, 0, 0))):
+        server = MetricsServer(("127.0.0.1", 0), lambda: {"upload": up}, OpStats())
+        address = server.start()
+        try:
+            m = scrape(address)
+        finally:
+            server.stop()
+        got = (m[("ckptgw_upload_oldest_dirty_age_seconds", ())], m[("ckptgw_upload_bytes_total", ())],
+               m[("ckptgw_upload_errors_total", ())])
+        assert got == want, up
 
 
 def test_the_object_client_reports_every_request_to_its_observer():
