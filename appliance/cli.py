@@ -380,9 +380,9 @@ def status(as_json):
         ["cache used", f"{fmt_bytes(cache.get('used'))} of {fmt_bytes(cache.get('capacity'))}"],
         ["dirty", fmt_bytes(cache.get("dirty_bytes"))],
         ["upload queue", up.get("queue_depth", "-") if up.get("running") else "uploader not running"],
-        ["oldest dirty", fmt_seconds(up.get("oldest_dirty_age_s"))],
+        ["oldest dirty", fmt_seconds(up.get("oldest_dirty_age_seconds"))],
         ["upload rate", fmt_rate(up.get("rate_bytes_per_s"))],
-        ["uploaded", fmt_bytes(up.get("uploaded_bytes"))],
+        ["uploaded", fmt_bytes(up.get("bytes_uploaded"))],
         ["retries", up.get("retries", 0)],
         ["throttles", up.get("throttles", 0)],
     ]

@@ -12,8 +12,8 @@ STATUS = {"tryout": False, "s3": {"endpoint": "https://s3.example", "bucket": "c
           "listen": "0.0.0.0:2049", "exports": ["/checkpoints"], "uptime_s": 4000,
           "nfs": {"clients": 3, "ops_total": 120, "errors_total": 4},
           "cache": {"used": 3 << 30, "capacity": 100 << 30, "dirty_bytes": 512 << 20},
-          "upload": {"running": True, "queue_depth": 2, "oldest_dirty_age_s": 75.0, "rate_bytes_per_s": 200 << 20,
-                     "uploaded_bytes": 5 << 30, "retries": 7, "throttles": 2,
+          "upload": {"running": True, "queue_depth": 2, "oldest_dirty_age_seconds": 75.0, "rate_bytes_per_s": 200 << 20,
+                     "bytes_uploaded": 5 << 30, "retries": 7, "throttles": 2,
                      "uploading": [{"path": "run1/b.bin", "size": 4 << 20, "bytes_done": 1 << 20}],
                      "last_errors": ["SlowDown on UploadPart"]}}
 
@@ -31,6 +31,7 @@ def test_status_table():
     assert rows["dirty"] == "512.0 MiB"
     assert rows["oldest dirty"] == "1m15s"
     assert rows["upload rate"] == "200.0 MiB/s"
+    assert rows["uploaded"] == "5.0 GiB"
     assert rows["retries"] == "7" and rows["throttles"] == "2"
     assert "  run1/b.bin   25%  4.0 MiB" in out
     assert out[-1] == "  SlowDown on UploadPart"
