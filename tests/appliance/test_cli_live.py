@@ -191,7 +191,8 @@ def test_clients_and_exports(daemon):
         {"path": "/checkpoints", "networks": ["127.0.0.0/8"], "access": "rw", "squash": "none",
          "anon_uid": 65534, "anon_gid": 65534, "owner": None, "mode": None, "secure": False}]
     r = daemon.cli("exports")
-    assert rows(r.stdout)["/checkpoints"] == ["/checkpoints", "127.0.0.0/8", "rw", "none", "65534:65534"]
+    assert rows(r.stdout)["/checkpoints"] == ["/checkpoints", "127.0.0.0/8", "rw", "none", "65534:65534",
+                                              "insecure"]
 
 
 def test_check(daemon):
@@ -208,7 +209,7 @@ def test_errors_are_one_sentence_with_exit_codes(daemon, tmp_path):
     from click.testing import CliRunner
     from appliance.cli import main
     r = CliRunner().invoke(main, ["--socket", str(tmp_path / "none.sock"), "status"])
-    assert r.exit_code == 7 and "is `ckptgw serve` running?" in r.stderr
+    assert r.exit_code == 7 and "Is `ckptgw serve` running?" in r.stderr
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become nobody")
