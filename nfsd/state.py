@@ -146,8 +146,9 @@ class SessionManager:
     def __init__(self, lease_time: float = DEFAULT_LEASE_TIME, *, boot_time: int | None = None,
                  max_clients: int = 4096, drc_budget: int = DRC_BUDGET):
         self.lease_time = lease_time
-        # Clients idle longer than lease_time + grace are expired; the grace absorbs a
-        # client's renewal arriving late on a loaded network.
+        # Confirmed clients idle longer than lease_time + grace are expired; the grace
+        # absorbs a client's renewal arriving late on a loaded network. An unconfirmed
+        # record gets no grace: it holds no state and goes after one lease (expiry_limit).
         self.expiry_grace = min(lease_time / 2, 15.0)
         self.max_clients = max_clients
         self.drc_budget = drc_budget
@@ -283,13 +284,20 @@ class SessionManager:
             session.connections.discard(conn)
 
     # ---- leases -----------------------------------------------------------------
+    def expiry_limit(self, client: Client) -> float:
+        """How long a client may stay silent before the reaper removes it. A confirmed
+        client: its lease and the expiry grace (a late renewal still finds its state). An
+        unconfirmed record (EXCHANGE_ID or SETCLIENTID not yet confirmed): its lease alone,
+        as it holds no state and the server may drop it any time after a lease (RFC 8881
+        18.35.4, RFC 7530 16.33.5; pynfs EID9 expects it gone by lease + 10 s)."""
+        return self.lease_time + (self.expiry_grace if client.confirmed else 0.0)
+
     def expire_idle(self, now: float | None = None) -> list[Client]:
         """Expire clients whose lease ran out (RFC 8881 section 8.3). A client with a
         request in progress is never expired under it."""
         now = time.monotonic() if now is None else now
-        limit = self.lease_time + self.expiry_grace
         expired = [c for c in self.clients.values()
-                   if now - c.last_renew > limit and not c.busy()]
+                   if now - c.last_renew > self.expiry_limit(c) and not c.busy()]
         for client in expired:
             self.expire(client, "lease expired")
         return expired

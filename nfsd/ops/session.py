@@ -232,6 +232,12 @@ async def op_create_session(ctx, args) -> CREATE_SESSION4res:
     client = mgr.clients.get(args.csa_clientid)
     if client is None or client.expired:
         raise NfsError(NFS4ERR_STALE_CLIENTID, f"clientid {args.csa_clientid:#x}")
+    if not client.confirmed and mgr.lapsed(client):
+        # An unconfirmed record past its lease is gone now, not at the reaper's next round
+        # (up to 10 s later): RFC 8881 18.35.4 lets the server drop it after a lease.
+        mgr.expire(client, "unconfirmed record past its lease")
+        raise NfsError(NFS4ERR_STALE_CLIENTID,
+                       f"clientid {args.csa_clientid:#x}: unconfirmed past its lease")
     # CREATE_SESSION has its own one-slot replay cache per client (18.36.4).
     if args.csa_sequence == client.cs_seqid and client.cs_reply is not None:
         log.info("create_session_replay", client=client.name)

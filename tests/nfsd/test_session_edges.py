@@ -61,6 +61,44 @@ def test_expired_client_gets_badsession_and_stale_clientid(nfs_client, nfs_serve
     nfs_client(body)
 
 
+def test_unconfirmed_record_expires_after_the_lease_alone():
+    """pynfs EID9 at the default 90 s lease: an unconfirmed record (EXCHANGE_ID or
+    SETCLIENTID not yet confirmed) goes after one lease; the expiry grace is only for
+    confirmed clients, whose state a late renewal should still find."""
+    mgr = state_mod.SessionManager()            # the shipped default lease
+    lease, grace = mgr.lease_time, mgr.expiry_grace
+    assert lease == 90 and grace > 10           # EID9 looks at lease + 10 s, inside the grace
+    unconf41 = mgr.new_client(b"u41", b"v" * 8, (1, 0), 1)
+    unconf40 = mgr.new_client(b"u40", b"v" * 8, (1, 0), 0)
+    conf = mgr.new_client(b"c", b"v" * 8, (1, 0), 1)
+    conf.confirmed = True
+    for client in (unconf41, unconf40, conf):
+        client.last_renew = 1000.0
+    assert mgr.expire_idle(1000.0 + lease - 1) == []
+    assert mgr.expire_idle(1000.0 + lease + 1) == [unconf41, unconf40]
+    assert mgr.expire_idle(1000.0 + lease + 10) == []
+    assert conf.clientid in mgr.clients and not conf.expired
+    assert mgr.expire_idle(1000.0 + lease + grace + 1) == [conf]
+
+
+def test_create_session_on_an_unconfirmed_record_past_its_lease_is_stale(nfs_client, nfs_server):
+    """pynfs EID9: CREATE_SESSION for a record left unconfirmed for lease + 10 s is
+    NFS4ERR_STALE_CLIENTID at once (not only after the reaper's next round), while a record
+    within its lease is confirmed as usual."""
+    async def body(c):
+        mgr = nfs_server.server.sessions
+        assert mgr.lease_time + 10 < mgr.lease_time + mgr.expiry_grace   # the EID9 case
+        fresh, fresh_seq = await new_client(c)
+        late, late_seq = await new_client(c)
+        record = mgr.clients[late]
+        nfs_server.call(lambda: setattr(record, "last_renew",
+                                        record.last_renew - (mgr.lease_time + 10)))
+        assert (await c.create_session(late, late_seq)).tag == NFS4ERR_STALE_CLIENTID
+        assert late not in mgr.clients
+        assert (await c.create_session(fresh, fresh_seq)).tag == NFS4_OK
+    nfs_client(body, setup=False)
+
+
 def test_create_session_undefined_flags_inval_without_using_the_seqid(nfs_client):
     async def body(c):
         clientid, seq = await new_client(c)
