@@ -40,6 +40,7 @@ class BatchCommitter:
         self._cv = threading.Condition(threading.Lock())
         self._queue: collections.deque = collections.deque()   # (future, fn, args, lazy, queued at)
         self._eager = 0                     # queued ops that are not lazy
+        self._kicked = False                # kick(): the queued lazy ops are wanted now
         self._thread: threading.Thread | None = None
         self._closing = False
         self._abandoned = False
@@ -63,6 +64,7 @@ class BatchCommitter:
         with self._cv:
             if self._closing:
                 raise StoreError(errno.ESHUTDOWN, "store is closing")
+            wake = not lazy or not self._queue
             self._queue.append((fut, fn, args, lazy, time.monotonic()))
             if not lazy:
                 self._eager += 1
@@ -70,8 +72,21 @@ class BatchCommitter:
                 self._thread = threading.Thread(target=self._run, name="ckptgw-nsbatch",
                                                 daemon=True)
                 self._thread.start()
-            self._cv.notify()
+            # a lazy op behind others changes nothing the thread waits for (the oldest's
+            # time): waking it for each (an UNSTABLE WRITE's record, store.py I5) would cost
+            # a context switch per op
+            if wake:
+                self._cv.notify()
         return fut
+
+    def kick(self) -> None:
+        """Form the next batch now, lazy ops only or not: someone waits for the effect of a
+        lazy op (a fill or truncate for a WRITE's lazy index record, Store._wait_writes).
+        Never blocks on the index lock, so a caller holding it may kick."""
+        with self._cv:
+            if self._queue:
+                self._kicked = True
+                self._cv.notify()
 
     def can_wait(self) -> bool:
         """Whether this thread may wait for a queued op: not the committer thread itself,
@@ -126,7 +141,7 @@ class BatchCommitter:
         while True:
             with self._cv:
                 while not pending and not self._closing:
-                    if self._eager:
+                    if self._eager or self._kicked:
                         break
                     if not self._queue:
                         self._cv.wait()
@@ -145,6 +160,7 @@ class BatchCommitter:
                     return
                 taken = [self._queue.popleft() for _ in range(min(len(self._queue), MAX_BATCH))]
                 self._eager -= sum(1 for entry in taken if not entry[3])
+                self._kicked = self._kicked and bool(self._queue)
                 # running from here on, so a caller's cancel (an asyncio task awaiting it through
                 # wrap_future, cancelled at shutdown) can no longer void a future this thread
                 # sets (set_result on a cancelled future raised here and ended the thread: every

@@ -380,6 +380,7 @@ class Writer(View):
         self.d_dirty = 0
         self.after_commit: list = []     # callables run once the txn committed
         self.on_end: list = []           # callables run when it ends, committed or not
+        self.on_abort: list = []         # a nested txn: run at once if it aborts (Index.nested)
         self.max_stamp = 0               # newest activity_ns stored by this txn
         self.map_full = False            # a nested txn hit MapFullError: grow after commit
         # ino -> rkey_entries of its stored object record, as read or written in this txn:
@@ -713,8 +714,13 @@ class Index:
         w = Writer(self, txn)
         outer.on_end.append(lambda: [fn() for fn in w.on_end])   # even if it aborts
         try:
-            yield w
-            txn.commit()
+            try:
+                yield w
+                txn.commit()
+            except BaseException:
+                for fn in w.on_abort:      # before the outer txn can commit without it
+                    fn()
+                raise
         except lmdb.MapFullError:
             txn.abort()
             outer.map_full = True

@@ -39,6 +39,34 @@ Invariant between the index and the extent files (this module owns it):
       worst conservative. Registering an unfenced file and unregistering need only `_reg`,
       so a writer waits for no batch commit's fdatasync to start or end its write.
       Tests: tests/cache/test_races.py.
+  I5. An UNSTABLE write may reply before its index record exists (`write_nowait`, on the
+      event loop: only when the file is already DIRTY with F_UNCOMMITTED durable, not
+      fenced, not in `_flag_unsynced`/uncovered `_fresh`, and the room is there). Its record
+      (size, extents, mtime/ctime = the write's time, change, data sequence) is a lazy op of
+      the namespace batch; from its pwrite until that record is committed the write is a
+      `_Pending` of `_pending[ino]`, and it stays registered (I4) until then: so every
+      I4 decision (fill, truncate, evict, reclaim, a commit or close clearing the flag)
+      treats it as a write between its pwrite and its index update, which it is, and a
+      truncate or fill waits for the record (kicking the batch) before it cuts or fills.
+      (Ending the registration at the pwrite would let a truncate cut at an index size
+      without the write and the record then grow the file back past the truncate, and a
+      fill overwrite a range the record has not marked DIRTY yet.) A decision inside the
+      batch that applied the record counts it as ended (`_writing`): it commits or aborts
+      with the record.
+      Until the record is committed the store answers as if it were: getattr, lookup,
+      readdir and READ (size, EOF, which ranges are local), SEEK, COMMIT (the size it makes
+      durable), close and the uploader read the index snapshot *plus* every pending write
+      that snapshot does not hold (`_overlay`: a record is in a snapshot iff its `landing`
+      txnid is set and <= the snapshot's id; `landing` is set in the record's txn and
+      cleared at once if that txn aborts, so no other commit can reuse its id meanwhile; a
+      reader whose snapshot predates a record already dropped from `_pending` reads again,
+      `_last_landing`: every reader that combines a snapshot with `_pending` does, COMMIT's
+      size included, `_live_size_now`). The batch queue is FIFO, so a COMMIT, truncate or namespace op
+      answered after the WRITE applies after its record; a COMMIT also fails (the client
+      retries) while a record it covers has not landed (a failed batch is retried). Crash:
+      the flag was durable before the pwrite (I2), so recovery cuts the file to its
+      committed size and the new write verifier makes clients resend, as for any unstable
+      write. Tests: tests/cache/test_model.py (writes left pending), tests/cache/test_lazy_writes.py.
 
 One process opens a store at a time (an flock on <path>/store.lock; a second open gets
 StoreError(EBUSY)). Layout: index.py (LMDB), data.py (extent files), extents.py (extent
@@ -56,6 +84,7 @@ import threading
 import time
 from concurrent.futures import Future
 from contextlib import contextmanager
+from dataclasses import replace as _replace
 from typing import Iterator
 
 import structlog
@@ -83,6 +112,20 @@ FILES_TOTAL = 1 << 40
 
 
 CLOSE_COMMIT_CHUNK = 1024   # files committed per index txn by close()
+RECORD_RETRIES = 3          # a lazy write record whose batch failed is retried at once so often
+
+
+class _Pending:
+    """An UNSTABLE write (write_nowait) pwritten and answered, its index record queued (I5)."""
+    __slots__ = ("offset", "end", "t", "growth", "landing", "landed", "failed", "tries", "queued")
+
+    def __init__(self, offset: int, end: int, t: int, growth: int):
+        self.offset, self.end, self.t, self.growth = offset, end, t, growth
+        self.landing: int | None = None    # txnid of the txn that applied the record
+        self.landed = False                # that txn committed
+        self.failed: BaseException | None = None   # the last failure of its batch
+        self.tries = 0
+        self.queued = False                # its record is in the batch queue (or applied)
 
 
 class Store:
@@ -135,6 +178,15 @@ class Store:
         # writer's close clears the flag if no write or truncate came after (_after_close)
         self._settled_at: dict[int, tuple[int, int]] = {}
         self._inflight: dict[int, int] = {}        # ino -> writes between pwrite and index
+        # I5: ino -> writes answered whose lazy index record is not dropped yet, FIFO; the
+        # growth they may add (admitted by _make_room, not in ix.used_bytes yet); the
+        # highest txnid of a record dropped from _pending (a reader of an older snapshot
+        # reads again); files whose flag txn is committed but not yet synced (I2)
+        self._pending: dict[int, list[_Pending]] = {}
+        self._pending_growth = 0
+        self._last_landing = 0
+        self._flag_unsynced: dict[int, int] = {}
+        self.lazy_writes = 0                       # writes answered by write_nowait (tests)
         self._evictions = 0                        # bumped at each evicted data file
         self._deferred: set[int] = set()           # unlinked during a write: reclaim after
         # ino -> txnid of the create that flagged it F_UNCOMMITTED, until a write saw that
@@ -146,6 +198,7 @@ class Store:
         self._decoded_jobs = DecodedJobs()          # queue_list decodes a job once
         # guards _inflight, _fences and _deferred; taken after the index lock, never before it
         self._reg = threading.Lock()
+        self._landed = threading.Condition(self._reg)   # a record left _pending (I5)
         # ino -> holders of the index lock deciding on "no write of ino is registered"
         # (I4): a write of a fenced file registers under the index lock, so after them
         self._fences: dict[int, int] = {}
@@ -232,6 +285,30 @@ class Store:
         unlinked inode (and its data file) alive until it ends."""
         return ino in self._opens or ino in self._inflight
 
+    def _settle(self, *inos: int) -> None:
+        """*Blocking.* Wait until the answered writes of `inos` (I5) have their records in
+        the index: for the rarer byte changes (punch, allocate, copy), which read sizes and
+        extents from the index alone. Not while holding the index lock (the committer
+        needs it): such a caller's writes are its own."""
+        if not self.batch.can_wait():
+            return
+        with self._reg:
+            while any(i in self._pending for i in inos):
+                self.batch.kick()
+                self._landed.wait(1.0)
+
+    def _writing(self, ino: int, w: Writer) -> int:
+        """Registered writes of `ino` (I4) less the lazy records (I5) already applied in
+        `w`'s txn or an earlier one: a decision in the same batch sees those records, and
+        commits or aborts with them."""
+        with self._reg:
+            n = self._inflight.get(ino, 0)
+            if n:
+                txnid = w.txn.id()
+                n -= sum(1 for p in self._pending.get(ino, ())
+                         if p.landing is not None and p.landing <= txnid)
+            return n
+
     def _reclaim_if_unlinked(self, ino: int) -> None:
         with self.ix.write() as w:
             self._reclaim_unlinked(w, ino)
@@ -268,8 +345,11 @@ class Store:
                 if not self._inflight.get(ino):
                     return
                 self._waiting += 1
+                lazy = ino in self._pending
             try:
                 self._hook("wait_writes", ino)
+                if lazy:
+                    self.batch.kick()       # its record is a lazy batch op (I5)
                 self._writes_done.wait()
             finally:
                 with self._reg:
@@ -317,25 +397,62 @@ class Store:
     def getattr(self, ino: int) -> Attr:
         """Attributes including unstable writes (live size/mtime). ESTALE if ino is gone.
         The Attr may be shared with other callers until the next index commit: never mutate it."""
-        return self._reads.get(ino, self._read_attr, ino)
+        attr, snap = self._reads.get(ino, self._read_attr, ino)
+        if self._pending or snap < self._last_landing:
+            attr = self._live_attr(attr, snap, self._read_attr, ino)
+        return attr
 
-    def _read_attr(self, ino: int) -> Attr:
+    def _read_attr(self, ino: int) -> tuple[Attr, int]:
         with self.ix.read() as v:
-            return v.must_inode(ino).attr()
+            return v.must_inode(ino).attr(), v.txn.id()
+
+    def _live_attr(self, attr: Attr, snap: int, again, *args) -> Attr:
+        """`attr` (read in snapshot `snap`) with the writes answered but not in it (I5);
+        `again(*args)` reads afresh when a record left _pending after that snapshot."""
+        while True:
+            with self._reg:
+                fresh = snap >= self._last_landing
+                pend = self._overlay(attr.ino, snap) if fresh else None
+            if fresh:
+                return attr if not pend else _overlaid(attr, pend)
+            attr, snap = again(*args)
+
+    def _overlay(self, ino: int, snap: int) -> list[_Pending]:
+        """Under _reg: the pending writes of `ino` that snapshot `snap` does not hold."""
+        pend = self._pending.get(ino)
+        if not pend:
+            return []
+        return [p for p in pend if p.landing is None or p.landing > snap]
+
+    def _live_size(self, ino: int, size: int) -> int:
+        """`size` (the index's) raised to the end of every pending write of `ino` (no
+        truncate is between them and now: a truncate waits for them, I4/I5). Exact only if
+        no record can land between the caller's read and this one (the caller holds the
+        index write lock, or the store is quiet); else at worst too small: for estimates
+        (write_nowait's growth). Exact: _live_size_now."""
+        pend = self._pending.get(ino)
+        if pend:
+            with self._reg:
+                for p in self._pending.get(ino, ()):
+                    size = max(size, p.end)
+        return size
 
     def lookup(self, parent: int, name: bytes) -> Attr:
         """ENOENT, ENOTDIR (parent not a dir), ESTALE (parent gone). Shared Attr as getattr's."""
         validate_name(name)
         name = bytes(name)
-        return self._reads.get((parent, name), self._read_lookup, parent, name)
+        attr, snap = self._reads.get((parent, name), self._read_lookup, parent, name)
+        if self._pending or snap < self._last_landing:
+            attr = self._live_attr(attr, snap, self._read_lookup, parent, name)
+        return attr
 
-    def _read_lookup(self, parent: int, name: bytes) -> Attr:
+    def _read_lookup(self, parent: int, name: bytes) -> tuple[Attr, int]:
         with self.ix.read() as v:
             v.must_dir(parent)
             ent = v.dirent(parent, name)
             if ent is None:
                 raise StoreError(errno.ENOENT, f"{name!r} not in directory {parent}")
-            return v.must_inode(ent[0]).attr()
+            return v.must_inode(ent[0]).attr(), v.txn.id()
 
     def lookup_parent(self, ino: int) -> Attr:
         """Parent directory of a directory (root's parent is root)."""
@@ -582,14 +699,26 @@ class Store:
         while True:             # short read txns per batch, never one held across yields
             out = []
             with self.ix.read() as v:
+                snap = v.txn.id()
                 for c, name, child, _ in v.dir_entries_after(ino, cookie, READDIR_BATCH):
                     rec = v.inode(child)
                     if rec is not None:
                         out.append(DirEntry(name, c, rec.attr()))
                     cookie = c
+            if self._pending or snap < self._last_landing:
+                out = [self._live_entry(e, snap) for e in out]
             yield from out
             if len(out) < READDIR_BATCH:
                 return
+
+    def _live_entry(self, e: DirEntry, snap: int) -> DirEntry:
+        if e.attr.type != FileType.REG:
+            return e
+        try:
+            return DirEntry(e.name, e.cookie,
+                            self._live_attr(e.attr, snap, self._read_attr, e.attr.ino))
+        except StoreError:          # removed since the listing's snapshot
+            return e
 
     def walk(self, ino: int, base: str = "") -> Iterator[tuple[str, Attr]]:
         """(path, attr) of everything under directory `ino` (not itself), depth first, a
@@ -613,7 +742,9 @@ class Store:
 
     def statfs(self) -> StatFS:
         cap = self.space.capacity
-        free = max(0, min(cap - self.ix.used_bytes, self.space.disk_free()))
+        # answered writes whose records are queued (I5) hold room already
+        free = max(0, min(cap - self.ix.used_bytes - self._pending_growth,
+                          self.space.disk_free()))
         with self.ix.read() as v:
             files = v.txn.stat(self.ix.inodes)["entries"]
         return StatFS(cap, free, free, FILES_TOTAL, FILES_TOTAL - files, FILES_TOTAL - files)
@@ -704,7 +835,7 @@ class Store:
         self._fence_txn(w, ino)
         new = rec.copy()
         if (settled_at == (self._wseq.get(ino, 0), self._tseq.get(ino, 0))
-                and ino not in self._inflight and not rec.flags & F_TRUNCATED
+                and not self._writing(ino, w) and not rec.flags & F_TRUNCATED
                 and rec.committed_size == rec.size):
             new.flags &= ~F_UNCOMMITTED
         self._hook("flag.decided", ino)
@@ -750,18 +881,31 @@ class Store:
     def _read_check(self, ino: int, offset: int, count: int) -> tuple[int, int]:
         if offset < 0 or count < 0:
             raise StoreError(errno.EINVAL, "negative offset or count")
-        with self.ix.read() as v:
-            rec = v.must_inode(ino)
-            self._regular(rec)
-            if offset >= rec.size:
-                return 0, rec.size
-            n = min(count, rec.size - offset)
-            missing = extents.absent_ranges(v.txn, self.ix.extents, ino, offset, offset + n)
+        while True:
+            with self.ix.read() as v:
+                snap = v.txn.id()
+                rec = v.must_inode(ino)
+                self._regular(rec)
+                size, pend = rec.size, ()
+                if self._pending or snap < self._last_landing:     # I5
+                    with self._reg:
+                        if snap < self._last_landing:
+                            continue            # a record left _pending after this snapshot
+                        pend = [(p.offset, p.end) for p in self._pending.get(ino, ())]
+                    for _, end in pend:
+                        size = max(size, end)
+                if offset >= size:
+                    return 0, size
+                n = min(count, size - offset)
+                missing = extents.absent_ranges(v.txn, self.ix.extents, ino, offset, offset + n)
+            break
+        if missing and pend:        # the bytes of an answered write are local
+            missing = _subtract(missing, pend)
         if missing:
             raise _not_local(ino, missing)
         if rec.state == DataState.CLEAN and time.time_ns() - rec.lru_ns > LRU_GRANULARITY_NS:
             self._touch_lru(ino)
-        return n, rec.size
+        return n, size
 
     def _touch_lru(self, ino: int) -> None:
         """Re-stamp a read file's LRU key, without waiting: a READ runs on the event loop,
@@ -789,6 +933,117 @@ class Store:
         EAGAIN when dirty data would exceed capacity (caller answers NFS4ERR_DELAY);
         ENOSPC when the disk is full (nothing already stored is damaged). Returns new attrs."""
         return self._write(ino, offset, data, stable=False)
+
+    def write_nowait(self, ino: int, offset: int, data: bytes | memoryview) -> bool:
+        """write() for the event loop, in the common case only (I5): the file already holds
+        F_UNCOMMITTED durably in this commit cycle, is not fenced, and the room is there.
+        Then: register (I4), pwrite (os.pwrite releases the GIL), queue the size/extent
+        record as a lazy batch op nobody waits for, and return True; every reader sees the
+        write at once (I5). False, with nothing written: the caller runs write() on a worker
+        thread (the first write of a cycle, a fenced or new file, no room, an error: it
+        answers ENOSPC/EAGAIN/ESTALE there, before the reply)."""
+        n = len(data)
+        if (n == 0 or offset < 0 or offset + n > MAX_FILE_SIZE or self.batch.closing
+                or ino in self._flag_unsynced or self.ix.space_low):
+            return False
+        fresh = self._fresh.get(ino)
+        if fresh is not None and not self.committer.covered(fresh):
+            return False
+        with self.ix.read() as v:
+            rec = v.inode(ino)
+            if rec is None or not (rec.is_dirty and rec.flags & F_UNCOMMITTED):
+                return False
+            size = self._live_size(ino, rec.size)
+            growth = n if offset >= size else n - extents.present_bytes(
+                v.txn, self.ix.extents, ino, offset, offset + n)
+        pending = self._pending_growth
+        try:
+            if self.space.admit(self.ix.used_bytes + pending, self.ix.dirty_bytes + pending,
+                                growth):
+                return False                # clean data to evict first: write() does
+        except StoreError:
+            return False                    # EAGAIN: write() answers it
+        with self._reg:
+            if ino in self._fences:         # a decision on "no write registered" stands
+                return False
+            _count_up(self._inflight, (ino,))
+        queued = False
+        try:
+            # registered: a commit or close can clear the flag no more; one that did before
+            # has committed (its fence is gone), so this read sees it (as _bytes_changing)
+            now = self.ix.read_inode(ino)
+            if not (now.is_dirty and now.flags & F_UNCOMMITTED) or ino in self._flag_unsynced:
+                return False
+            try:
+                self.data.pwrite(ino, offset, data)
+            except StoreError:
+                return False                # write() writes it again, or answers the error
+            self._hook("write.pwritten", ino)
+            p = _Pending(offset, offset + n, time.time_ns(), growth)
+            with self._reg:
+                self._pending.setdefault(ino, []).append(p)
+                self._pending_growth += growth
+                self._wseq[ino] = self._wseq.get(ino, 0) + 1    # after the pwrite (_datasynced)
+            queued = True
+            self.lazy_writes += 1
+            self._queue_record(ino, p, lazy=True)
+            p.queued = True                 # a COMMIT from now on is queued after it
+            if self._waiting:               # a fill or truncate waits for this file's writes
+                self.batch.kick()
+            return True
+        finally:
+            if not queued:
+                self._unregister((ino,))
+
+    def _queue_record(self, ino: int, p: _Pending, lazy: bool) -> None:
+        try:
+            fut = self.batch.submit(self._record_lazy, ino, p, durable=False, lazy=lazy)
+        except StoreError:                  # the store began to close: in a txn of its own
+            fut = Future()
+            try:
+                with self.ix.write() as w:
+                    fut.set_result(self._record_lazy(w, ino, p))
+            except BaseException as e:      # noqa: BLE001 - handed to _record_done
+                fut.set_exception(e)
+        fut.add_done_callback(lambda f: self._record_done(ino, p, f))
+
+    def _record_lazy(self, w: Writer, ino: int, p: _Pending) -> None:
+        """The index record of a write_nowait (I5), as _record_write with the write's time."""
+        self._record_write(w, ino, p.offset, p.end - p.offset, t=p.t, counted=True)
+
+        def landed():
+            p.landed = True
+
+        def aborted():
+            p.landing = None
+        w.after_commit.append(landed)
+        w.on_abort.append(aborted)         # its nested txn: before the batch commits
+        w.on_end.append(lambda: None if p.landed else aborted())
+        p.landing = w.txn.id()             # last: snapshots from this commit on hold it
+
+    def _record_done(self, ino: int, p: _Pending, fut: Future) -> None:
+        """The record's batch committed (drop the pending write, end its registration) or
+        failed (again: a COMMIT fails meanwhile, I5)."""
+        exc = fut.exception()
+        if exc is None and p.landed:
+            with self._reg:
+                self._last_landing = max(self._last_landing, p.landing)
+                pend = self._pending.get(ino)
+                if pend is not None:
+                    pend.remove(p)
+                    if not pend:
+                        del self._pending[ino]
+                self._pending_growth -= p.growth
+                self._landed.notify_all()
+            self._unregister((ino,))
+            return
+        p.landing = None
+        p.failed = exc if exc is not None else StoreError(errno.EIO, "write record not applied")
+        p.tries += 1
+        if self.batch._abandoned:           # tests: a simulated kill -9, nothing is applied
+            return
+        log.warning("store.write_record_retry", ino=ino, tries=p.tries, error=str(p.failed))
+        self._queue_record(ino, p, lazy=p.tries > RECORD_RETRIES)
 
     def write_stable(self, ino: int, offset: int, data: bytes | memoryview) -> Attr:
         """*Blocking.* write() and commit() in one: durable when it returns (FILE_SYNC). Its
@@ -822,8 +1077,9 @@ class Store:
         if self.ix.space_low and not self.ix.ensure_headroom():
             raise StoreError(errno.ENOSPC, "disk full: index headroom is gone")
         becoming_dirty = 0 if rec.is_dirty else rec.local_bytes
-        need = self.space.admit(self.ix.used_bytes, self.ix.dirty_bytes + becoming_dirty,
-                                 growth)
+        pending = self._pending_growth      # answered writes whose records are queued (I5)
+        need = self.space.admit(self.ix.used_bytes + pending,
+                                self.ix.dirty_bytes + becoming_dirty + pending, growth)
         if need and self._free_clean(need, exclude=ino) < need:
             raise StoreError(errno.EAGAIN, "cache full of pinned or open clean data")
 
@@ -846,19 +1102,22 @@ class Store:
                 # flagged by a sync'd flag txn, or by its create (new_inode): that txn
                 # may not be durable yet if this writer found the file by LOOKUP
                 fresh = self._fresh.pop(ino, None)
+                if ino in self._flag_unsynced:   # another writer's flag txn, not synced yet
+                    flagged = "seen"
             else:
                 # the index says "dirty, uncommitted bytes may exist" BEFORE the bytes
                 # change, so crash recovery visits this file and cuts what was not
                 # committed
-                with self.ix.write() as w:
-                    cur = w.must_inode(ino)
-                    new = cur.copy()
-                    if not cur.is_dirty:
-                        new.state = DataState.DIRTY
-                    new.flags |= F_UNCOMMITTED
-                    new.bump_data_seq()      # before the bytes change, as the flag
-                    w.stamp(new)
-                    w.put_inode(new, cur)
+                # visible from the flag txn's commit until its sync: write_nowait must not
+                # take the flag for durable meanwhile (I2, I5)
+                with self._reg:
+                    _count_up(self._flag_unsynced, (ino,))
+                try:
+                    self._flag_txn(ino)
+                except BaseException:
+                    with self._reg:
+                        _count_down(self._flag_unsynced, ino)
+                    raise
                 flagged = True
         except BaseException:
             self._unregister(inos)
@@ -868,6 +1127,9 @@ class Store:
                 # durable before the bytes change (once per commit cycle): after a power
                 # cut the index must not miss a flag whose bytes did reach the disk
                 self.committer.sync()
+                if flagged is True:
+                    with self._reg:
+                        _count_down(self._flag_unsynced, ino)
             elif fresh is not None and not self.committer.covered(fresh):
                 try:
                     self.committer.sync(fresh)
@@ -877,6 +1139,18 @@ class Store:
             yield
         finally:
             self._unregister(inos)
+
+    def _flag_txn(self, ino: int) -> None:
+        """The flag txn of a commit cycle's first byte change (I2)."""
+        with self.ix.write() as w:
+            cur = w.must_inode(ino)
+            new = cur.copy()
+            if not cur.is_dirty:
+                new.state = DataState.DIRTY
+            new.flags |= F_UNCOMMITTED
+            new.bump_data_seq()      # before the bytes change, as the flag
+            w.stamp(new)
+            w.put_inode(new, cur)
 
     def _register(self, inos: tuple[int, ...]) -> None:
         """A write of `inos` begins (I4). Without the index lock, unless one of them is
@@ -938,7 +1212,7 @@ class Store:
         with self.ix.write() as w:
             cur = w.inode(ino)
             if cur is not None:
-                self.data.shrink_to(ino, cur.size)
+                self.data.shrink_to(ino, self._live_size(ino, cur.size))
 
     def _pwrite(self, ino: int, offset: int, data) -> None:
         try:
@@ -978,7 +1252,7 @@ class Store:
         # whole, as after a COMMIT, if no other write is registered or recorded since the
         # datasync (wseq + 1 is this record) and no truncate: the last close may clear it
         rec = w.inode(ino)
-        if (self._inflight.get(ino) == 1 and self._wseq.get(ino, 0) == wseq + 1
+        if (self._writing(ino, w) == 1 and self._wseq.get(ino, 0) == wseq + 1
                 and self._tseq.get(ino, 0) == tseq and rec.committed_size == rec.size
                 and self.is_open(ino, write=True)):
             self._settled_at[ino] = (wseq + 1, tseq)
@@ -1008,8 +1282,10 @@ class Store:
             return result
         return self.batch.submit(fn, *args, durable=durable).result()
 
-    def _record_write(self, w: Writer, ino: int, offset: int, n: int) -> Attr:
-        """The index half of a write whose bytes are pwritten: live size, extents, change."""
+    def _record_write(self, w: Writer, ino: int, offset: int, n: int, t: int | None = None,
+                      counted: bool = False) -> Attr:
+        """The index half of a write whose bytes are pwritten: live size, extents, change.
+        t: its mtime (default now); counted: its _wseq was bumped at its pwrite."""
         cur = w.inode(ino)
         if cur is None:                    # reclaimed while we wrote
             self.data.remove(ino)
@@ -1019,7 +1295,7 @@ class Store:
             new.size = offset + n
         new.local_bytes += extents.set_range(w.txn, self.ix.extents, ino, offset,
                                              offset + n, DataState.DIRTY)
-        self._bytes_changed(w, new, cur)
+        self._bytes_changed(w, new, cur, t, counted)
         return new.attr()
 
     # ---- sparse files and server-side copy (nfsd NFSv4.2) ---------------------------------
@@ -1028,11 +1304,21 @@ class Store:
         of one kind merged. Holes: ranges the index maps as local holes, and holes of the
         extent file inside local extents (SEEK_DATA/SEEK_HOLE); ABSENT (evicted) ranges
         are data. Advisory: a concurrent write may change it at once."""
-        with self.ix.read() as v:
-            rec = v.must_inode(ino)
-            self._regular(rec)
-            end = min(end, rec.size)
-            pieces = extents.runs(v.txn, self.ix.extents, ino, offset, end) if offset < end else []
+        while True:
+            with self.ix.read() as v:
+                snap = v.txn.id()
+                rec = v.must_inode(ino)
+                self._regular(rec)
+                with self._reg:                 # answered writes (I5): local, maybe data
+                    if snap < self._last_landing:
+                        continue
+                    pend = [(p.offset, p.end) for p in self._pending.get(ino, ())]
+                end = min(end, max([rec.size] + [b for _, b in pend]))
+                pieces = (extents.runs(v.txn, self.ix.extents, ino, offset, end)
+                          if offset < end else [])
+            break
+        if pend:
+            pieces = _with_local(pieces, pend, offset, end)
         out: list[list] = []
 
         def add(a: int, b: int, data: bool) -> None:
@@ -1081,6 +1367,7 @@ class Store:
         visits it, moves its data sequence and the uploader sends what the file holds."""
         if offset < 0 or length < 0:
             raise StoreError(errno.EINVAL, "negative offset or length")
+        self._settle(ino)
         with self.ix.read() as v:
             rec = v.must_inode(ino)
             self._regular(rec)
@@ -1109,6 +1396,7 @@ class Store:
         if offset < 0 or length <= 0 or offset + length > MAX_FILE_SIZE:
             raise StoreError(errno.EINVAL if length <= 0 else errno.EFBIG,
                              f"allocate {offset}+{length} out of range")
+        self._settle(ino)
         with self.ix.read() as v:
             rec = v.must_inode(ino)
             self._regular(rec)
@@ -1132,6 +1420,7 @@ class Store:
         Returns (dst attrs, reflinked)."""
         if min(src_off, dst_off, count) < 0 or dst_off + count > MAX_FILE_SIZE:
             raise StoreError(errno.EINVAL, "copy range out of range")
+        self._settle(src, dst)
         with self.ix.read() as v:
             srec, drec = v.must_inode(src), v.must_inode(dst)
             self._regular(srec)
@@ -1194,9 +1483,10 @@ class Store:
         if missing:
             raise _not_local(ino, missing)
 
-    def _bytes_changed(self, w: Writer, new: Inode, cur: Inode) -> None:
+    def _bytes_changed(self, w: Writer, new: Inode, cur: Inode, t: int | None = None,
+                       counted: bool = False) -> None:
         """The index half of a change of a file's bytes (write, punch, copy)."""
-        new.mtime_ns = new.ctime_ns = time.time_ns()
+        new.mtime_ns = new.ctime_ns = time.time_ns() if t is None else t
         new.change += 1
         new.bump_data_seq()
         if new.state in (DataState.CLEAN, DataState.ABSENT):
@@ -1204,7 +1494,8 @@ class Store:
         new.flags |= F_UNCOMMITTED
         w.stamp(new)
         w.put_inode(new, cur)
-        self._wseq[new.ino] = self._wseq.get(new.ino, 0) + 1
+        if not counted:
+            self._wseq[new.ino] = self._wseq.get(new.ino, 0) + 1
 
     def commit(self, ino: int) -> None:
         """*Blocking.* fdatasync the file's data and durably record its size/extents. The
@@ -1212,9 +1503,20 @@ class Store:
         and commits queued beside it); while the store closes, in its own txn."""
         with self.ix.read() as v:
             rec = v.must_inode(ino)
-        if self._needs_commit(rec):
-            # durable on return: its commit covers every txn before it (the writes' too)
-            self._in_batch(self._record_commit, ino, *self._datasynced(ino), durable=True)
+        with self._reg:     # answered: their records are queued before this commit's
+            answered = [p for p in self._pending.get(ino, ()) if p.queued]
+        if self._needs_commit(rec) or answered:
+            # durable on return: its commit covers every txn before it (the writes' too);
+            # the records of writes answered before it are queued before it (I5)
+            at = self._in_batch(self._record_commit_at, ino, *self._datasynced(ino),
+                                durable=True)
+            for p in answered:
+                # its batch failed and its record was applied after this commit's (or not
+                # yet): the committed size did not cover it; the client retries the COMMIT
+                if p.landing is None or p.landing > at:
+                    raise StoreError(getattr(p.failed, "errno", None) or errno.EIO,
+                                     f"write record of inode {ino} was not applied before "
+                                     f"its commit: {p.failed}")
             return
         self.committer.sync()
 
@@ -1226,9 +1528,34 @@ class Store:
         sequence, a larger committed size) describes bytes already pwritten; what it has not
         made visible yet stops _record_commit from clearing the flag."""
         wseq, tseq = self._wseq.get(ino, 0), self._tseq.get(ino, 0)
-        size = self.ix.read_inode(ino).size
+        # the answered writes (I5) too: pwritten before they were counted in _pending
+        size = self._live_size_now(ino)
         self.data.datasync(ino)
         return wseq, tseq, size
+
+    def _live_size_now(self, ino: int) -> int:
+        """The file's size with its answered writes (I5), from one consistent view: an
+        index snapshot, and the pending writes it does not hold. A record that lands and
+        leaves _pending between the two would be in neither (a COMMIT then recorded too
+        small a committed size, and a crash cut acknowledged bytes: found by the kill -9
+        long run, `test_commit_counts_a_record_that_lands_while_it_reads_the_size`), so
+        read again when one left _pending after the snapshot (_last_landing)."""
+        while True:
+            with self.ix.read() as v:
+                snap = v.txn.id()
+                size = v.must_inode(ino).size
+            self._hook("live_size.read", ino)
+            with self._reg:
+                if snap < self._last_landing:
+                    continue
+                for p in self._pending.get(ino, ()):
+                    size = max(size, p.end)
+                return size
+
+    def _record_commit_at(self, w: Writer, *args) -> int:
+        """_record_commit; returns its txnid (commit() compares the answered writes' records)."""
+        self._record_commit(w, *args)
+        return w.txn.id()
 
     def _record_commit(self, w: Writer, ino: int, wseq: int, tseq: int, size: int,
                        writers_gone: bool = False) -> None:
@@ -1244,7 +1571,7 @@ class Store:
             if self._tseq.get(ino, 0) == tseq:   # a truncate sets it by itself
                 new.committed_size = max(new.committed_size, min(size, new.size))
                 new.flags &= ~F_TRUNCATED
-                if (self._wseq.get(ino, 0) == wseq and ino not in self._inflight
+                if (self._wseq.get(ino, 0) == wseq and not self._writing(ino, w)
                         and new.committed_size == new.size):
                     if writers_gone or not self.is_open(ino, write=True):
                         new.flags &= ~F_UNCOMMITTED
@@ -1891,6 +2218,68 @@ def _own_import(w: Writer, ino: int, remote: RemoteInfo) -> None:
     never in the moved subtree; uploader.worker._move_dir)."""
     remote.imported_after_job = w.counter(b"next_job")
     w.put_remote(ino, remote)
+
+
+def _overlaid(attr: Attr, pend: list[_Pending]) -> Attr:
+    """What `attr` becomes once the records of the pending writes `pend` (in queue order)
+    are applied (Store._record_lazy: the same fields, the same values)."""
+    k = len(pend)
+    t = pend[-1].t
+    state = attr.data_state
+    if state in (DataState.CLEAN, DataState.ABSENT):
+        state = DataState.DIRTY
+    return _replace(attr, size=max(attr.size, max(p.end for p in pend)), mtime_ns=t, ctime_ns=t,
+                    change=attr.change + k, data_seq=(attr.data_seq + k) & 0xFFFFFFFF,
+                    data_state=state)
+
+
+def _with_local(pieces, local, offset: int, end: int):
+    """`pieces` (extents.runs: (a, b, state) covering [offset, end), state None for a local
+    hole) with the ranges of `local` (answered writes, I5) that fall in holes made DIRTY:
+    the extent file tells data from holes there."""
+    merged: list[list[int]] = []
+    for x, y in sorted(local):
+        if merged and x <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], y)
+        else:
+            merged.append([x, y])
+    out = []
+    for a, b, st in pieces:
+        if st is not None:
+            out.append((a, b, st))
+            continue
+        pos = a
+        for x, y in merged:
+            x, y = max(x, a), min(y, b)
+            if x >= y:
+                continue
+            if x > pos:
+                out.append((pos, x, None))
+            out.append((x, y, DataState.DIRTY))
+            pos = y
+        if pos < b:
+            out.append((pos, b, None))
+    return out
+
+
+def _subtract(ranges: list[tuple[int, int]], cut) -> list[tuple[int, int]]:
+    """(offset, length) `ranges` less the [start, end) ranges of `cut`."""
+    out = []
+    for off, length in ranges:
+        pieces = [(off, off + length)]
+        for a, b in cut:
+            nxt = []
+            for x, y in pieces:
+                if b <= x or a >= y:
+                    nxt.append((x, y))
+                    continue
+                if x < a:
+                    nxt.append((x, a))
+                if b < y:
+                    nxt.append((b, y))
+            pieces = nxt
+        out.extend((x, y - x) for x, y in pieces)
+    return out
 
 
 def _count_up(counts: dict[int, int], keys) -> None:

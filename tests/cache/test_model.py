@@ -6,6 +6,15 @@ directories, over existing targets), link, unlink/rmdir, open/close, commit, upl
 (mark_uploaded), evict, orderly reopen and crash-reopen; reads fill evicted ranges from
 the model's "S3" copy (read-through); after every step the whole tree is compared (readdir order and
 cookies, attributes, every byte) and check() must find nothing.
+
+Writes answered before their index record (cache/store.py I5, `Store.write_nowait`, what an
+UNSTABLE WRITE does on the event loop): the model holds lazy batch ops back (LAZY_DELAY of an
+hour), so such a write's record stays queued until an op that is waited for (a namespace op,
+a commit, an upload's record), a truncate or read-through fill (which kick the batch), a
+reopen, or is lost by a crash (recovery cuts to the committed size: the model drops the
+same bytes). Meanwhile every step's view must already show it (sizes, bytes, readdir
+attributes), `settle` checks that the attributes shown while pending are exactly those the
+records write, and the change attribute never goes back except across a crash.
 Set CKPTGW_LONG=1 for many more examples.
 """
 from __future__ import annotations
@@ -18,6 +27,7 @@ import tempfile
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from cache import batch as batch_module
 from cache.api import DataState, FileType, RemoteInfo, ROOT_INO, SetAttr, StoreError
 from cache.index import F_UNCOMMITTED
 from cache.store import Store
@@ -52,14 +62,20 @@ class StoreModel(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="ckptgw-model-", dir=SCRATCH)
+        self.lazy_delay = batch_module.LAZY_DELAY
+        batch_module.LAZY_DELAY = 3600.0    # lazy records wait for an op that is waited for
         self.store = Store.open(self.dir)
         self.root = MDir(ROOT_INO, None)
         self.orphans: list[MFile] = []      # unlinked but open
+        self.changes: dict[int, int] = {}   # ino -> the highest change attribute seen
 
     def teardown(self):
-        if not self.store._closed:
-            self.store.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        try:
+            if not self.store._closed:
+                self.store.close()
+        finally:
+            batch_module.LAZY_DELAY = self.lazy_delay
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     # ---- model helpers -------------------------------------------------------------
     def dirs(self):
@@ -117,11 +133,15 @@ class StoreModel(RuleBasedStateMachine):
 
     @precondition(lambda self: self.files())
     @rule(data=st.data(), offset=OFFSETS, payload=st.binary(min_size=1, max_size=5000),
-          stable=st.booleans())
-    def write(self, data, offset, payload, stable):
-        """UNSTABLE, or FILE_SYNC (stable): durable on return with every byte before it."""
-        f = data.draw(st.sampled_from(self.files()))
-        (self.store.write_stable if stable else self.store.write)(f.ino, offset, payload)
+          how=st.sampled_from(["nowait", "nowait", "unstable", "stable"]))
+    def write(self, data, offset, payload, how):
+        """UNSTABLE (nowait: as nfsd's WRITE does, on the event loop with its record left
+        queued when it can, else write()), or FILE_SYNC (stable): durable on return with
+        every byte before it."""
+        stable = how == "stable"
+        f = data.draw(st.sampled_from(self.files() + self.orphans))
+        if how != "nowait" or not self.store.write_nowait(f.ino, offset, payload):
+            (self.store.write_stable if stable else self.store.write)(f.ino, offset, payload)
         if len(f.data) < offset:
             f.data.extend(bytes(offset - len(f.data)))
         f.data[offset:offset + len(payload)] = payload
@@ -326,7 +346,23 @@ class StoreModel(RuleBasedStateMachine):
             f.committed = len(f.data)
 
     @rule()
+    def settle(self):
+        """Let every queued lazy op land: the attributes shown while the writes' records
+        were queued are exactly what the records write (atime aside: an LRU stamp)."""
+        s = self.store
+        files = self.files() + self.orphans
+        before = {f.ino: s.getattr(f.ino) for f in files}
+        s.batch.applied()
+        assert not s._pending and not s._pending_growth
+        assert not s._inflight, s._inflight
+        for f in files:
+            a, b = before[f.ino], s.getattr(f.ino)
+            assert (a.size, a.mtime_ns, a.ctime_ns, a.change, a.data_seq, a.data_state) == \
+                (b.size, b.mtime_ns, b.ctime_ns, b.change, b.data_seq, b.data_state), (a, b)
+
+    @rule()
     def crash_and_reopen(self):
+        self.changes.clear()                  # unstable writes' changes are lost with them
         crash(self.store)
         self.store = Store.open(self.dir)
         self.forget_opens()
@@ -358,9 +394,14 @@ class StoreModel(RuleBasedStateMachine):
             for e, (name, m) in zip(listing, d.entries.items()):
                 assert e.attr.ino == m.ino
                 assert e.attr.type == (FileType.DIR if isinstance(m, MDir) else FileType.REG)
+            for e, m in zip(listing, d.entries.values()):
+                if isinstance(m, MFile):      # readdir's attributes include queued records
+                    assert e.attr.size == len(m.data), (e, len(m.data))
         for f in self.files() + self.orphans:
             a = s.getattr(f.ino)
             assert a.size == len(f.data) and a.nlink == f.nlink, (f.ino, a)
+            assert a.change >= self.changes.get(f.ino, 0), (f.ino, a, self.changes[f.ino])
+            self.changes[f.ino] = a.change
             assert self.read_through(f) == bytes(f.data), f.ino
         assert s.check() == []
 

@@ -191,7 +191,9 @@ class Sim:
     # ---- process lifecycle -------------------------------------------------------------
     def _boot(self) -> None:
         """Start the uploader as a fresh process would (Uploader.start without its timers)."""
-        self.loop = asyncio.new_event_loop()
+        # the stdlib loop whatever the policy (tests/conftest.py sets uvloop's): settle()
+        # tells idle from busy by its ready queue, which uvloop does not expose
+        self.loop = asyncio.SelectorEventLoop()
         self.pending = []
         self.tasks: dict[int, asyncio.Task] = {}
         self.up = self.loop.run_until_complete(self._make_uploader())
@@ -392,9 +394,13 @@ class Sim:
 
     def write(self, path: str, offset: int, data: bytes, stable: bool = False) -> None:
         """An UNSTABLE write, or (stable) a FILE_SYNC one: durable with every byte written
-        before it, as a WRITE then a COMMIT."""
+        before it, as a WRITE then a COMMIT. An UNSTABLE one as nfsd's WRITE does it: answered
+        before its index record when it can (cache/store.py I5), else write()."""
         f = self.node(path)
-        (self.store.write_stable if stable else self.store.write)(f.ino, offset, data)
+        if stable:
+            self.store.write_stable(f.ino, offset, data)
+        elif not self.store.write_nowait(f.ino, offset, data):
+            self.store.write(f.ino, offset, data)
         if len(f.data) < offset:
             f.data.extend(bytes(offset - len(f.data)))
         f.data[offset:offset + len(data)] = data

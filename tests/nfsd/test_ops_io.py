@@ -174,6 +174,29 @@ def test_read_through_that_outlasts_the_wait_is_delay_and_goes_on(fs, monkeypatc
         assert await fs.read(f, sid, 0, 5) == (b"local", True)
     run(main())
 
+def test_an_unstable_write_crosses_no_thread(fs):
+    """issue 37 point 4: an UNSTABLE WRITE of a file in its commit cycle is pwritten on the
+    loop and answered before its index record (cache/store.py I5): no worker thread, and a
+    READ right after it (another open, another stateid) sees every byte and the new size."""
+    async def main():
+        exp = await fs.root_fh()
+        f, sid, _ = await fs.open(exp, "f")
+        _, sid2, _ = await fs.open(exp, "f", create=False, owner=b"o2")
+        fs.server.blocking_calls.clear()
+        for i in range(8):
+            ok = await fs.write(f, sid, i * 1000, bytes([65 + i]) * 1000, UNSTABLE4)
+            assert ok.committed == UNSTABLE4
+        assert fs.server.blocking_calls == []
+        assert fs.server.store.lazy_writes == 8
+        data, eof = await fs.read(f, sid2, 0, 1 << 20)
+        assert data == b"".join(bytes([65 + i]) * 1000 for i in range(8)) and eof
+        res = await fs.run([(OP_PUTFH, PUTFH4args(f)), (OP_COMMIT, COMMIT4args(0, 0))])
+        assert res[1].value.writeverf == fs.server.store.write_verifier
+        rec = fs.server.store.ix.read_inode(fs.server.store.lookup(ROOT_INO, b"f").ino)
+        assert rec.committed_size == rec.size == 8000
+    run(main())
+
+
 def test_write_over_capacity_is_delay(fs, monkeypatch):
     async def main():
         exp = await fs.root_fh()
@@ -181,6 +204,8 @@ def test_write_over_capacity_is_delay(fs, monkeypatch):
 
         def full(*a):
             raise StoreError(errno.EAGAIN, "over capacity")
+        # no room: write_nowait leaves the WRITE to write() on a worker thread (store I5)
+        monkeypatch.setattr(fs.server.store, "write_nowait", lambda *a: False)
         monkeypatch.setattr(fs.server.store, "write", full)
         assert await fs.status([(OP_PUTFH, PUTFH4args(f)),
                                 (OP_WRITE, WRITE4args(sid, 0, UNSTABLE4, b"x"))]) == NFS4ERR_DELAY
