@@ -92,6 +92,18 @@ def import_and_flush(store, endpoint: str, bucket: str):
             await up.stop()
     return asyncio.run(run())
 
+def flush_uploads(store, endpoint: str, bucket: str) -> None:
+    """Run the store's uploader until everything it has to send is in the bucket."""
+    async def run():
+        up = make_uploader(store, endpoint, bucket)
+        await up.start()
+        try:
+            assert await up.flush(timeout=60)
+        finally:
+            await up.stop()
+    asyncio.run(run())
+
+
 def fill_bucket_from_another_gateway(store_dir, endpoint: str, bucket: str, fill) -> None:
     """What another gateway leaves in the bucket: `fill(store)` on a store of its own, flushed."""
     other = Store.open(str(store_dir), capacity=1 << 30)
