@@ -241,6 +241,10 @@ class NfsStore(Protocol):
         """pwrite into the page cache; updates live size/mtime/change; marks the range dirty."""
         ...
 
+    def write_nowait(self, ino: int, offset: int, data: bytes | memoryview) -> bool:
+        """write() on the caller's thread in the common case (I5); False: nothing written, use write()."""
+        ...
+
     def write_stable(self, ino: int, offset: int, data: bytes | memoryview) -> Attr:
         """*Blocking.* write() and commit() in one: durable when it returns (FILE_SYNC)."""
         ...
