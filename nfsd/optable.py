@@ -4,7 +4,8 @@ NFS-Ganesha's `optabv4[]` shape (nfs4_Compound.c): each row names the op, its ha
 flags, and every rule that depends on the op number reads its row instead of a set of its own:
 
 - `since`: the first minor version whose numbering has the op (RFC 7530 ops 3-39: 0, RFC 8881
-  40-58: 1, RFC 7862 59-71: 2); in an older minor version the op number is OP_ILLEGAL;
+  40-58: 1, RFC 7862 59-71 and RFC 8276's xattr ops 72-75: 2); in an older minor version the
+  op number is OP_ILLEGAL;
 - `v40_only`: an NFSv4.0 op that NFSv4.1 servers MUST NOT implement (RFC 8881 section 18,
   "MNI"): NFS4ERR_NOTSUPP from 4.1 on;
 - `sessionless`: may be a 4.1 COMPOUND's only op, without SEQUENCE (RFC 8881 2.6.3.1.1.x);
@@ -18,7 +19,7 @@ flags, and every rule that depends on the op number reads its row instead of a s
   (None: not offered, NFS4ERR_NOTSUPP; SEQUENCE is the COMPOUND loop's own).
 
 The table is a list indexed by op number (the native engine keeps the same rows as C arrays).
-Op numbers above the highest declared one (RFC 8276's xattr ops, OP_ILLEGAL) have no row.
+Op numbers above the highest declared one (75, REMOVEXATTR), OP_ILLEGAL included, have no row.
 """
 from __future__ import annotations
 

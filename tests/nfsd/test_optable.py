@@ -12,10 +12,13 @@ from nfsd.optable import (
 
 
 def test_every_declared_op_has_a_row_with_its_rfc_minor_version():
-    assert set(DESCRIPTORS) == set(range(3, n.OP_CLONE + 1))
+    assert set(DESCRIPTORS) == set(range(3, n.OP_REMOVEXATTR + 1))
     assert DESCRIPTORS[n.OP_WRITE].since == 0 and DESCRIPTORS[n.OP_RELEASE_LOCKOWNER].since == 0
     assert DESCRIPTORS[n.OP_BACKCHANNEL_CTL].since == 1 and DESCRIPTORS[n.OP_RECLAIM_COMPLETE].since == 1
     assert DESCRIPTORS[n.OP_ALLOCATE].since == 2 and DESCRIPTORS[n.OP_CLONE].since == 2
+    # RFC 8276's xattr ops extend the 4.2 numbering
+    assert {DESCRIPTORS[op].since for op in (n.OP_GETXATTR, n.OP_SETXATTR, n.OP_LISTXATTRS,
+                                             n.OP_REMOVEXATTR)} == {2}
     assert n.OP_ILLEGAL not in DESCRIPTORS
 
 
