@@ -213,6 +213,15 @@ class NfsStore(Protocol):
         """Space and inode counts of the store (FSSTAT / statvfs)."""
         ...
 
+    # -- upload state, read side (the RFC 8276 xattrs of nfsd/ops/xattr.py)
+    def walk(self, ino: int, base: str = "") -> Iterator[tuple[str, Attr]]:
+        """(path, attr) of everything under directory `ino` (not itself), depth first."""
+        ...
+
+    def remote_info(self, ino: int) -> RemoteInfo:
+        """What the uploader recorded about the file's object (key, etag, multipart progress...)."""
+        ...
+
     def sync(self) -> None:
         """*Blocking.* Make every namespace change applied so far durable (group commit)."""
         ...

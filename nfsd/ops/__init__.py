@@ -24,6 +24,7 @@ OP_MODULES = (
     "nfsd.ops.lock",         # LOCK LOCKT LOCKU
     "nfsd.ops.v40",          # SETCLIENTID SETCLIENTID_CONFIRM RENEW RELEASE_LOCKOWNER (4.0 only)
     "nfsd.ops.v42",          # SEEK ALLOCATE DEALLOCATE READ_PLUS COPY CLONE OFFLOAD_* (4.2 only)
+    "nfsd.ops.xattr",        # GETXATTR LISTXATTRS SETXATTR REMOVEXATTR (RFC 8276, 4.2 only)
 )
 
 

@@ -14,7 +14,7 @@ from nfsd.ops._common import (Obj, blocking, current, io_state, nfs_error, requi
                               require_writable_fs, store_errors, sync_namespace, who)
 from nfsd.xdr.nfs4 import (
     ACCESS4_DELETE, ACCESS4_EXECUTE, ACCESS4_EXTEND, ACCESS4_LOOKUP, ACCESS4_MODIFY,
-    ACCESS4_READ, NFS4ERR_ACCESS, FATTR4_MODE, FATTR4_OWNER, FATTR4_OWNER_GROUP, FATTR4_RDATTR_ERROR,
+    ACCESS4_READ, ACCESS4_XALIST, ACCESS4_XAREAD, ACCESS4_XAWRITE, NFS4ERR_ACCESS, FATTR4_MODE, FATTR4_OWNER, FATTR4_OWNER_GROUP, FATTR4_RDATTR_ERROR,
     FATTR4_SIZE, FATTR4_TIME_ACCESS_SET, FATTR4_TIME_MODIFY_SET, NFS4ERR_ATTRNOTSUPP,
     NFS4ERR_BADOWNER, NFS4ERR_FBIG, NFS4ERR_INVAL, NFS4ERR_ISDIR, NFS4ERR_NOT_SAME,
     NFS4ERR_PERM, NFS4ERR_SAME, NFS4_OK, OP_ACCESS, OP_GETATTR, OP_NVERIFY, OP_SETATTR,
@@ -25,8 +25,12 @@ from nfsd.xdr.nfs4 import (
 
 log = structlog.get_logger(__name__)
 
-# Access bits a client may ask about (the 4.2 xattr bits 0x40-0x100 are never granted).
+# Access bits a client may ask about. The RFC 8276 bits (0x40-0x100) are answered in 4.2
+# COMPOUNDs only: XAREAD and XALIST where the object may be read (its upload state,
+# nfsd/ops/xattr.py), XAWRITE never (those attributes are read-only).
 _ACCESS_KNOWN = 0x1FF
+_XATTR_READ = ACCESS4_XAREAD | ACCESS4_XALIST
+_XATTR_BITS = _XATTR_READ | ACCESS4_XAWRITE
 # ACCESS4 bit -> mode permission needed, per object kind (as Linux knfsd maps them).
 _DIR_ACCESS = {ACCESS4_READ: MAY_READ, ACCESS4_LOOKUP: MAY_EXEC,
                ACCESS4_MODIFY: MAY_WRITE | MAY_EXEC, ACCESS4_EXTEND: MAY_WRITE | MAY_EXEC,
@@ -168,6 +172,11 @@ async def op_access(ctx, args) -> ACCESS4res:
             continue
         if permitted(obj.attr, cred, want):
             granted |= bit
+    if req & _XATTR_BITS and ctx.minorversion >= 2 and not obj.is_pseudo \
+            and obj.attr.type in (FileType.REG, FileType.DIR):
+        supported |= req & _XATTR_BITS
+        if req & _XATTR_READ and permitted(obj.attr, cred, MAY_READ):
+            granted |= req & _XATTR_READ
     return ACCESS4res(NFS4_OK, ACCESS4resok(supported=supported, access=granted))
 
 

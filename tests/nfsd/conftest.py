@@ -79,6 +79,8 @@ class FakeStore:
     def create(self, parent, name, mode, uid, gid, *, exclusive=False): raise _no_files()
     def readlink(self, ino): raise _no_files()
     def readdir(self, ino, cookie=0): raise _no_files()
+    def walk(self, ino, base=""): raise _no_files()
+    def remote_info(self, ino): raise _no_files()
     def open_file(self, ino, write): raise _no_files()
     def close_file(self, ino, write, *, wait=True): raise _no_files()
     def read_into(self, ino, offset, buf): raise _no_files()
