@@ -717,5 +717,11 @@ def reload(as_json):
         click.echo(f"changed but needs a restart: {', '.join(res['needs_restart'])}")
 
 
+# `ckptgw wait`: reads the mount, not the admin API (appliance/wait_cmd.py)
+# without the admin options CkptgwGroup.add_command would give it: it never calls the daemon
+from .wait_cmd import wait as _wait  # noqa: E402  (it imports this module's helpers)
+click.Group.add_command(main, _wait)
+
+
 if __name__ == "__main__":
     main()
