@@ -12,16 +12,16 @@ message instead of hanging.
 
 Who may talk: on the Unix socket the peer's credentials (SO_PEERCRED, taken by the kernel at
 connect) must be the daemon's uid, root, or a member of the configured admin group; the
-socket file's mode (0600 by default) is the first fence. Over TCP every request must carry
-the configured token (compared in constant time). The commands themselves live in
-appliance.commands; this module knows nothing of them.
+socket file's mode (0600 by default) is the first fence; its peers may run every command. Over
+TCP every request must carry one of the configured tokens (compared in constant time), and the
+token's scope must cover the command (appliance.scopes: read < flush < admin). The commands
+themselves live in appliance.commands; this module knows nothing of them.
 """
 from __future__ import annotations
 
 import asyncio
 import errno
 import grp
-import hmac
 import json
 import os
 import socket
@@ -30,6 +30,8 @@ from typing import Any, Awaitable, Callable
 
 import structlog
 
+from . import scopes
+
 log = structlog.get_logger(__name__)
 
 MAX_REQUEST = 1 << 20
@@ -37,7 +39,9 @@ HEARTBEAT_SECONDS = 5.0
 DEFAULT_CLIENT_TIMEOUT = 30.0        # seconds of silence from the daemon before a client gives up
 
 # error codes on the wire; the CLI maps them to exit codes
-CODES = ("bad_request", "denied", "not_found", "unavailable", "timeout", "failed", "busy")
+# ("denied": no or a wrong token, or a refused peer; "forbidden": a good token whose scope does not
+# cover the command)
+CODES = ("bad_request", "denied", "forbidden", "not_found", "unavailable", "timeout", "failed", "busy")
 
 
 class AdminError(Exception):
@@ -76,18 +80,21 @@ def _gid_of(group: str) -> int:
 
 
 class AdminServer:
-    """Serves `dispatch` on a Unix socket and optionally on TCP with a token."""
+    """Serves `dispatch` on a Unix socket and optionally on TCP with scoped tokens. `token`: the
+    single token of old configs, an admin-scoped one."""
 
     def __init__(self, dispatch: Dispatch, socket_path: str, *, mode: int = 0o600,
-                 group: str | None = None, tcp: tuple[str, int] | None = None, token: str | None = None):
-        if tcp and not token:
+                 group: str | None = None, tcp: tuple[str, int] | None = None, token: str | None = None,
+                 tokens: tuple[scopes.Token, ...] = ()):
+        tokens = tuple(tokens) + ((scopes.Token("token", "admin", token),) if token else ())
+        if tcp and not tokens:
             raise ValueError("the admin API over TCP needs a token")
         self.dispatch = dispatch
         self.socket_path = socket_path
         self.mode = mode
         self.group_gid = _gid_of(group) if group else None
         self.tcp = tcp
-        self.token = token
+        self.tokens = tokens
         self._servers: list[asyncio.base_events.Server] = []
         self._conns: set[asyncio.Task] = set()
         self.tcp_address: tuple | None = None
@@ -195,9 +202,19 @@ class AdminServer:
                 raise ValueError("'args' must be an object")
         except ValueError as e:
             return {"ok": False, "code": "bad_request", "error": f"malformed request: {e}"}
-        if need_token and not hmac.compare_digest(str(req.get("token", "")).encode(), self.token.encode()):
-            log.warning("admin_refused", reason="bad token", cmd=req["cmd"], **who)
-            return {"ok": False, "code": "denied", "error": "missing or wrong admin token"}
+        if need_token:
+            token = scopes.match(self.tokens, req.get("token"))
+            if token is None:
+                log.warning("admin_refused", reason="bad token", cmd=req["cmd"], **who)
+                return {"ok": False, "code": "denied", "error": "missing or wrong admin token"}
+            if not scopes.allows(token.scope, req["cmd"]):
+                need = scopes.needed(req["cmd"])
+                log.warning("admin_scope_denied", op=req["cmd"], caller=token.name, scope=token.scope,
+                            needs=need, **who)
+                return {"ok": False, "code": "forbidden",
+                        "error": f"the admin token {token.name!r} has scope {token.scope!r}; "
+                                 f"{req['cmd']} needs {need!r}"}
+            who = {**who, "caller": token.name}
 
         async def progress(info: dict) -> None:
             await _send(writer, {"progress": info})

@@ -18,7 +18,7 @@ from .units import fmt_bytes, fmt_rate, fmt_seconds, table
 
 # exit codes (documented in README.md, "Admin CLI")
 EXIT = {"ok": 0, "failed": 1, "problems": 1, "bad_request": 2, "unavailable": 3, "timeout": 4,
-        "not_found": 5, "denied": 6, "no_daemon": 7, "busy": 1}
+        "not_found": 5, "denied": 6, "no_daemon": 7, "forbidden": 8, "busy": 1}
 EX_CONFIG = 78          # sysexits.h: configuration error (systemd: RestartPreventExitStatus=78)
 
 

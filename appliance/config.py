@@ -357,6 +357,32 @@ class ServerSettings:
                                    "writes may take before exit.", reload="config")
 
 
+def _token_name(v):
+    """A token's name: shown in logs and denials in place of the secret."""
+    v = _str(v)
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", v):
+        raise ValueError(f"expected 1-64 letters, digits, '_' or '-', got {v!r}")
+    return v
+
+
+@dataclass(frozen=True)
+class AdminToken:
+    """One TCP admin token and what it may do (appliance.scopes); its secret from exactly one of
+    token_file, token_env or token."""
+    reload_default: ClassVar[str] = "restart"
+    name: str = _opt(None, _token_name, "Name of the token, logged with each request and denial (never "
+                     "the secret).", example='"training-jobs"', required=True)
+    scope: str = _opt(None, _choice("read", "flush", "admin"), '"read": status, ls, verify, plans; "flush": '
+                      'also flush and warmup; "admin": everything (reload, evict, pin, retention apply...).',
+                      example='"flush"', required=True)
+    token_file: str | None = _opt(None, _opt_str, "Read the secret from this file (first line).",
+                                  example='"/etc/ckptgw/flush.token"', metavar="PATH")
+    token_env: str | None = _opt(None, _opt_str, "Or read it from this environment variable (e.g. set by "
+                                 "the unit's EnvironmentFile).", example='""', metavar="NAME")
+    token: str | None = _opt(None, _opt_str, "Or the secret itself (keep the file 0640).", example='""',
+                             metavar="TOKEN")
+
+
 @dataclass(frozen=True)
 class AdminSettings:
     reload_default: ClassVar[str] = "restart"
@@ -366,12 +392,15 @@ class AdminSettings:
     socket_mode: int = _opt(0o600, _mode, "Permissions of the admin socket (0660 with `group`).", example='"0600"')
     group: str | None = _opt(None, _group, "Members of this group may use the admin socket (besides the daemon's "
                              "user and root).", example='""')
-    listen: tuple | None = _opt(None, _address, "Admin API over TCP (JSON lines). Off unless set; needs `token`.",
+    listen: tuple | None = _opt(None, _address, "Admin API over TCP (JSON lines). Off unless set; needs a token "
+                                "(`token`, `token_file` or [[admin.tokens]]).",
                                 example='""')
-    token: str | None = _opt(None, _opt_str, "Shared secret every TCP admin request must carry.", example='""',
-                            metavar="TOKEN")
-    token_file: str | None = _opt(None, _opt_str, "Read the token from this file instead (first line).",
+    token: str | None = _opt(None, _opt_str, "A TCP admin token of scope \"admin\" (may do everything); "
+                             "[[admin.tokens]] declares scoped ones.", example='""', metavar="TOKEN")
+    token_file: str | None = _opt(None, _opt_str, "Read that token from this file instead (first line).",
                                   example='""', metavar="PATH")
+    tokens: tuple = field(default=(), metadata={"doc": "[[admin.tokens]]: TCP admin tokens, each with a "
+                                                "name and a scope", "table_array": AdminToken})
 
 
 @dataclass(frozen=True)
@@ -555,6 +584,41 @@ class Config:
         if os.environ.get("NOTIFY_SOCKET") and os.environ.get("INVOCATION_ID"):
             return SERVICE_ADMIN_SOCKET          # started by systemd: RuntimeDirectory=ckptgw
         return os.path.join(self.server.cache_dir, "admin.sock")
+
+    def admin_tokens(self) -> tuple:
+        """Every TCP admin token with its secret read (appliance.scopes.Token): admin.token /
+        token_file as "admin.token" of scope admin, then [[admin.tokens]]. Raises ValueError
+        naming the token whose secret is missing, empty or shared with another."""
+        from .scopes import Token
+        out = []
+        legacy = self.admin_token()
+        if legacy:
+            out.append(Token("admin.token", "admin", legacy))
+        elif self.admin.token_file:
+            raise ValueError(f"admin.token_file {self.admin.token_file} has no token on its first line")
+        for t in self.admin.tokens:
+            where = f"[[admin.tokens]] {t.name!r}"
+            if t.token:
+                secret = t.token
+            elif t.token_file:
+                try:
+                    with open(t.token_file, encoding="utf-8") as f:
+                        secret = f.readline().strip()
+                except (OSError, UnicodeDecodeError) as e:
+                    raise ValueError(f"{where}: cannot read {t.token_file}: "
+                                     f"{getattr(e, 'strerror', None) or e}") from None
+            else:
+                secret = os.environ.get(t.token_env or "", "").strip()
+            if not secret:
+                source = "token" if t.token else (t.token_file or f"${t.token_env}")
+                raise ValueError(f"{where}: no secret in {source}")
+            out.append(Token(t.name, t.scope, secret))
+        for i, a in enumerate(out):
+            for b in out[:i]:
+                if a.secret == b.secret:
+                    raise ValueError(f"admin tokens {b.name!r} and {a.name!r} have the same secret: "
+                                     "the scope of a request would be ambiguous")
+        return tuple(out)
 
     def admin_token(self) -> str | None:
         if self.admin.token:
@@ -767,10 +831,22 @@ def _check(cfg: Config, src: _Source) -> None:
         src.add(("server", "low_watermark"),
                 f"expected below high_watermark ({s.high_watermark}), got {s.low_watermark}")
     if src.ok(("admin",)):
-        if cfg.admin.listen and not (cfg.admin.token or cfg.admin.token_file):
-            src.add(("admin", "listen"), "the admin API over TCP needs `token` or `token_file` set")
+        if cfg.admin.listen and not (cfg.admin.token or cfg.admin.token_file or cfg.admin.tokens):
+            src.add(("admin", "listen"), "the admin API over TCP needs `token`, `token_file` or "
+                    "[[admin.tokens]] set")
         if cfg.admin.token and cfg.admin.token_file:
             src.add(("admin", "token_file"), "give either `token` or `token_file`, not both")
+    names = set()
+    for i, t in enumerate(cfg.admin.tokens):
+        where = ("admin", "tokens", i)
+        if src.ok(where + ("name",)):
+            if t.name in names:
+                src.add(where + ("name",), f"expected a unique token name, {t.name!r} repeats")
+            names.add(t.name)
+        sources = [k for k in ("token_file", "token_env", "token") if getattr(t, k)]
+        if src.ok(*(where + (k,) for k in ("token_file", "token_env", "token"))) and len(sources) != 1:
+            src.add(where + ("token_file",), "expected exactly one of token_file, token_env or token"
+                    + (f", got {' and '.join(sources)}" if sources else ""))
     if src.ok(("upload", "part_size")) and cfg.upload.part_size < 5 << 20:
         src.add(("upload", "part_size"), f"expected at least 5MiB (an S3 limit), got {cfg.upload.part_size}")
     if src.ok(("upload", "min_concurrency"), ("upload", "max_concurrency")) \
@@ -937,6 +1013,8 @@ def flag_options() -> list[tuple[str, tuple, str]]:
     out = []
     for section, cls in SECTIONS.items():
         for f in fields(cls):
+            if "table_array" in f.metadata:      # [[admin.tokens]]: the file only
+                continue
             name = f.name.replace("_", "-")
             flag = f"--{name}" if section == "server" else f"--{section}-{name}"
             out.append((flag, (section, f.name), f.metadata["doc"]))

@@ -100,6 +100,10 @@ def render() -> str:
     out = [INTRO]
     for name, cls in c.SECTIONS.items():
         out += [""] + _comment(SECTION_INTROS[name]).copy() + [f"[{name}]"] + _fields(cls) + [""]
+        if name == "admin":
+            out += ["# Scoped TCP admin tokens, one [[admin.tokens]] table each (none by default; token and",
+                    "# token_file above are one of scope \"admin\"). An example with every key:",
+                    "# [[admin.tokens]]"] + _fields(c.AdminToken, commented=True) + [""]
     out += ["", "# Exports: one [[exports]] table each. With one export the whole cache is served at its",
             "# path; with several, each is the cache directory of the same name (and S3 keys start with it).",
             "[[exports]]"] + _fields(c.ExportSettings) + [""]

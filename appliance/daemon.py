@@ -151,6 +151,7 @@ class Daemon:
         self.nfs = None
         self.embedded: EmbeddedS3 | None = None
         self.admin: AdminServer | None = None
+        self._admin_tokens: tuple = ()          # read at start (config.admin_tokens)
         self.metrics: MetricsServer | None = None
         self.commands = Commands(self)
         self.started = time.time()
@@ -174,6 +175,10 @@ class Daemon:
         # cache) and an embedded S3 started
         check_listen_addresses([("NFS", cfg.listen_address()), ("the admin API", cfg.admin.listen),
                                 ("metrics", cfg.metrics.listen)])
+        try:              # the admin secrets too: a missing file or variable is named before anything runs
+            self._admin_tokens = cfg.admin_tokens()
+        except (OSError, ValueError) as e:
+            raise StartupError(f"cannot read the admin tokens: {e}") from None
         credentials = None
         if cfg.embedded_s3:
             self.embedded = EmbeddedS3(cfg.s3.bucket)
@@ -287,7 +292,7 @@ class Daemon:
     async def _start_admin(self) -> None:
         cfg = self.config
         self.admin = AdminServer(self.commands.dispatch, cfg.admin_socket_path(), mode=cfg.admin.socket_mode,
-                                 group=cfg.admin.group, tcp=cfg.admin.listen, token=cfg.admin_token())
+                                 group=cfg.admin.group, tcp=cfg.admin.listen, tokens=self._admin_tokens)
         try:
             await self.admin.start()
         except OSError as e:

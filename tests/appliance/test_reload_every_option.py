@@ -31,6 +31,7 @@ CHANGES = {
     "admin.listen": {"admin": {"listen": "127.0.0.1:1", "token": "t0ken"}},
     "admin.token": {"admin": {"token": "t0ken"}},
     "admin.token_file": {"admin": {"token_file": "/nonexistent/token"}},
+    "admin.tokens": {"admin.tokens": [{"name": "jobs", "scope": "flush", "token": "t0ken-jobs"}]},
     "metrics.listen": {"metrics": {"listen": "127.0.0.1:1"}},
     "log.format": {"log": {"format": "console"}},
     "log.level": {"log": {"level": "warning"}},
