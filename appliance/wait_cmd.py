@@ -7,9 +7,20 @@ import sys
 
 import click
 
-from .cli import EXIT, emit_json, fail, json_option
 from .units import fmt_bytes
 from .waiting import NotOffered, NotUploaded, wait_uploaded
+
+
+def _cli():
+    """appliance.cli, imported when the command runs: cli.py imports this module at its end to
+    register the command, so importing it here at import time would be circular (and under
+    `python -m appliance.cli` a second copy of the module)."""
+    from . import cli
+    return cli
+
+
+def _remember_json(ctx, param, value):
+    return _cli()._remember_json(ctx, param, value)
 
 
 def _progress(enabled: bool):
@@ -34,7 +45,9 @@ def _progress(enabled: bool):
               help="Give up after this long (exit 4). Default: wait as long as it takes.")
 @click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
               metavar="SECONDS", help="Seconds between reads of the attributes.")
-@json_option
+@click.option("--json", "as_json", is_flag=True, callback=_remember_json,
+              help="Machine-readable output: exactly one JSON document on stdout "
+                   '(on failure {"ok": false, "code", "exit", "error"}).')
 @click.argument("path", type=click.Path())
 def wait(timeout, interval, as_json, path):
     """Wait until PATH (a file, or every file under a directory) is in S3.
@@ -43,6 +56,8 @@ def wait(timeout, interval, as_json, path):
     the user.ckptgw.* extended attributes, needs neither the admin socket nor a token.
     Exit 0 when done, 4 on timeout, 3 when the mount does not offer the attributes (not a
     ckptgw export, or not NFS 4.2), 5 when PATH does not exist, 6 when it may not be read."""
+    cli = _cli()
+    EXIT, emit_json, fail = cli.EXIT, cli.emit_json, cli.fail
     try:
         st = wait_uploaded(path, timeout=timeout, interval=interval,
                            on_poll=_progress(not as_json and sys.stderr.isatty()))
