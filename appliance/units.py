@@ -47,19 +47,22 @@ def fmt_rate(bytes_per_s: float | None) -> str:
 
 
 def fmt_seconds(s: float | None) -> str:
-    """0.25 s, 12 s, 5m03s, 2h10m, 3d04h."""
+    """The one duration style of human output (tables, summaries, retention plans): the largest
+    unit and the next when it is not zero, no space: 0.25s, 12s, 1m, 5m03s, 1h, 2h10m, 30d, 3d04h.
+    A round value reads as the config file would write it ("1h", "30d").
+    uploader.retention.fmt_age follows it (the tests hold the two together)."""
     if s is None:
         return "-"
     if s < 10:
-        return f"{s:.2f} s" if s < 1 else f"{s:.1f} s"
+        if s < 1:
+            return f"{s:.2f}s" if s else "0s"
+        return f"{s:.1f}s".replace(".0s", "s")
     s = int(s)
-    if s < 60:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+    for big, n, small, m in (("d", 86400, "h", 3600), ("h", 3600, "m", 60), ("m", 60, "s", 1)):
+        if s >= n:
+            rest = s % n // m
+            return f"{s // n}{big}" + (f"{rest:02d}{small}" if rest else "")
+    return f"{s}s"
 
 
 def table(headers: list[str], rows: list[list], right: set[int] | None = None) -> str:

@@ -59,13 +59,17 @@ class RetentionError(Exception):
 
 
 def fmt_age(seconds: float | None) -> str:
+    """Ages and rule durations in plans, in the CLI's one duration style (appliance.units.fmt_seconds:
+    1h, 1h05m, 30d, 3d04h; the tests hold the two together; the uploader does not import the
+    appliance layer)."""
     if seconds is None:
         return "never"
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            v = seconds / size
-            return f"{v:.0f}{unit}" if v >= 10 or v == int(v) else f"{v:.1f}{unit}"
-    return f"{seconds:.0f}s"
+    s = int(max(0.0, seconds))
+    for big, n, small, m in (("d", 86400, "h", 3600), ("h", 3600, "m", 60), ("m", 60, "s", 1)):
+        if s >= n:
+            rest = s % n // m
+            return f"{s // n}{big}" + (f"{rest:02d}{small}" if rest else "")
+    return f"{s}s"
 
 
 # ---- durable records beside the store: audit log and per-object state ----------------------

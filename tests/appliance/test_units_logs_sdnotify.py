@@ -22,7 +22,23 @@ def test_sizes_and_durations():
         with pytest.raises(ValueError):
             parse_size(bad)
     assert fmt_bytes(0) == "0 B" and fmt_bytes(1536) == "1.5 KiB" and fmt_bytes(20 << 30) == "20.0 GiB"
-    assert fmt_seconds(0.25) == "0.25 s" and fmt_seconds(303) == "5m03s" and fmt_seconds(None) == "-"
+    assert fmt_seconds(0.25) == "0.25s" and fmt_seconds(303) == "5m03s" and fmt_seconds(None) == "-"
+
+
+@pytest.mark.parametrize("seconds, text", [
+    (0, "0s"), (0.25, "0.25s"), (1, "1s"), (1.5, "1.5s"), (12, "12s"), (60, "1m"), (75, "1m15s"),
+    (303, "5m03s"), (3600, "1h"), (3900, "1h05m"), (7800, "2h10m"), (86400, "1d"), (30 * 86400, "30d"),
+    (3 * 86400 + 4 * 3600, "3d04h"),
+])
+def test_one_duration_style_in_every_human_output(seconds, text):
+    """status, clients and the retention plans' ages and rules all read the same (issue 39):
+    no space, the largest unit and the next one when not zero; a round value as a config writes it."""
+    from uploader.retention import fmt_age
+    assert fmt_seconds(seconds) == text
+    if seconds >= 1 and float(seconds).is_integer():
+        assert fmt_age(seconds) == text
+        if text[-1] in "smhd" and text[:-1].isdigit():       # a round value parses back
+            assert parse_duration(text) == seconds
 
 
 def test_table_aligns_columns():
