@@ -124,6 +124,8 @@ class Commands:
 
         def listing():
             entries = tree.walk(store, rel) if args.get("recursive") else tree.children(store, rel)
+            # by name, a directory's content right after it (the store gives creation order)
+            entries = sorted(entries, key=lambda e: e[0].split("/"))
             reasons = store.pinned()
             rows = [self._file_row(p, a) for p, a in entries]
             for row in rows:
