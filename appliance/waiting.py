@@ -14,7 +14,7 @@ The Linux client keeps xattr values until the file's change attribute moves, and
 does not move it. So every read asks for `NAME.<random suffix>`, a name the gateway answers
 like NAME and the client has never cached: each poll reaches the server.
 
-`ckptgw wait PATH` (appliance/cli.py) is this function with exit codes.
+`ckptgw wait PATH` (appliance/wait_cmd.py) is this function with exit codes.
 """
 from __future__ import annotations
 
