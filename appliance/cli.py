@@ -453,7 +453,11 @@ def flush(wait, timeout, as_json, path):
     if wait:
         click.echo(f"{path}: all {fmt_bytes(res['total_bytes'])} in S3")
     else:
-        click.echo(f"{path}: {res['pending_files']} file(s), {fmt_bytes(res['pending_bytes'])} queued for upload")
+        if not res["pending_files"]:         # nothing done: say so, not "0 file(s) queued"
+            click.echo(f"{path}: nothing to upload, all {fmt_bytes(res['total_bytes'])} in S3")
+        else:
+            click.echo(f"{path}: {res['pending_files']} file(s), {fmt_bytes(res['pending_bytes'])} "
+                       "queued for upload")
 
 
 @main.command()
@@ -465,7 +469,8 @@ def pin(reason, as_json, path):
     res = call("pin", {"path": path, "reason": reason})
     if as_json:
         return emit_json(res)
-    click.echo(f"pinned {res['files']} file(s) under {path}")
+    click.echo(f"pinned {res['files']} file(s) under {path}" if res["files"]
+               else f"nothing pinned: no files under {path}")
 
 
 @main.command()
@@ -476,7 +481,8 @@ def unpin(as_json, path):
     res = call("unpin", {"path": path})
     if as_json:
         return emit_json(res)
-    click.echo(f"unpinned {res['files']} file(s) under {path}")
+    click.echo(f"unpinned {res['files']} file(s) under {path}" if res["files"]
+               else f"nothing unpinned: no files under {path}")
 
 
 @main.command()
@@ -488,7 +494,8 @@ def evict(as_json, path):
     if as_json:
         return emit_json(res)
     skipped = ", ".join(f"{n} {why}" for why, n in res["skipped"].items())
-    click.echo(f"evicted {res['evicted_files']} file(s), freed {fmt_bytes(res['freed_bytes'])}"
+    click.echo((f"evicted {res['evicted_files']} file(s), freed {fmt_bytes(res['freed_bytes'])}"
+                if res["evicted_files"] else f"nothing evicted under {path}")
                + (f"; skipped: {skipped}" if skipped else ""))
 
 
@@ -504,7 +511,8 @@ def warmup(as_json, path):
         bar.close()
     if as_json:
         return emit_json(res)
-    click.echo(f"fetched {res['files']} file(s), {fmt_bytes(res['bytes'])}")
+    click.echo(f"fetched {res['files']} file(s), {fmt_bytes(res['bytes'])}" if res["files"]
+               else f"nothing to fetch: every file under {path} is in the cache")
 
 
 @main.command()
@@ -520,8 +528,12 @@ def verify(as_json, path):
     if as_json:
         emit_json(res)
     else:
-        click.echo(f"checked {res['checked']} file(s): {res['ok']} match, {len(res['mismatches'])} differ, "
-                   f"{res['skipped_not_local']} not cached, {res['not_uploaded']} not yet uploaded")
+        if not res["checked"]:
+            click.echo(f"nothing to verify under {path}: no file there is in S3 yet "
+                       f"({res['not_uploaded']} not yet uploaded)")
+        else:
+            click.echo(f"checked {res['checked']} file(s): {res['ok']} match, {len(res['mismatches'])} differ, "
+                       f"{res['skipped_not_local']} not cached, {res['not_uploaded']} not yet uploaded")
         if res["mismatches"]:
             click.echo(table(["PATH", "PROBLEM"], [[m["path"], m["problem"]] for m in res["mismatches"]]))
     if res["mismatches"]:
@@ -538,6 +550,10 @@ def import_cmd(as_json):
     if as_json:
         return emit_json(res)
     links = f" ({res['symlinks']} of them symlinks)" if res.get("symlinks") else ""
+    if not res["imported"] and not res["directories"]:
+        click.echo(f"nothing to import; {res['already_present']} name(s) already present (local data wins)"
+                   + (f"; {len(res['invalid_keys'])} key(s) cannot be paths" if res["invalid_keys"] else ""))
+        return
     click.echo(f"imported {res['imported']} object(s){links}, {res['directories']} directory marker(s); "
                f"{res['already_present']} name(s) already present (local data wins)"
                + (f"; {len(res['invalid_keys'])} key(s) cannot be paths" if res["invalid_keys"] else ""))
@@ -599,7 +615,10 @@ def retention_apply(yes, as_json):
         return emit_json(res)
     if res.get("resumed"):
         click.echo(f"finished {len(res['resumed'])} delete(s) interrupted earlier")
-    click.echo(f"applied {len(res['actions'])} action(s); {res['queued_jobs']} S3 job(s) queued")
+    if res["actions"] or res["queued_jobs"]:
+        click.echo(f"applied {len(res['actions'])} action(s); {res['queued_jobs']} S3 job(s) queued")
+    elif not res.get("resumed"):
+        click.echo("nothing to do")
     for sk in res.get("skipped") or []:
         click.echo(f"skipped {sk.get('checkpoint', sk.get('id'))}: {sk['why']}")
 

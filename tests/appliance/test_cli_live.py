@@ -156,7 +156,7 @@ def test_import_and_warmup(daemon):
     with daemon.client.open("imported/model.pt", "rb") as f:
         assert f.read() == data
     r = daemon.cli("warmup", "imported")
-    assert r.exit_code == 0 and r.stdout.strip() == "fetched 0 file(s), 0 B"
+    assert r.exit_code == 0 and r.stdout.strip() == "nothing to fetch: every file under imported is in the cache"
 
 
 def test_retention_and_lifecycle(daemon):
