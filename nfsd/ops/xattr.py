@@ -27,11 +27,16 @@ would make the answer depend on whether the client's ACCESS cache was warm.
 Bounds: a name longer than XATTR_NAME_MAX is NFS4ERR_NAMETOOLONG; a value is at most
 MAX_VALUE bytes (XATTR2BIG past it; a key is at most 1,024); LISTXATTRS's cookie is an index
 into a list of at most seven names (past its end: NFS4ERR_BAD_COOKIE) and its reply fits
-lxa_maxcount (not even one name: NFS4ERR_TOOSMALL, which the Linux client makes ERANGE).
+lxa_maxcount (not even one name: NFS4ERR_TOOSMALL, which the Linux client makes ERANGE). A
+directory's counts cost a subtree walk: one walk at a time per server, shared by the requests
+that queue for it (`_Walks`).
 """
 from __future__ import annotations
 
+import asyncio
 import re
+import time
+import weakref
 
 import structlog
 
@@ -114,6 +119,43 @@ def pending_below(store, ino: int) -> tuple[int, int]:
     return files, size
 
 
+class _Walks:
+    """One server's directory walks. A GETXATTR of a directory is a small request that costs a
+    walk of the subtree on a worker thread (the pool that also runs WRITEs), so: at most one
+    walk at a time per server (requests queue on a FIFO lock), and a request reuses the answer
+    of a walk of the same directory that *started after it arrived*, so it still sees every
+    change made before it (a job's own files, written and then asked about, are counted), while
+    any number of pollers arriving during one walk share the next."""
+    MAX_KEPT = 4096
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.done: dict[int, tuple[float, int, int]] = {}    # ino -> (walk start, files, bytes)
+
+    async def pending(self, ctx, ino: int) -> tuple[int, int]:
+        arrived = time.monotonic()
+        async with self.lock:
+            hit = self.done.get(ino)
+            if hit is not None and hit[0] >= arrived:
+                return hit[1], hit[2]
+            start = time.monotonic()
+            files, size = await blocking(ctx, pending_below, ctx.server.store, ino)
+            if len(self.done) >= self.MAX_KEPT:
+                self.done.clear()
+            self.done[ino] = (start, files, size)
+            return files, size
+
+
+_WALKS: "weakref.WeakKeyDictionary[object, _Walks]" = weakref.WeakKeyDictionary()
+
+
+def _walks(server) -> _Walks:
+    walks = _WALKS.get(server)
+    if walks is None:
+        walks = _WALKS[server] = _Walks()
+    return walks
+
+
 async def _values(ctx, obj: Obj, kind: FileType, wanted: str | None = None) -> dict[str, str]:
     store = ctx.server.store
     with store_errors():
@@ -121,7 +163,7 @@ async def _values(ctx, obj: Obj, kind: FileType, wanted: str | None = None) -> d
             return file_values(store, obj.attr)
         if wanted is not None and wanted not in DIR_NAMES:
             return {}
-        files, size = await blocking(ctx, pending_below, store, obj.ino)
+        files, size = await _walks(ctx.server).pending(ctx, obj.ino)
     return {"ckptgw.pending_files": str(files), "ckptgw.pending_bytes": str(size)}
 
 

@@ -118,6 +118,24 @@ def test_directory_counts_what_is_not_in_s3_below_it(tmp_path):
     asyncio.run(body())
 
 
+def test_directory_walks_are_one_at_a_time_shared_and_never_older_than_the_request(tmp_path):
+    fs, store = fs42(tmp_path)
+
+    async def body():
+        root = await fs.root_fh()
+        run = await fs.mkdir(root, "run")
+        await saved_file(fs, run, "a.pt")
+        fs.server.blocking_calls.clear()
+        got = await asyncio.gather(*(value(fs, run, b"ckptgw.pending_files") for _ in range(20)))
+        assert got == [b"1"] * 20
+        walks = fs.server.blocking_calls.count("pending_below")
+        assert 1 <= walks <= 2, walks          # the first, and one shared by all that queued
+        # a file saved after the last walk is counted: no answer older than the request
+        await saved_file(fs, run, "b.pt")
+        assert await value(fs, run, b"ckptgw.pending_files") == b"2"
+    asyncio.run(body())
+
+
 def test_listxattrs_cookie_and_maxcount_are_bounded(tmp_path):
     fs, store = fs42(tmp_path)
 
