@@ -14,6 +14,7 @@ import click
 from . import config as configmod
 from . import version as versionmod
 from .admin import DEFAULT_CLIENT_TIMEOUT, AdminClient, AdminError
+from .progress import Bar as _Bar
 from .units import fmt_bytes, fmt_rate, fmt_seconds, table
 
 # exit codes (documented in README.md, "Admin CLI")
@@ -310,31 +311,6 @@ def _client_token(obj: dict) -> str | None:
 
 def emit_json(result) -> None:
     click.echo(json.dumps(result, indent=2, sort_keys=True, default=str))
-
-
-class _Bar:
-    """A progress bar on stderr fed from progress messages (done = total - pending)."""
-
-    def __init__(self, label: str, enabled: bool):
-        self.label, self.enabled = label, enabled and sys.stderr.isatty()
-        self.bar = None
-        self.shown = 0
-
-    def update(self, done: int, total: int) -> None:
-        if not self.enabled:
-            return
-        if self.bar is None:
-            self.bar = click.progressbar(length=max(total, 1), label=self.label, file=sys.stderr,
-                                         show_percent=True, show_eta=True)
-            self.bar.__enter__()
-        self.bar.length = max(total, 1)
-        if done > self.shown:
-            self.bar.update(done - self.shown)
-            self.shown = done
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.__exit__(None, None, None)
 
 
 def _remember_json(ctx, param, value):
