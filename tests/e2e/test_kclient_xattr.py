@@ -2,7 +2,8 @@
 gateway in try-out mode (embedded S3), mounted with vers=4.2 in the VM. One boot: a file
 written and held open reads user.ckptgw.state = dirty (getfattr and os.getxattr), setfattr
 and os.setxattr fail with EACCES, `ckptgw wait` on the directory and wait_uploaded() on the
-file return once the uploader has put it in S3, and user.ckptgw.key names its object.
+file return once the uploader has put it in S3, and user.ckptgw.key names its object; the
+same export mounted again with vers=4.1 makes `ckptgw wait` exit 3 naming vers=4.2.
 
 It also records (INFO, not asserted) what a plain re-read of user.ckptgw.state returns after
 the upload: the Linux client caches xattr values until the change attribute moves, which is
@@ -62,6 +63,15 @@ EOF
 )
 v=$(GA user.ckptgw.key.k1 run1/step1/rank0.pt); [ "$v" = run1/step1/rank0.pt ] && echo "PASS key" || echo "FAIL key $v"
 echo "INFO plain_name_after_upload $(GA user.ckptgw.state run1/step1/rank0.pt)"
+# the same export over vers=4.1: no xattrs there, and `ckptgw wait` says so (exit 3)
+. "$KCLIENT_GUEST_LIB"; mkdir -p /tmp/m41
+if kc_mount /tmp/m41 vers=4.1; then
+  out=$(cd "$REPO" && "$PY" -m appliance.cli wait --timeout 5 /tmp/m41/run1 2>&1); rc=$?
+  case "$rc $out" in "3 "*"vers=4.2"*) echo "PASS wait_on_4_1_mount";; *) echo "FAIL wait_on_4_1_mount rc=$rc $out";; esac
+  umount /tmp/m41
+else
+  echo "FAIL wait_on_4_1_mount the 4.1 mount failed"
+fi
 '''
 
 
@@ -86,7 +96,7 @@ def test_upload_state_xattrs_through_the_kernel_client_on_vers_4_2(daemon):
     failed = {k: v for k, v in results.items() if v[0] == "FAIL"}
     want = {"state_dirty_while_open", "listxattr", "setxattr_refused_ckptgw.state",
             "setxattr_refused_mine", "ckptgw_wait_dir",
-            "pending_files_zero", "wait_uploaded_file", "key"}
+            "pending_files_zero", "wait_uploaded_file", "key", "wait_on_4_1_mount"}
     if failed or not want <= set(results) or res.rc != 0:
         pytest.fail(f"failed: {failed}, missing: {want - set(results)}\n{res.describe(tail=60)}",
                     pytrace=False)
