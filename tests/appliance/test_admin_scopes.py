@@ -8,9 +8,7 @@ import os
 
 import pytest
 from click.testing import CliRunner
-from structlog.testing import capture_logs
-
-from appliance import commands, config as c, scopes
+from appliance import admin as admin_module, commands, config as c, scopes
 from appliance.admin import AdminClient, AdminError, AdminServer
 from appliance.cli import EXIT, main as cli_main
 from tests.appliance.test_admin import LoopThread, loop_thread, sockdir  # noqa: F401 - fixtures
@@ -30,6 +28,26 @@ TOKENS = tuple(scopes.Token(f"{scope}-tok", scope, secret) for scope, secret in 
 
 async def echo(cmd, args, progress):
     return {"ran": cmd}
+
+
+class RecordedLog:
+    """Stands in for appliance.admin's logger: structlog's own capture misses a logger that an
+    earlier test's logs.configure() cached."""
+
+    def __init__(self):
+        self.events: list[dict] = []
+
+    def __getattr__(self, level):
+        def record(event, **kw):
+            self.events.append({"event": event, "log_level": level, **kw})
+        return record
+
+
+@pytest.fixture
+def recorded_log(monkeypatch):
+    rec = RecordedLog()
+    monkeypatch.setattr(admin_module, "log", rec)
+    return rec
 
 
 def test_every_command_has_a_scope():
@@ -76,12 +94,12 @@ def test_a_flush_token_cannot_delete_evict_or_reload(tcp_server):
             assert info.value.code == "forbidden"
 
 
-def test_the_denial_is_logged_once_with_client_and_op(tcp_server):
-    with capture_logs() as logs, AdminClient(tcp=tcp_server.tcp_address, token=SECRETS["read"],
-                                             timeout=10) as client:
+def test_the_denial_is_logged_once_with_client_and_op(tcp_server, recorded_log):
+    with AdminClient(tcp=tcp_server.tcp_address, token=SECRETS["read"], timeout=10) as client:
         with pytest.raises(AdminError):
             client.call("evict", {"path": "run1"})
         client.call("status")
+    logs = recorded_log.events
     denied = [e for e in logs if e["event"] == "admin_scope_denied"]
     assert len(denied) == 1 and denied[0]["log_level"] == "warning"
     assert denied[0]["op"] == "evict" and denied[0]["client"].startswith("127.0.0.1:")
@@ -218,12 +236,8 @@ def test_tokens_are_no_serve_flag():
 
 # ---- the CLI with a scoped token ------------------------------------------------------------
 
-def test_the_cli_with_a_flush_token(tcp_server, tmp_path):
-    with capture_logs():            # the server's log lines (same process) stay out of the CLI's stdout
-        _cli_with_a_flush_token(tcp_server, tmp_path)
-
-
-def _cli_with_a_flush_token(tcp_server, tmp_path):
+def test_the_cli_with_a_flush_token(tcp_server, tmp_path, recorded_log):
+    # (recorded_log: the server's log lines, same process, stay out of the CLI's stdout)
     addr = f"{tcp_server.tcp_address[0]}:{tcp_server.tcp_address[1]}"
     secret = tmp_path / "flush.token"
     secret.write_text("f-secret\n")
