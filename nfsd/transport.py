@@ -3,9 +3,10 @@
 One `NfsConnection` (an asyncio.BufferedProtocol) per client connection. The
 kernel receives straight into the buffer `nfsd.rpc.RpcConnection.get_buffer` hands
 out (a large WRITE lands in its own record buffer, no further copy). Every complete
-call becomes a task, so the many requests the Linux client pipelines on one
-connection run concurrently; each reply is written as soon as it is ready
-(RFC 5531 allows replies in any order, matched by xid).
+call runs at once, and one that has to wait (the disk, a commit) becomes a task
+(nfsd/eager.py), so the many requests the Linux client pipelines on one connection
+run concurrently; each reply is written as soon as it is ready (RFC 5531 allows
+replies in any order, matched by xid).
 
 Backpressure: at most `max_inflight` calls per connection run at once, and a
 client that does not read its replies (the transport's write buffer is full)
@@ -36,7 +37,7 @@ from collections import deque
 
 import structlog
 
-from nfsd import native
+from nfsd import eager, native
 from nfsd.limits import Limits
 from nfsd.rpc import (
     CallReceived, ConnectionError as RpcConnectionError, Reply, ReplyReceived, SendReply,
@@ -203,9 +204,15 @@ class NfsConnection(asyncio.BufferedProtocol):
                 self.rpc.pool.give_back(record)
 
     def _start(self, call: CallReceived) -> None:
-        task = asyncio.get_running_loop().create_task(self._serve(call))
-        self._inflight.add(task)
-        task.add_done_callback(self._call_done)
+        # Run on the spot; only a call that waits becomes a task (nfsd/eager.py).
+        try:
+            task = eager.start(self._serve(call), asyncio.get_running_loop())
+        except Exception as exc:             # handle_call never raises: a bug, this call only
+            log.error("call_task_failed", peer=self.peer[0], error=repr(exc))
+            return
+        if task is not None:
+            self._inflight.add(task)
+            task.add_done_callback(self._call_done)
 
     def _call_done(self, task: asyncio.Task) -> None:
         self._inflight.discard(task)

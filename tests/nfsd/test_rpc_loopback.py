@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+import threading
 import time
 
 import pytest
@@ -241,9 +242,12 @@ def test_large_multi_fragment_call_over_tcp(fake_server):
 
 def test_a_client_that_does_not_read_is_paused_and_loses_nothing(fake_server):
     n = 30_000
-    # empty COMPOUNDs (NULLs are answered by the transport at once: their replies fit the
-    # kernel's socket buffers before anything piles up in the server)
-    calls = b"".join(encode_call(i, 100003, 4, 1, None, b"\0" * 12) for i in range(n))
+    # Empty COMPOUNDs whose reply echoes a 500-byte tag: 15 MB of replies, more than the
+    # kernel's socket buffers hold. (Calls that need no waiting are answered on the spot, so
+    # small replies would all fit those buffers before anything piled up in the server.)
+    tag = b"t" * 500
+    args = len(tag).to_bytes(4, "big") + tag + b"\0" * 8
+    calls = b"".join(encode_call(i, 100003, 4, 1, None, args) for i in range(n))
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         s.connect(("127.0.0.1", fake_server.port))
@@ -263,8 +267,9 @@ def test_a_client_that_does_not_read_is_paused_and_loses_nothing(fake_server):
         assert paused                        # replies piled up: the server stopped reading
         s.setblocking(True)
         s.settimeout(20)
-        if sent < len(calls):
-            s.sendall(calls[sent:])
+        # The rest goes while we read: the server reads again only as its replies drain.
+        sender = threading.Thread(target=s.sendall, args=(calls[sent:],), daemon=True)
+        sender.start()
         got, buf, xids = 0, b"", set()
         while got < n:
             chunk = s.recv(1 << 20)
@@ -277,4 +282,5 @@ def test_a_client_that_does_not_read_is_paused_and_loses_nothing(fake_server):
                 xids.add(parse_reply(buf[4:4 + size]).xid)
                 buf = buf[4 + size:]
                 got += 1
+        sender.join(timeout=20)
         assert xids == set(range(n))         # every call answered once, after resuming
