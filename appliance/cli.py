@@ -261,7 +261,7 @@ def call(cmd: str, args: dict | None = None, on_progress=None):
     else:
         where, source, skipped = _socket_path(obj)
     timeout = obj.get("timeout", DEFAULT_CLIENT_TIMEOUT)
-    wedged = (f"the daemon at {where} did not answer within {timeout:g} s: is it wedged? "
+    wedged = (f"the daemon at {where} did not answer within {fmt_seconds(timeout)}: is it wedged? "
               "(see its log, e.g. `journalctl -u ckptgw`; --admin-timeout waits longer)")
     try:
         if obj["tcp"]:

@@ -23,6 +23,7 @@ from uploader.verify import FORMS, verify_file
 from . import tree
 from .admin import AdminError
 from .argschema import MAX_ITEMS, PATH, Arg, validate
+from .units import fmt_seconds
 
 log = structlog.get_logger(__name__)
 
@@ -204,7 +205,7 @@ class Commands:
             raise AdminError("failed", f"flush of {rel or '/'} failed: {task.exception()}")
         n, pending, total = await self._pending(rel)
         if not flushed:
-            raise AdminError("timeout", f"flush of {rel or '/'} timed out after {timeout:g} s with "
+            raise AdminError("timeout", f"flush of {rel or '/'} timed out after {fmt_seconds(timeout)} with "
                              f"{n} file(s), {pending} bytes not yet in S3")
         return {"path": rel, "waited": True, "pending_files": n, "pending_bytes": pending, "total_bytes": total}
 

@@ -55,7 +55,7 @@ def fmt_seconds(s: float | None) -> str:
         return "-"
     if s < 10:
         if s < 1:
-            return f"{s:.2f}s" if s else "0s"
+            return f"{s:.2g}s" if s else "0s"
         return f"{s:.1f}s".replace(".0s", "s")
     s = int(s)
     for big, n, small, m in (("d", 86400, "h", 3600), ("h", 3600, "m", 60), ("m", 60, "s", 1)):

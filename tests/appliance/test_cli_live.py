@@ -87,7 +87,7 @@ def test_flush_times_out_while_a_writer_holds_the_file(daemon):
         f.write(b"x" * 4096)
         r = daemon.cli("flush", "--wait", "--timeout", "1", "run2")
         assert r.exit_code == 4
-        assert r.stderr.startswith("ckptgw: flush of run2 timed out after 1 s")
+        assert r.stderr.startswith("ckptgw: flush of run2 timed out after 1s")
         assert r.stderr.count("\n") == 1
     finally:
         f.close()
