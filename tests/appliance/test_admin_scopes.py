@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -295,3 +297,20 @@ def test_a_token_whose_secret_is_missing_stops_the_start_before_the_store(tmp_pa
     assert proc.returncode == 1
     assert "[[admin.tokens]] 'jobs': no secret in $CKPTGW_TEST_UNSET_VARIABLE" in proc.stderr
     assert not (tmp_path / "cache").exists()
+
+
+def test_the_readme_table_says_what_the_scope_table_does():
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    listed = {}
+    for scope in scopes.SCOPES:
+        row = re.search(rf"^\| `{scope}` \| (.*) \|$", text, re.M).group(1)
+        names = set()
+        for chunk in re.findall(r"`([^`]+)`", row):
+            names |= ({chunk.replace(" ", "_")} if chunk.split()[0] in ("retention", "lifecycle")
+                      else set(chunk.split()))
+        listed[scope] = names
+    for scope in scopes.SCOPES:
+        own = {cmd for cmd, s in scopes.COMMAND_SCOPE.items() if s == scope}
+        assert own <= listed[scope], (scope, own - listed[scope])
+        below = set().union(*(listed[s] for s in scopes.SCOPES[:scopes.SCOPES.index(scope)]))
+        assert not (listed[scope] - own - below), (scope, listed[scope] - own - below)
