@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import struct
+import sys
 import time
 from dataclasses import dataclass
 
@@ -427,3 +428,16 @@ def _log_compound(ctx, args: CompoundArgs, outcome: CompoundOutcome, started: fl
               ops=[op_name(op.tag) for op in args.ops], status=status_name(outcome.status),
               replayed=outcome.replayed or None,
               ms=round((time.monotonic() - started) * 1000, 3))
+
+
+# ---- the engine -------------------------------------------------------------------
+
+# The loop above is the reference. The typed one (nfsd/native/compound.pyx; held to this one
+# byte for byte by tests/nfsd/test_compound_native.py) runs when built, unless
+# CKPTGW_ENGINE=python. Last in the module: the native loop takes its shared pieces from here.
+python_run_compound = run_compound
+COMPOUND_ENGINE = native.engine("compound")
+if COMPOUND_ENGINE == "native":
+    from nfsd.native import compound as _native_compound
+    _native_compound.bind(sys.modules[__name__])
+    run_compound = _native_compound.run_compound  # noqa: F811

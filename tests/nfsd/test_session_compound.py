@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from nfsd.compound import (
-    GarbageArgs, OP_NAMES, decode_compound, error_result, result_status, status_name,
+    GarbageArgs, OP_NAMES, error_result, result_status, status_name,
 )
 from nfsd.state import SessionManager, next_seqid
 from nfsd.xdr.core import decode, encode
@@ -12,6 +12,7 @@ from nfsd.xdr.nfs4 import (
     COMPOUND4args, NFS4ERR_IO, NFS4ERR_OP_ILLEGAL, OP_ACCESS, OP_ILLEGAL, OP_PUTROOTFH,
     OP_SETATTR, OP_WRITE, UNSTABLE4, WRITE4args, nfs_argop4, nfs_resop4, stateid4,
 )
+from tests.nfsd.compound_engines import DECODERS, LOOPS
 
 
 @pytest.mark.parametrize("opnum", sorted(OP_NAMES))
@@ -34,7 +35,8 @@ def _args(ops, minorversion=1):
                                                argarray=ops))
 
 
-def test_write_data_is_a_view_of_the_record():
+@pytest.mark.parametrize("decode_compound", DECODERS)
+def test_write_data_is_a_view_of_the_record(decode_compound):
     record = bytearray(_args([nfs_argop4(OP_WRITE, WRITE4args(stateid4(0, bytes(12)), 0,
                                                               UNSTABLE4, b"D" * 4096))]))
     args = decode_compound(memoryview(record))
@@ -42,7 +44,8 @@ def test_write_data_is_a_view_of_the_record():
     assert isinstance(data, memoryview) and data.obj is record and bytes(data) == b"D" * 4096
 
 
-def test_decode_stops_at_an_unknown_op():
+@pytest.mark.parametrize("decode_compound", DECODERS)
+def test_decode_stops_at_an_unknown_op(decode_compound):
     raw = bytearray(_args([nfs_argop4(OP_PUTROOTFH, None)]))
     raw[12:16] = (2).to_bytes(4, "big")               # two ops; the second is op 77777
     raw += (77777).to_bytes(4, "big") + b"junk"
@@ -51,23 +54,27 @@ def test_decode_stops_at_an_unknown_op():
 
 
 @pytest.mark.parametrize("cut", [0, 3, 7, 12, 15, 17])
-def test_truncated_compound_is_garbage(cut):
+@pytest.mark.parametrize("decode_compound", DECODERS)
+def test_truncated_compound_is_garbage(cut, decode_compound):
     raw = _args([nfs_argop4(OP_PUTROOTFH, None), nfs_argop4(OP_PUTROOTFH, None)])
     with pytest.raises(GarbageArgs):
         decode_compound(memoryview(raw[:len(raw) - 1 - cut]))
 
 
-def test_trailing_bytes_are_garbage():
+@pytest.mark.parametrize("decode_compound", DECODERS)
+def test_trailing_bytes_are_garbage(decode_compound):
     with pytest.raises(GarbageArgs):
         decode_compound(memoryview(_args([nfs_argop4(OP_PUTROOTFH, None)]) + b"\0\0\0\0"))
 
 
-def test_unknown_minor_version_is_not_decoded_further():
+@pytest.mark.parametrize("decode_compound", DECODERS)
+def test_unknown_minor_version_is_not_decoded_further(decode_compound):
     args = decode_compound(memoryview(_args([nfs_argop4(OP_PUTROOTFH, None)], 7) + b"whatever"))
     assert args.minorversion == 7 and args.ops == []
 
 
-def test_huge_op_count_is_refused_without_decoding():
+@pytest.mark.parametrize("decode_compound", DECODERS)
+def test_huge_op_count_is_refused_without_decoding(decode_compound):
     raw = bytearray(_args([]))
     raw[12:16] = (1 << 30).to_bytes(4, "big")
     assert decode_compound(memoryview(raw)).illegal_opnum == -1
@@ -109,9 +116,10 @@ def test_expiry_calls_hooks_and_spares_busy_clients():
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
 
+@pytest.mark.parametrize("decode_compound", DECODERS)
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=400))
-def test_random_bytes_decode_or_are_garbage(data):
+def test_random_bytes_decode_or_are_garbage(decode_compound, data):
     try:
         decode_compound(memoryview(data))
     except GarbageArgs:
@@ -131,13 +139,13 @@ _SEED_COMPOUNDS = [
 ]
 
 
+@pytest.mark.parametrize("run_compound", LOOPS)
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(_SEED_COMPOUNDS), st.lists(st.tuples(st.integers(0, 200), st.integers(0, 255)),
                                                   max_size=8),
        st.integers(0, 120))
-def test_mutated_compounds_never_crash_the_engine(seed, flips, cut):
+def test_mutated_compounds_never_crash_the_engine(run_compound, seed, flips, cut):
     import asyncio
-    from nfsd.compound import run_compound
     from nfsd.context import Cred
     raw = bytearray(seed)
     for pos, val in flips:

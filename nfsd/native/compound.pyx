@@ -1,0 +1,560 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""The COMPOUND loop, typed (issue 37 point 3): a drop-in for nfsd/compound.py's run_compound.
+
+nfsd/compound.py stays the specification; tests/nfsd/test_compound_native.py feeds both loops the
+same COMPOUND bytes and requires the same reply bytes. What is native here: the COMPOUND4args
+header and op-number scan (C reads of the caller's buffer), the op rules (since / 4.0-only /
+sessionless as C arrays built from nfsd/optable.py's DESCRIPTORS), the result accumulation with
+C size accounting, error results as cached encodings, and each result encoded by its own type's
+codec (no nfs_resop4 object per op). Still Python: the handlers (nfsd/ops), SEQUENCE's slot
+logic (nfsd/ops/session.py), the per-request CompoundContext they receive, and the log lines.
+
+The reference's shared pieces (GarbageArgs, error_result, the log helpers, the codecs it
+chose) are taken from nfsd.compound by bind(), which nfsd/compound.py calls once it has them.
+"""
+from libc.stdint cimport uint32_t
+from libc.time cimport timespec
+from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE
+
+cdef extern from "<time.h>" nogil:
+    int clock_gettime(int clk, timespec* ts)
+    int CLOCK_MONOTONIC
+
+cdef extern from "Python.h":
+    int PyByteArray_Resize(object ba, Py_ssize_t n) except -1
+
+from nfsd.context import CompoundContext
+from nfsd.errors import NfsError
+from nfsd.ops import session as _session_ops
+from nfsd.optable import DESCRIPTORS as _DESCRIPTORS, OP_NAMES as _OP_NAMES
+from nfsd.xdr import nfs4 as _n
+from nfsd.xdr.core import XdrError
+
+cdef enum:
+    NFS4_OK = 0
+    OP_READ = 25
+    OP_WRITE = 38
+    OP_SEQUENCE = 53
+    OP_ILLEGAL = 10044
+    NOPS = 128                  # above every declared op number (asserted below)
+    MAX_DECODED_OPS = 4096      # == nfsd.compound.MAX_DECODED_OPS (checked by bind)
+    NO_ILLEGAL = -2             # Args.illegal: no unknown op; -1: too many ops; else its number
+
+cdef int E_MINOR_VERS_MISMATCH = _n.NFS4ERR_MINOR_VERS_MISMATCH
+cdef int E_RESOURCE = _n.NFS4ERR_RESOURCE
+cdef int E_TOO_MANY_OPS = _n.NFS4ERR_TOO_MANY_OPS
+cdef int E_NOT_ONLY_OP = _n.NFS4ERR_NOT_ONLY_OP
+cdef int E_OP_ILLEGAL = _n.NFS4ERR_OP_ILLEGAL
+cdef int E_NOTSUPP = _n.NFS4ERR_NOTSUPP
+cdef int E_OP_NOT_IN_SESSION = _n.NFS4ERR_OP_NOT_IN_SESSION
+cdef int E_RETRY_UNCACHED_REP = _n.NFS4ERR_RETRY_UNCACHED_REP
+cdef int E_SEQUENCE_POS = _n.NFS4ERR_SEQUENCE_POS
+cdef int E_SERVERFAULT = _n.NFS4ERR_SERVERFAULT
+cdef int E_REP_TOO_BIG = _n.NFS4ERR_REP_TOO_BIG
+cdef int E_REP_TOO_BIG_TO_CACHE = _n.NFS4ERR_REP_TOO_BIG_TO_CACHE
+assert (_n.OP_READ, _n.OP_WRITE, _n.OP_SEQUENCE, _n.OP_ILLEGAL) == (OP_READ, OP_WRITE, OP_SEQUENCE, OP_ILLEGAL)
+
+# The op rules by number (nfsd/optable.py): what is true of an op whoever serves it.
+cdef unsigned char _known[NOPS]       # a declared fore channel op (not ILLEGAL)
+cdef int _since[NOPS]
+cdef unsigned char _v40_only[NOPS]
+cdef unsigned char _sessionless[NOPS]
+cdef unsigned char _struct_res[NOPS]  # its result is a struct (status first), else a union
+assert max(_DESCRIPTORS) < NOPS and set(_DESCRIPTORS) == set(_OP_NAMES) - {OP_ILLEGAL}
+for _num, _d in _DESCRIPTORS.items():
+    _known[_num] = 1
+    _since[_num] = _d.since
+    _v40_only[_num] = _d.v40_only
+    _sessionless[_num] = _d.sessionless
+    _struct_res[_num] = getattr(_n, _d.name + "4res").xdr_kind == "struct"
+
+cdef list _STATUS_FIELD = [None] * NOPS          # a struct result's status slot name
+cdef list _RES_ENCODE = [None] * NOPS            # the encode method of each op's result codec
+cdef list _NAMES = [None] * NOPS                 # op_name(num)
+
+# Bound from nfsd.compound by bind(): the reference's pieces this loop shares.
+cdef object GarbageArgs = None
+cdef object error_result = None
+cdef object _decode_argop = None
+cdef object _decode_tag = None
+cdef object _encode_tag = None
+cdef object _read_without_data = None
+cdef object _log_op_error = None
+cdef object _log_compound = None
+cdef object _client_name = None
+cdef object _status_name = None
+cdef object log = None
+cdef object _ref = None
+cdef dict _ERR_BYTES = {}                        # (opnum << 16 | status) -> encoded error result
+
+
+def bind(ref):
+    """Take the shared pieces from nfsd.compound (`ref`), once it has defined them."""
+    global GarbageArgs, error_result, _decode_argop, _decode_tag, _encode_tag, _read_without_data
+    global _log_op_error, _log_compound, _client_name, _status_name, log, _ref
+    if _ref is ref:
+        return
+    assert ref.MAX_DECODED_OPS == MAX_DECODED_OPS and ref.SUPPORTED_MINOR_VERSIONS == (0, 1, 2)
+    GarbageArgs = ref.GarbageArgs
+    error_result = ref.error_result
+    _decode_argop = ref._decode_argop
+    _read_without_data = ref._read_without_data
+    _log_op_error = ref._log_op_error
+    _log_compound = ref._log_compound
+    _client_name = ref._client_name
+    _status_name = ref.status_name
+    log = ref.log
+    if ref.XDR_ENGINE == "native":
+        from nfsd.native.xdr_nfs4 import codec
+    else:
+        codec = lambda t: t          # the reference types have .unpack(buf, pos) / .pack(v, out)
+    tag_codec = codec(_n.utf8str_cs)
+    _decode_tag = tag_codec.decode if ref.XDR_ENGINE == "native" else tag_codec.unpack
+    _encode_tag = tag_codec.encode if ref.XDR_ENGINE == "native" else tag_codec.pack
+    for num, d in _DESCRIPTORS.items():
+        t = getattr(_n, d.name + "4res")
+        _RES_ENCODE[num] = codec(t).encode if ref.XDR_ENGINE == "native" else t.pack
+        _STATUS_FIELD[num] = t.__slots__[0] if _struct_res[num] else None
+        _NAMES[num] = d.name
+    _ERR_BYTES.clear()
+    _ref = ref
+
+
+cdef inline double _monotonic() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)      # time.monotonic()'s clock
+    return <double>ts.tv_sec + <double>ts.tv_nsec * 1e-9
+
+
+cdef inline uint32_t _r32(const unsigned char* p) noexcept nogil:
+    return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | <uint32_t>p[3]
+
+
+cdef inline void _p32(bytearray out, Py_ssize_t at, uint32_t x) noexcept:
+    cdef unsigned char* q = <unsigned char*>PyByteArray_AS_STRING(out) + at
+    q[0] = <unsigned char>(x >> 24)
+    q[1] = <unsigned char>(x >> 16)
+    q[2] = <unsigned char>(x >> 8)
+    q[3] = <unsigned char>x
+
+
+cdef inline int _truncate(bytearray out, Py_ssize_t n) except -1:
+    if PyByteArray_GET_SIZE(out) != n:
+        PyByteArray_Resize(out, n)
+    return 0
+
+
+# ---- decoding ---------------------------------------------------------------------
+
+cdef class Args:
+    """COMPOUND4args as decode_compound leaves it (nfsd.compound.CompoundArgs' fields)."""
+    cdef public bytes tag
+    cdef public long long minorversion
+    cdef public list ops                 # nfs_argop4 values
+    cdef long long illegal               # NO_ILLEGAL, -1 (too many ops) or the unknown op number
+
+    @property
+    def illegal_opnum(self):
+        return None if self.illegal == NO_ILLEGAL else self.illegal
+
+
+cpdef Args decode_compound(buf):
+    """nfsd.compound.decode_compound: the ops one by one, an unknown op number ends them
+    (answered OP_ILLEGAL after the ops before it); anything else malformed is GarbageArgs."""
+    cdef Py_buffer view
+    cdef const unsigned char* p
+    cdef Py_ssize_t n, pos
+    cdef uint32_t count, i, opnum
+    cdef Args args = Args.__new__(Args)
+    args.illegal = NO_ILLEGAL
+    try:
+        tag, pos = _decode_tag(buf, 0)
+    except XdrError as exc:
+        raise GarbageArgs(str(exc)) from None
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    try:
+        p = <const unsigned char*>view.buf
+        n = view.len
+        if pos + 8 > n:
+            raise GarbageArgs("COMPOUND4args: truncated header")
+        args.tag = bytes(tag)
+        args.minorversion = _r32(p + pos)
+        count = _r32(p + pos + 4)
+        pos += 8
+        args.ops = []
+        if args.minorversion > 2:
+            return args          # the ops may belong to a version we do not know
+        if count > MAX_DECODED_OPS:
+            args.illegal = -1
+            return args
+        for i in range(count):
+            if pos + 4 > n:
+                raise GarbageArgs("COMPOUND4args: truncated op array")
+            opnum = _r32(p + pos)
+            if opnum >= NOPS or not _known[opnum]:
+                args.illegal = opnum
+                return args
+            try:
+                op, pos = _decode_argop(buf, pos)
+            except XdrError as exc:
+                raise GarbageArgs(str(exc)) from None
+            args.ops.append(op)
+        if pos != n:
+            raise GarbageArgs(f"COMPOUND4args: {n - pos} bytes after the last op")
+        return args
+    finally:
+        PyBuffer_Release(&view)
+
+
+# ---- results ----------------------------------------------------------------------
+
+cdef class Results:
+    """COMPOUND4res encoded as it grows (nfsd.compound._Results): status and count are
+    patched at the end; READ data from OUT_OF_LINE_MIN on follows `out` as the tail."""
+    cdef bytearray out
+    cdef Py_ssize_t start, count_at, ool_min, tail_bytes
+    cdef public Py_ssize_t limit
+    cdef public int too_big
+    cdef public Py_ssize_t count
+    cdef public long long status
+    cdef public list opnums
+    cdef object tail_data                # None, or the last result's READ data
+
+    def __init__(self, bytearray out not None, tag, Py_ssize_t limit):
+        self.out = out
+        self.start = PyByteArray_GET_SIZE(out)
+        self.limit = limit
+        self.too_big = E_REP_TOO_BIG
+        self.ool_min = _ref.OUT_OF_LINE_MIN      # read per COMPOUND: tests move it
+        out += b"\0\0\0\0"                       # status, patched
+        _encode_tag(tag, out)
+        self.count_at = PyByteArray_GET_SIZE(out)
+        out += b"\0\0\0\0"                       # resarray length, patched
+        self.count = 0
+        self.status = NFS4_OK
+        self.opnums = []
+        self.tail_data = None
+        self.tail_bytes = 0
+
+    @property
+    def tail(self):
+        """(data, pad) of the READ data that follows `out` on the wire, or None."""
+        if self.tail_data is None:
+            return None
+        return (self.tail_data, self.tail_bytes - len(self.tail_data))
+
+    cpdef Py_ssize_t room(self):
+        """Bytes the reply may still grow by."""
+        return self.limit - (PyByteArray_GET_SIZE(self.out) + self.tail_bytes - self.start)
+
+    cdef int _inline_tail(self) except -1:
+        cdef Py_ssize_t pad
+        if self.tail_data is not None:
+            pad = self.tail_bytes - len(self.tail_data)
+            self.out += self.tail_data
+            self.out += bytes(pad)
+            self.tail_data = None
+            self.tail_bytes = 0
+        return 0
+
+    cdef long long _put_error(self, int opnum, long long status) except? -1:
+        """Append opnum's result carrying only `status` (encoded once per pair, then
+        copied); the status written: NFS4ERR_SERVERFAULT if `status` is no nfsstat4."""
+        cdef Py_ssize_t mark
+        cdef bint cacheable = 0 <= status < 0x80000000
+        key = (<long long>opnum << 32) | status if cacheable else None
+        enc = _ERR_BYTES.get(key) if cacheable else None
+        if enc is None:
+            buf = bytearray()
+            try:
+                _ref._encode_resop(error_result(opnum, status), buf)
+            except XdrError as exc:         # as _Results.add: a handler's bad status
+                log.error("op_result_unencodable", op=_NAMES[opnum] if opnum < NOPS else "ILLEGAL",
+                          error=str(exc))
+                return self._put_error(opnum, E_SERVERFAULT)
+            enc = bytes(buf)
+            if cacheable and len(_ERR_BYTES) < 4096:
+                _ERR_BYTES[key] = enc
+        self.out += <bytes>enc
+        return status
+
+    cdef long long _finish_add(self, int opnum, long long status):
+        self.count += 1
+        self.opnums.append(opnum)
+        self.status = status
+        return status
+
+    cdef long long add_error(self, int opnum, long long status) except? -1:
+        """nfsd.compound._Results.add(error_result(opnum, status)), without the object."""
+        cdef Py_ssize_t mark
+        if opnum < 0 or opnum >= NOPS or not _known[opnum]:
+            opnum = OP_ILLEGAL
+        self._inline_tail()
+        mark = PyByteArray_GET_SIZE(self.out)
+        status = self._put_error(opnum, status)
+        if self.room() < 0:
+            _truncate(self.out, mark)
+            status = self.too_big
+            self._put_error(opnum, status)
+        return self._finish_add(opnum, status)
+
+    cdef long long add_result(self, int opnum, object res) except? -1:
+        """nfsd.compound._Results.add(nfs_resop4(opnum, res)) for a declared op: encoded by
+        its result type's codec. Unencodable (a handler bug): NFS4ERR_SERVERFAULT; too big
+        for the session: self.too_big (RFC 8881 18.46.3, 2.10.6.4)."""
+        cdef Py_ssize_t mark, n
+        cdef long long status
+        cdef bint failed = False
+        self._inline_tail()
+        out = self.out
+        mark = PyByteArray_GET_SIZE(out)
+        data = None
+        if opnum == OP_READ:
+            data = _out_of_line_data(res, self.ool_min)
+        try:
+            out += b"\0\0\0\0"
+            _p32(out, mark, <uint32_t>opnum)
+            if data is None:
+                _RES_ENCODE[opnum](res, out)
+            else:     # encoded with no data: its length is patched in, the data follows
+                _RES_ENCODE[opnum](_read_without_data(_ResOp(opnum, res)).value, out)
+                n = len(data)
+                _p32(out, PyByteArray_GET_SIZE(out) - 4, <uint32_t>n)
+                self.tail_data = data
+                self.tail_bytes = n + (-n & 3)
+        except XdrError as exc:
+            _truncate(out, mark)
+            log.error("op_result_unencodable", op=_NAMES[opnum], error=str(exc))
+            failed = True
+        if failed:
+            status = self._put_error(opnum, E_SERVERFAULT)
+        else:
+            status = _status_of(opnum, res)
+        if self.room() < 0:
+            _truncate(out, mark)
+            self.tail_data = None
+            self.tail_bytes = 0
+            status = self.too_big
+            self._put_error(opnum, status)
+        return self._finish_add(opnum, status)
+
+    def add(self, resop):
+        """nfsd.compound._Results.add: encode one op result (an nfs_resop4); its status."""
+        cdef long long opnum = resop.tag
+        if 0 <= opnum < NOPS and _known[opnum]:
+            return self.add_result(<int>opnum, resop.value)
+        return self.add_error(OP_ILLEGAL, resop.value.status)
+
+    def finish(self):
+        _p32(self.out, self.start, <uint32_t>self.status)
+        _p32(self.out, self.count_at, <uint32_t>self.count)
+
+
+class _ResOp:
+    """The (tag, value) shape _read_without_data reads."""
+    __slots__ = ("tag", "value")
+
+    def __init__(self, tag, value):
+        self.tag = tag
+        self.value = value
+
+
+cdef inline long long _status_of(int opnum, object res) except? -1:
+    if _struct_res[opnum]:
+        return getattr(res, _STATUS_FIELD[opnum])
+    return res.tag
+
+
+cdef object _out_of_line_data(object res, Py_ssize_t ool_min):
+    """The data of a successful READ result large enough to send out of line, else None."""
+    if res.tag != NFS4_OK:
+        return None
+    data = res.value.data
+    return data if len(data) >= ool_min else None
+
+
+# ---- the loop ---------------------------------------------------------------------
+
+cdef class Outcome:
+    """nfsd.compound.CompoundOutcome."""
+    cdef public long long status
+    cdef public list opnums
+    cdef public bint replayed
+    cdef public object tail              # (data, pad) after the encoded results, or None
+
+    def __init__(self, status, opnums, replayed=False, tail=None):
+        self.status = status
+        self.opnums = opnums
+        self.replayed = replayed
+        self.tail = tail
+
+
+async def run_compound(server, cred, peer, conn, args_buf, bytearray out not None):
+    """nfsd.compound.run_compound: run one COMPOUND; append the encoded COMPOUND4res to
+    `out`. Raises GarbageArgs when the arguments cannot be decoded."""
+    cdef double started = _monotonic()
+    cdef Args args = decode_compound(args_buf)
+    cdef Py_ssize_t body_start, first
+    cdef Results results
+    cdef Outcome outcome
+    cdef bint cachethis = False
+    cdef list ops = args.ops
+    ctx = CompoundContext(server=server, cred=cred, peer=peer, conn=conn,
+                          minorversion=args.minorversion, tag=args.tag)
+    body_start = PyByteArray_GET_SIZE(out)
+    results = Results(out, args.tag, _session_ops.MAX_RESPONSE_SIZE)
+    outcome = Outcome.__new__(Outcome)
+    outcome.status = NFS4_OK
+    outcome.opnums = results.opnums
+    slot = None
+    try:
+        if args.minorversion > 2:
+            results.status = E_MINOR_VERS_MISMATCH             # no results (16.2.3)
+        elif args.illegal == -1:
+            results.status = E_RESOURCE if args.minorversion == 0 else E_TOO_MANY_OPS
+        else:
+            first = 0
+            if args.minorversion >= 1 and ops:
+                first, slot, replay = _start_session_part(ctx, args, results,
+                                                          len(args_buf))
+                if replay is not None:
+                    _truncate(out, body_start)
+                    out += replay
+                    outcome.replayed = True
+                    outcome.status = int.from_bytes(replay[:4], "big")
+                    return outcome
+                if slot is not None:
+                    cachethis = bool(ops[0].value.sa_cachethis)
+            if first >= 0:
+                await _run_ops(ctx, args, first, results)
+        results.finish()
+        outcome.status = results.status
+        outcome.tail = results.tail
+        if slot is not None:
+            _session_ops.store_reply(server.sessions, ctx.session, slot, out, body_start,
+                                     cachethis, out_of_line=results.tail_data is not None)
+            slot = None
+        return outcome
+    finally:
+        if slot is not None:         # cancelled or crashed: free the slot, keep nothing
+            slot.in_progress = False
+        _log_compound(ctx, args, outcome, started)
+
+
+cdef tuple _start_session_part(ctx, Args args, Results results, Py_ssize_t request_size):
+    """The 4.1 rules for the first op (RFC 8881 2.6.3.1, 18.46). Returns (index of the
+    next op to run or -1 to stop, slot to cache into, replay bytes)."""
+    cdef list ops = args.ops
+    cdef Py_ssize_t nops, i
+    cdef int opnum0
+    op0 = ops[0]
+    opnum0 = op0.tag
+    if opnum0 != OP_SEQUENCE:
+        if _sessionless[opnum0]:
+            if len(ops) > 1 or args.illegal != NO_ILLEGAL:
+                results.add_error(opnum0, E_NOT_ONLY_OP)
+                return -1, None, None
+            return 0, None, None
+        if _since[opnum0] > args.minorversion:
+            results.add_error(OP_ILLEGAL, E_OP_ILLEGAL)
+        elif _v40_only[opnum0]:
+            results.add_error(opnum0, E_NOTSUPP)
+        else:
+            results.add_error(opnum0, E_OP_NOT_IN_SESSION)
+        return -1, None, None
+    nops = len(ops) + (1 if args.illegal != NO_ILLEGAL else 0)
+    opnums = [None] * len(ops)
+    for i in range(len(ops)):
+        opnums[i] = ops[i].tag
+    try:
+        # What a retransmission must match (a cheap test, as Linux knfsd's): size and ops.
+        signature = (request_size, tuple(opnums), args.illegal_opnum)
+        seq = _session_ops.sequence(ctx, op0.value, request_size, nops, signature)
+    except NfsError as err:
+        _log_op_error(ctx, OP_SEQUENCE, err)
+        results.add_error(OP_SEQUENCE, err.status)
+        return -1, None, None
+    if seq.replay is not None:
+        return -1, None, seq.replay
+    fore = ctx.session.fore
+    results.limit = fore.maxresponsesize
+    if op0.value.sa_cachethis and not seq.uncached_retry:
+        results.limit = min(fore.maxresponsesize, fore.maxresponsesize_cached)
+        results.too_big = E_REP_TOO_BIG_TO_CACHE
+    if results.add_result(OP_SEQUENCE, seq.result) != NFS4_OK:
+        return -1, seq.slot, None          # not even SEQUENCE's reply fits
+    if seq.uncached_retry:
+        # RFC 8881 2.10.6.1.3: SEQUENCE succeeds, the next op says the reply is gone.
+        if len(ops) > 1:
+            results.add_error(ops[1].tag, E_RETRY_UNCACHED_REP)
+        return -1, None, None
+    return 1, seq.slot, None
+
+
+async def _run_ops(ctx, Args args, Py_ssize_t first, Results results):
+    cdef list ops = args.ops
+    cdef list rows = ctx.server.ops.rows     # nfsd/optable.py; decode let declared ops through only
+    cdef long long minor = args.minorversion
+    cdef Py_ssize_t i, last = len(ops) - 1
+    cdef int opnum
+    cdef long long status
+    cdef double op_started
+    cdef bint no_illegal = args.illegal == NO_ILLEGAL
+    cdef dict extra = ctx.extra
+    server = ctx.server
+    observer = server.observer
+    for i in range(first, last + 1):
+        op = ops[i]
+        opnum = op.tag
+        extra["last_op"] = i == last and no_illegal
+        extra["reply_room"] = results.room()      # READ clips its data to this
+        if _since[opnum] > minor:
+            results.add_error(OP_ILLEGAL, E_OP_ILLEGAL)
+            return
+        if minor >= 1 and opnum == OP_SEQUENCE:
+            results.add_error(opnum, E_SEQUENCE_POS)
+            return
+        if minor >= 1 and _v40_only[opnum]:
+            results.add_error(opnum, E_NOTSUPP)
+            return
+        handler = (<object>rows[opnum]).handler
+        if handler is None:        # pNFS, delegations, locks, 4.2 extras: not offered
+            results.add_error(opnum, E_NOTSUPP)
+            return
+        op_started = _monotonic()
+        res = None
+        try:
+            res = await handler(ctx, op.value)
+        except NfsError as err:
+            _log_op_error(ctx, opnum, err)
+            status = results.add_error(opnum, err.status)
+        except Exception:
+            log.exception("op_failed", op=_NAMES[opnum], client=_client_name(ctx))
+            status = results.add_error(opnum, E_SERVERFAULT)
+        else:
+            status = results.add_result(opnum, res)
+        if observer is not None:
+            _observe(observer, opnum, status, _monotonic() - op_started, res)
+        if status != NFS4_OK:
+            return
+    if not no_illegal:
+        results.add_error(OP_ILLEGAL, E_OP_ILLEGAL)
+
+
+cdef _observe(observer, int opnum, long long status, double seconds, res):
+    """nfsd.compound._observe: observer(op, status, seconds, nbytes); never fails an op."""
+    cdef Py_ssize_t nbytes = 0
+    try:
+        if status == NFS4_OK:
+            if opnum == OP_READ:
+                nbytes = len(res.value.data)
+            elif opnum == OP_WRITE:
+                nbytes = res.value.count
+        observer(_NAMES[opnum], _status_name(status), seconds, nbytes)
+    except Exception:           # metrics must never fail an op
+        log.exception("op_observer_failed", op=_NAMES[opnum])
+
+
+import nfsd.compound as _compound   # binds this module (nfsd/compound.py calls bind())
+bind(_compound)
