@@ -18,7 +18,8 @@ list, the suite and the project's dependency list). A build goes to a temporary 
 renamed into place when complete, under a file lock, so a crashed or concurrent build never
 leaves a half image.
 
-Run directly to build (or show) the image:  python3 tests/ansible/guestimage.py
+Run directly to build (or show) the image:  python3 tests/ansible/guestimage.py  (--ha: the HA node
+image of issue 38, a layer on this one; see the end of this file)
 """
 from __future__ import annotations
 
@@ -259,8 +260,113 @@ def _boot_files(rootfs: Path, work: Path) -> None:
     shutil.copy2(initrds[-1], work / "initrd.img")
 
 
+# -- the HA node image (issue 38): the deploy image plus the cluster stack -------------------------
+# A layer on the image above, not a second recipe: its disk is a copy of the deploy image's with
+# these packages apt-installed in a chroot. The deploy image's key and content stay as they are.
+# crmsh rather than pcs: pcs drives the cluster through its pcsd daemon (Ruby) on every node, which
+# costs CPU and boot time under emulation; crmsh is a client only, and the tests write corosync.conf
+# themselves. fence-agents carries fence_sbd, the fence device over the SBD disk.
+HA_PACKAGES = ["drbd-utils", "pacemaker", "corosync", "crmsh", "sbd", "resource-agents", "fence-agents"]
+# Installed, not started at boot: the tests configure them first (Debian's default corosync.conf
+# would otherwise form a one-node cluster on every boot).
+HA_DISABLED_UNITS = ["corosync.service", "pacemaker.service", "sbd.service", "drbd.service"]
+# The pair's shared segment: eth1 gets a fixed MAC per node, and the image a static address for
+# each (no DHCP there). Node N is 52:54:00:38:00:0N = 192.168.38.N.
+HA_NODES = {"gw-a": 1, "gw-b": 2, "client": 3}
+HA_NET = "192.168.38"
+
+
+def ha_mac(node: str) -> str:
+    return f"52:54:00:38:00:{HA_NODES[node]:02x}"
+
+
+def ha_address(node: str) -> str:
+    return f"{HA_NET}.{HA_NODES[node]}"
+
+
+def ha_image_key() -> str:
+    h = hashlib.sha256(image_key().encode())
+    h.update(inspect.getsource(_ha_layer).encode())
+    h.update(json.dumps({"packages": HA_PACKAGES, "disabled": HA_DISABLED_UNITS, "nodes": HA_NODES,
+                         "net": HA_NET}, sort_keys=True).encode())
+    return "ha-" + h.hexdigest()[:16]
+
+
+def ensure_ha_image(log=print) -> tuple[GuestImage, bool]:
+    """The HA node image, built (with the deploy image under it) if missing. Returns (image, built_now)."""
+    base, _ = ensure_image(log)
+    final = CACHE_ROOT / ha_image_key()
+    if (final / "manifest.json").exists():
+        return GuestImage(final), False
+    with open(CACHE_ROOT / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (final / "manifest.json").exists():
+            _ha_layer(base, final, log)
+            for old in CACHE_ROOT.glob("ha-*"):         # older HA layers; the deploy image's prune
+                if old != final:                        # removes them too when it is rebuilt
+                    shutil.rmtree(old, ignore_errors=True)
+        return GuestImage(final), True
+
+
+def _umount(mounts: list[Path]) -> None:
+    for m in reversed(mounts):
+        subprocess.run(["umount", str(m)], capture_output=True)
+    mounts.clear()
+
+
+def _ha_layer(base: GuestImage, final: Path, log) -> None:
+    started = time.monotonic()
+    work = final.with_name(f".build-{final.name}-{os.getpid()}")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    mnt = work / "mnt"
+    mounts: list[Path] = []
+    try:
+        for name in ("vmlinuz", "initrd.img", "id_ed25519", "id_ed25519.pub", "constraints.txt"):
+            shutil.copy2(base.root / name, work / name)
+        _run(["cp", "--sparse=always", str(base.disk), str(work / "disk.raw")], log)
+        mnt.mkdir()
+        _run(["mount", "-o", "loop", str(work / "disk.raw"), str(mnt)], log)
+        mounts.append(mnt)
+        for fs in ("proc", "sys", "dev"):
+            _run(["mount", "--bind", f"/{fs}", str(mnt / fs)], log)
+            mounts.append(mnt / fs)
+        resolv = (mnt / "etc/resolv.conf").read_text()
+        (mnt / "etc/resolv.conf").write_text(Path("/etc/resolv.conf").read_text())   # the host's DNS
+        _write(mnt / "usr/sbin/policy-rc.d", "#!/bin/sh\nexit 101\n", 0o755)      # no daemon starts
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        log(f"guest image: apt-get install {' '.join(HA_PACKAGES)} (chroot)")
+        _run(["chroot", str(mnt), "apt-get", "update", "-q"], log, env=env)
+        _run(["chroot", str(mnt), "apt-get", "install", "-y", "-q", "--no-install-recommends",
+              "-o", "Dpkg::Options::=--path-exclude=/usr/share/doc/*", *HA_PACKAGES], log, env=env)
+        _run(["chroot", str(mnt), "apt-get", "clean"], log)
+        (mnt / "usr/sbin/policy-rc.d").unlink()
+        (mnt / "etc/resolv.conf").write_text(resolv)
+        _run(["systemctl", f"--root={mnt}", "disable", *HA_DISABLED_UNITS], log)
+        for node, n in HA_NODES.items():
+            _write(mnt / f"etc/systemd/network/10-ha-{node}.network",
+                   f"[Match]\nMACAddress={ha_mac(node)}\n\n[Link]\nRequiredForOnline=no\n\n"
+                   f"[Network]\nAddress={ha_address(node)}/24\n")
+        with open(mnt / "etc/hosts", "a") as hosts:
+            hosts.writelines(f"{ha_address(node)} {node}\n" for node in HA_NODES)
+        versions = _run(["chroot", str(mnt), "dpkg-query", "-W", *HA_PACKAGES, "linux-image-*"], log).stdout
+    except BaseException:
+        _umount(mounts)
+        shutil.rmtree(work, ignore_errors=True)       # a failed layer leaves nothing behind
+        raise
+    _umount(mounts)
+    manifest = {**base.manifest, "key": final.name, "base": base.root.name, "ha_packages": HA_PACKAGES,
+                "versions": dict(line.split("\t", 1) for line in versions.splitlines() if "\t" in line),
+                "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "build_seconds": round(time.monotonic() - started, 1)}
+    (work / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    mnt.rmdir()
+    work.rename(final)
+    log(f"guest image: built HA layer {final} in {time.monotonic() - started:.0f}s")
+
+
 if __name__ == "__main__":
     t0 = time.monotonic()
-    img, built = ensure_image()
+    img, built = ensure_ha_image() if sys.argv[1:] == ["--ha"] else ensure_image()
     print(json.dumps({"image": str(img.root), "built_now": built, "seconds": round(time.monotonic() - t0, 1),
                       **img.manifest}, indent=2))

@@ -40,10 +40,11 @@ def free_port() -> int:
 
 class GuestVM:
     def __init__(self, image: GuestImage, *, smp: int = 1, mem_mib: int = 2048, cache_disk: str = "2G",
-                 cache_image: Path | None = None):
+                 cache_image: Path | None = None, qemu_args: list[str] = (), kernel_args: str = ""):
         self.image = image
         self.smp, self.mem_mib, self.cache_disk = smp, mem_mib, cache_disk
         self.cache_image = cache_image     # a raw file kept across boots (power-cut test), else a fresh one
+        self.qemu_args, self.kernel_args = list(qemu_args), kernel_args    # extra devices (tests/ha)
         self.rundir = Path(tempfile.mkdtemp(prefix="ckptgw-ansible-vm."))
         self.ssh_port = 0
         self.proc: subprocess.Popen | None = None
@@ -51,6 +52,12 @@ class GuestVM:
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self, timeout: float = 420) -> None:
+        self.launch()
+        self.wait_ready(timeout)
+
+    def launch(self) -> None:
+        """Start qemu, not waiting for SSH: several VMs boot at once when launched from one thread
+        (PR_SET_PDEATHSIG kills a VM when the *thread* that started it ends)."""
         overlay = self.rundir / "root.qcow2"
         cache = self.cache_image or self.rundir / "cache.raw"
         subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(self.image.disk),
@@ -61,17 +68,19 @@ class GuestVM:
         cmd = ["qemu-system-x86_64", "-nodefaults", "-no-user-config", "-display", "none",
                "-machine", "q35,accel=tcg", "-cpu", TCG_CPU, "-smp", str(self.smp), "-m", str(self.mem_mib),
                "-kernel", str(self.image.kernel), "-initrd", str(self.image.initrd),
-               "-append", "root=/dev/vda rw console=ttyS0 net.ifnames=0 quiet",
+               "-append", f"root=/dev/vda rw console=ttyS0 net.ifnames=0 quiet {self.kernel_args}".rstrip(),
                "-drive", f"file={overlay},if=virtio,format=qcow2,cache=unsafe",
                "-drive", f"file={cache},if=virtio,format=raw,cache=unsafe",
                "-netdev", f"user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:{self.ssh_port}-:22",
                "-device", "virtio-net-pci,netdev=n0", "-device", "virtio-rng-pci",
-               "-serial", f"file:{self.rundir / 'console.log'}"]
-        t0 = time.monotonic()
+               "-serial", f"file:{self.rundir / 'console.log'}", *self.qemu_args]
+        self._launched = time.monotonic()
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=open(self.rundir / "qemu.log", "wb"),
                                      stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
-        self._wait_for_ssh(t0 + timeout)
-        self.boot_seconds = time.monotonic() - t0
+
+    def wait_ready(self, timeout: float = 420) -> None:
+        self._wait_for_ssh(self._launched + timeout)
+        self.boot_seconds = time.monotonic() - self._launched
 
     def _wait_for_ssh(self, deadline: float) -> None:
         while time.monotonic() < deadline:

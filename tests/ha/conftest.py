@@ -1,0 +1,41 @@
+"""Fixtures for the gateway-pair tests (issue 38): the HA node image and a timing report."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))                       # pairvm, drbd
+sys.path.insert(0, str(HERE.parent / "ansible"))    # guestimage, guestvm: the one image builder
+
+from guestimage import ensure_ha_image  # noqa: E402
+
+REPORT: list[str] = []
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "ha: gateway pair tests (two qemu VMs, DRBD, the cluster stack)")
+
+
+def pytest_terminal_summary(terminalreporter):
+    if REPORT:
+        terminalreporter.section("gateway pair report")
+        for line in REPORT:
+            terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def ha_image():
+    t0 = time.monotonic()
+    image, built = ensure_ha_image(log=lambda msg: None)
+    REPORT.append(f"HA image {image.root.name}: {'built' if built else 'cached'}, {time.monotonic() - t0:.0f}s")
+    return image
+
+
+@pytest.fixture
+def report():
+    """report(line): a line for the run's closing "gateway pair report"."""
+    return REPORT.append

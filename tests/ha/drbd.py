@@ -1,0 +1,51 @@
+"""DRBD 8.4 on a Pair: the resource file, bringing it up, reading its state from /proc/drbd.
+
+Debian 12's kernel ships the drbd 8.4.11 module; drbd-utils 9.22 sees that and runs its 8.4
+tools (drbdadm-84), so the resource file is 8.4 syntax.
+"""
+from __future__ import annotations
+
+import re
+import time
+
+from pairvm import Pair, address
+
+RESOURCE = "r0"
+DEVICE = "/dev/drbd0"
+BACKING = "/dev/vdb"        # each node's own raw data disk (pairvm)
+PORT = 7789
+
+
+def resource_file(nodes: tuple[str, ...]) -> str:
+    # Protocol C: a write completes only once both nodes' disks have it.
+    ons = "".join(f"  on {n} {{ address {address(n)}:{PORT}; }}\n" for n in nodes)
+    return (f"resource {RESOURCE} {{\n  net {{ protocol C; }}\n  device {DEVICE};\n  disk {BACKING};\n"
+            f"  meta-disk internal;\n{ons}}}\n")
+
+
+def configure(pair: Pair, node: str, *, create_md: bool) -> None:
+    """Write the resource file and attach + connect (create-md only on a fresh disk)."""
+    pair.ssh(node, f"cat > /etc/drbd.d/{RESOURCE}.res", input=resource_file(tuple(pair.data)).encode())
+    md = f"drbdadm create-md --force {RESOURCE} && " if create_md else ""
+    pair.ssh(node, f"modprobe drbd && {md}drbdadm up {RESOURCE}")
+
+
+def state(pair: Pair, node: str) -> dict[str, str]:
+    """cs (connection), ro (roles, own/peer), ds (disk states, own/peer) of the resource."""
+    text = pair.out(node, "cat /proc/drbd")
+    found = dict(re.findall(r"\b(cs|ro|ds):(\S+)", text))
+    if not found:
+        raise AssertionError(f"{node}: no resource in /proc/drbd:\n{text}")
+    return found
+
+
+def wait_state(pair: Pair, node: str, timeout: float, **want: str) -> float:
+    """Poll /proc/drbd until every field has the wanted value; returns the seconds it took."""
+    t0 = time.monotonic()
+    while True:
+        now = state(pair, node)
+        if all(now.get(k) == v for k, v in want.items()):
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"{node}: DRBD did not reach {want} in {timeout:.0f}s: {now}")
+        time.sleep(2)

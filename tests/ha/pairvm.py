@@ -1,0 +1,118 @@
+"""Two gateway VMs (issue 38) from the HA node image, wired as a pair, under qemu (software emulation).
+
+Each node is a tests/ansible GuestVM (qcow2 overlay on the cached image, SSH through user-net
+hostfwd) with, beside that:
+  - /dev/vdb: its own raw data disk, kept in the pair's folder across boots (DRBD's backing disk;
+    raw, so `kill -9` of qemu is a power cut and never damages the image file itself);
+  - /dev/vdc: the one raw SBD disk both nodes share (qemu's image locking off, share-rw on);
+  - eth1 on the pair's own L2 segment (replication and cluster traffic) with a fixed MAC, which
+    the image maps to a static address (guestimage.ha_address: gw-a 192.168.38.1, gw-b .2);
+  - an i6300esb watchdog (SBD's), with qemu's action: reset the guest;
+  - the hostname (`systemd.hostname=`), which DRBD's `on` sections and corosync go by.
+
+The segment is qemu's `-netdev socket,mcast=`: every qemu on the group sees every frame, like a
+hub. A node's root overlay is made afresh at each boot (only the data disks persist), so what a
+test configures in /etc must be written again after a restart.
+"""
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ansible"))   # the one image builder
+from guestimage import GuestImage, ha_address, ha_mac  # noqa: E402
+from guestvm import GuestError, GuestVM  # noqa: E402
+
+NODES = ("gw-a", "gw-b")
+MEM_MIB = 1024
+
+
+class Pair:
+    def __init__(self, image: GuestImage, *, data_disk: str = "512M", sbd_disk: str = "16M",
+                 workdir: Path | None = None):
+        self.image = image
+        self.dir = workdir or Path(tempfile.mkdtemp(prefix="ckptgw-ha-pair."))
+        # One multicast group per pair, so pairs of concurrent runs never hear each other.
+        self.segment = f"230.0.38.{random.randint(1, 254)}:{random.randint(20000, 60000)}"
+        self.data_size = data_disk
+        self.data = {node: self.dir / f"data-{node}.raw" for node in NODES}
+        self.sbd = self.dir / "sbd.raw"
+        for disk, size in [*((d, data_disk) for d in self.data.values()), (self.sbd, sbd_disk)]:
+            if not disk.exists():
+                subprocess.run(["qemu-img", "create", "-q", "-f", "raw", str(disk), size], check=True)
+        self.vms: dict[str, GuestVM] = {}
+        self.boot_seconds: dict[str, float] = {}
+
+    def _vm(self, node: str) -> GuestVM:
+        # PCI slots from 0x10 up: qemu places these -device's before GuestVM's if=virtio drives
+        # otherwise, and the SBD disk would become /dev/vda (the root the kernel is told).
+        qemu_args = [
+            "-netdev", f"socket,id=ha,mcast={self.segment},localaddr=127.0.0.1",
+            "-device", f"virtio-net-pci,netdev=ha,mac={ha_mac(node)},addr=0x10",
+            # Shared by both qemus: no image lock, and the device allows a second writer.
+            "-drive", f"if=none,id=sbd,file={self.sbd},format=raw,cache=writethrough,file.locking=off",
+            "-device", "virtio-blk-pci,drive=sbd,share-rw=on,addr=0x11",
+            "-device", "i6300esb,addr=0x12", "-action", "watchdog=reset",
+        ]
+        return GuestVM(self.image, mem_mib=MEM_MIB, cache_image=self.data[node], qemu_args=qemu_args,
+                       kernel_args=f"systemd.hostname={node}")
+
+    def start(self, *nodes: str, timeout: float = 600) -> None:
+        """Boot the nodes at once (launched from this thread, which must outlive them)."""
+        nodes = nodes or NODES
+        for node in nodes:
+            self.vms[node] = self._vm(node)
+            self.vms[node].launch()
+        for node in nodes:
+            self.vms[node].wait_ready(timeout)
+            self.boot_seconds[node] = self.vms[node].boot_seconds
+
+    def power_cut(self, node: str) -> None:
+        """kill -9 the node's qemu: what its kernel had not written to its disks is gone."""
+        self.vms[node].power_cut()
+
+    def stop(self, keep: bool = False) -> None:
+        """Kill every VM (no clean shutdown: nothing of a test's state is worth a slow poweroff)."""
+        for vm in self.vms.values():
+            vm.power_cut()
+            vm.stop(keep=keep)
+        if not keep:
+            subprocess.run(["rm", "-rf", str(self.dir)])
+
+    def ssh(self, node: str, command: str, *, timeout: float = 300, check: bool = True,
+            input: bytes | None = None) -> subprocess.CompletedProcess:
+        """Run `command` as root on the node; bytes in and out (stdin from `input`)."""
+        vm = self.vms[node]
+        proc = subprocess.run(["ssh", *vm.ssh_options(), "ansible@127.0.0.1", f"sudo sh -c {_quote(command)}"],
+                              input=input if input is not None else b"", capture_output=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise GuestError(f"{node}: command failed ({proc.returncode}): {command}\n"
+                             f"{proc.stdout.decode(errors='replace')[-2000:]}{proc.stderr.decode(errors='replace')[-2000:]}")
+        return proc
+
+    def out(self, node: str, command: str, **kw) -> str:
+        return self.ssh(node, command, **kw).stdout.decode()
+
+    def wait_for(self, node: str, command: str, timeout: float, what: str, interval: float = 2) -> float:
+        """Poll until `command` succeeds on the node; returns the seconds it took."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if self.ssh(node, command, check=False, timeout=120).returncode == 0:
+                return time.monotonic() - t0
+            time.sleep(interval)
+        raise GuestError(f"{node}: {what} not reached in {timeout:.0f}s")
+
+    def diagnostics(self) -> str:
+        return "\n".join(f"=== {node}\n{vm.diagnostics()}" for node, vm in self.vms.items())
+
+
+def _quote(command: str) -> str:
+    return "'" + command.replace("'", "'\"'\"'") + "'"
+
+
+def address(node: str) -> str:
+    return ha_address(node)
