@@ -249,6 +249,18 @@ WRITE_ONLY = frozenset(b for b, d in ATTRS.items() if d.get is None)
 # cannot be set in the same request.
 EXCLCREAT = frozenset({FATTR4_MODE, FATTR4_OWNER, FATTR4_OWNER_GROUP, FATTR4_SIZE})
 EXCLCREAT_BITMAP = bitmap_of(sorted(EXCLCREAT))
+WRITE_ONLY_BITMAP = bitmap_of(sorted(WRITE_ONLY))
+
+
+def names_write_only(bitmap: list[int], minorversion: int) -> bool:
+    """Whether the bitmap asks for a write-only attribute that `minorversion` supports
+    (GETATTR's NFS4ERR_INVAL): `WRITE_ONLY & set(known_bits(...))` by word masks, a tenth
+    of its cost on every GETATTR."""
+    for word, supported, write_only in zip(bitmap, SUPPORTED_BITMAPS[minorversion],
+                                           WRITE_ONLY_BITMAP):
+        if word & supported & write_only:
+            return True
+    return False
 
 
 # ---- encode -------------------------------------------------------------------------------------

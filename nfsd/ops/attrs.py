@@ -46,8 +46,7 @@ def attr_env(ctx, obj: Obj, **kw) -> fattr.AttrEnv:
 
 async def op_getattr(ctx, args) -> GETATTR4res:
     obj = current(ctx)
-    requested = set(fattr.known_bits(args.attr_request, ctx.minorversion))
-    if requested & fattr.WRITE_ONLY:
+    if fattr.names_write_only(args.attr_request, ctx.minorversion):
         raise NfsError(NFS4ERR_INVAL, "write-only attribute requested")
     with store_errors():
         attrs = fattr.encode(attr_env(ctx, obj), args.attr_request)

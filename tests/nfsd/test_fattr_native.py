@@ -274,3 +274,11 @@ def test_another_env_class_falls_back(encoder):
     env = plain_env()
     other = OtherEnv(env.server, env.obj, env.minorversion)
     assert encoder.encode(other, LINUX_GETATTR) is None
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(requested=requests, minor=st.sampled_from([0, 1, 2]))
+def test_names_write_only_is_the_bit_expansion(requested, minor):
+    """GETATTR's write-only check by word masks is the expansion it replaced."""
+    expanded = bool(set(attrs.known_bits(requested, minor)) & attrs.WRITE_ONLY)
+    assert attrs.names_write_only(requested, minor) is expanded
