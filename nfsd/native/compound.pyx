@@ -13,6 +13,7 @@ The reference's shared pieces (GarbageArgs, error_result, the log helpers, the c
 chose) are taken from nfsd.compound by bind(), which nfsd/compound.py calls once it has them.
 """
 from libc.stdint cimport uint32_t
+from libc.string cimport memcpy
 from libc.time cimport timespec
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE
@@ -53,6 +54,7 @@ cdef int E_SEQUENCE_POS = _n.NFS4ERR_SEQUENCE_POS
 cdef int E_SERVERFAULT = _n.NFS4ERR_SERVERFAULT
 cdef int E_REP_TOO_BIG = _n.NFS4ERR_REP_TOO_BIG
 cdef int E_REP_TOO_BIG_TO_CACHE = _n.NFS4ERR_REP_TOO_BIG_TO_CACHE
+cdef object _SEQ4_STATUS_EXPIRED_ALL_STATE_REVOKED = _n.SEQ4_STATUS_EXPIRED_ALL_STATE_REVOKED
 assert (_n.OP_READ, _n.OP_WRITE, _n.OP_SEQUENCE, _n.OP_ILLEGAL) == (OP_READ, OP_WRITE, OP_SEQUENCE, OP_ILLEGAL)
 
 # The op rules by number (nfsd/optable.py): what is true of an op whoever serves it.
@@ -131,12 +133,15 @@ cdef inline uint32_t _r32(const unsigned char* p) noexcept nogil:
     return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | <uint32_t>p[3]
 
 
-cdef inline void _p32(bytearray out, Py_ssize_t at, uint32_t x) noexcept:
-    cdef unsigned char* q = <unsigned char*>PyByteArray_AS_STRING(out) + at
+cdef inline void _w32(unsigned char* q, uint32_t x) noexcept nogil:
     q[0] = <unsigned char>(x >> 24)
     q[1] = <unsigned char>(x >> 16)
     q[2] = <unsigned char>(x >> 8)
     q[3] = <unsigned char>x
+
+
+cdef inline void _p32(bytearray out, Py_ssize_t at, uint32_t x) noexcept:
+    _w32(<unsigned char*>PyByteArray_AS_STRING(out) + at, x)
 
 
 cdef inline int _truncate(bytearray out, Py_ssize_t n) except -1:
@@ -339,6 +344,29 @@ cdef class Results:
             self._put_error(opnum, status)
         return self._finish_add(opnum, status)
 
+    cdef long long add_sequence_ok(self, bytes sessionid, uint32_t seqid, uint32_t slotid,
+                                   uint32_t highest, uint32_t flags) except? -1:
+        """add_result(OP_SEQUENCE, SEQUENCE4res(NFS4_OK, SEQUENCE4resok(...))) written directly."""
+        cdef Py_ssize_t mark = PyByteArray_GET_SIZE(self.out)
+        cdef unsigned char* q
+        cdef long long status = NFS4_OK
+        self._inline_tail()
+        mark = PyByteArray_GET_SIZE(self.out)
+        PyByteArray_Resize(self.out, mark + 44)
+        q = <unsigned char*>PyByteArray_AS_STRING(self.out) + mark
+        _w32(q, OP_SEQUENCE)
+        _w32(q + 4, NFS4_OK)
+        memcpy(q + 8, <const char*>sessionid, 16)
+        _w32(q + 24, seqid)
+        _w32(q + 28, slotid)
+        _w32(q + 32, highest)            # sr_highest_slotid
+        _w32(q + 36, highest)            # sr_target_highest_slotid
+        _w32(q + 40, flags)
+        if self.room() < 0:
+            _truncate(self.out, mark)
+            status = self._put_error(OP_SEQUENCE, self.too_big)
+        return self._finish_add(OP_SEQUENCE, status)
+
     def add(self, resop):
         """nfsd.compound._Results.add: encode one op result (an nfs_resop4); its status."""
         cdef long long opnum = resop.tag
@@ -467,21 +495,21 @@ cdef tuple _start_session_part(ctx, Args args, Results results, Py_ssize_t reque
     opnums = [None] * len(ops)
     for i in range(len(ops)):
         opnums[i] = ops[i].tag
+    # What a retransmission must match (a cheap test, as Linux knfsd's): size and ops.
+    signature = (request_size, tuple(opnums), args.illegal_opnum)
+    sa = op0.value
+    slot = _new_request(ctx, sa, request_size, nops, signature, results)
+    if slot is not None:
+        return (1, slot, None) if results.status == NFS4_OK else (-1, slot, None)
     try:
-        # What a retransmission must match (a cheap test, as Linux knfsd's): size and ops.
-        signature = (request_size, tuple(opnums), args.illegal_opnum)
-        seq = _session_ops.sequence(ctx, op0.value, request_size, nops, signature)
+        seq = _session_ops.sequence(ctx, sa, request_size, nops, signature)
     except NfsError as err:
         _log_op_error(ctx, OP_SEQUENCE, err)
         results.add_error(OP_SEQUENCE, err.status)
         return -1, None, None
     if seq.replay is not None:
         return -1, None, seq.replay
-    fore = ctx.session.fore
-    results.limit = fore.maxresponsesize
-    if op0.value.sa_cachethis and not seq.uncached_retry:
-        results.limit = min(fore.maxresponsesize, fore.maxresponsesize_cached)
-        results.too_big = E_REP_TOO_BIG_TO_CACHE
+    _set_limit(results, ctx.session.fore, sa.sa_cachethis and not seq.uncached_retry)
     if results.add_result(OP_SEQUENCE, seq.result) != NFS4_OK:
         return -1, seq.slot, None          # not even SEQUENCE's reply fits
     if seq.uncached_retry:
@@ -490,6 +518,70 @@ cdef tuple _start_session_part(ctx, Args args, Results results, Py_ssize_t reque
             results.add_error(ops[1].tag, E_RETRY_UNCACHED_REP)
         return -1, None, None
     return 1, seq.slot, None
+
+
+cdef int _set_limit(Results results, fore, bint cached) except -1:
+    results.limit = fore.maxresponsesize
+    if cached:
+        results.limit = min(fore.maxresponsesize, fore.maxresponsesize_cached)
+        results.too_big = E_REP_TOO_BIG_TO_CACHE
+    return 0
+
+
+cdef object _new_request(ctx, sa, Py_ssize_t request_size, Py_ssize_t nops, tuple signature,
+                         Results results):
+    """SEQUENCE's common case typed: a new request on a valid slot of a known session, within
+    the session's limits. Does what nfsd/ops/session.py's sequence() does then, adds the
+    SEQUENCE result and returns the slot; None (having changed nothing) for every other case
+    (unknown session, bad slot, retransmission, misordered, too many ops, too big), which
+    sequence() itself then answers."""
+    cdef uint32_t seqid, flags, highest
+    mgr = ctx.server.sessions
+    session = mgr.sessions.get(bytes(sa.sa_sessionid))
+    if session is None:
+        return None
+    slots = session.slots
+    slotid = sa.sa_slotid
+    if slotid >= len(slots):
+        return None
+    slot = slots[slotid]
+    seqid = sa.sa_sequenceid
+    if seqid != <uint32_t>(<uint32_t>slot.seqid + 1):     # next_seqid: wraps at 2**32
+        return None
+    fore = session.fore
+    if nops > fore.maxoperations or request_size > fore.maxrequestsize:
+        return None
+    slot.seqid = seqid
+    slot.used = True
+    slot.signature = signature
+    mgr.forget_reply(slot)
+    slot.in_progress = True
+    # A SEQUENCE on an unbound connection binds it (SP4_NONE, 2.10.3.1).
+    conn = ctx.conn
+    if conn is not None and conn not in session.connections:
+        mgr.bind_connection(session, conn)
+    client = session.client
+    ctx.session = session
+    ctx.client = client
+    client.renew()
+    if session.backchannel is None and client.reclaim_complete:
+        flags_obj = client.revoked_flags      # all status_flags() can report then
+    else:
+        flags_obj = _session_ops.status_flags(mgr, session)
+    highest_obj = session.highest_slotid
+    # EXPIRED_ALL_STATE_REVOKED is told once (as sequence()).
+    client.revoked_flags &= ~_SEQ4_STATUS_EXPIRED_ALL_STATE_REVOKED
+    _set_limit(results, fore, sa.sa_cachethis)
+    sessionid = session.sessionid
+    if (type(sessionid) is bytes and len(<bytes>sessionid) == 16 and 0 <= flags_obj < 0x100000000
+            and 0 <= highest_obj < 0x100000000):
+        results.add_sequence_ok(<bytes>sessionid, seqid, <uint32_t>slotid, highest_obj, flags_obj)
+    else:      # what cannot be written as it is: the codec says why (SERVERFAULT)
+        results.add_result(OP_SEQUENCE, _n.SEQUENCE4res(NFS4_OK, _n.SEQUENCE4resok(
+            sr_sessionid=sessionid, sr_sequenceid=seqid, sr_slotid=slotid,
+            sr_highest_slotid=highest_obj, sr_target_highest_slotid=highest_obj,
+            sr_status_flags=flags_obj)))
+    return slot
 
 
 async def _run_ops(ctx, Args args, Py_ssize_t first, Results results):

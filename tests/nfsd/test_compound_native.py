@@ -25,8 +25,9 @@ from nfsd.xdr.nfs4 import (
     OP_DESTROY_CLIENTID, OP_GETFH, OP_LOOKUP, OP_PUTFH, OP_PUTROOTFH, OP_READ, OP_RENEW,
     OP_RESTOREFH, OP_SAVEFH, OP_SEEK, OP_SEQUENCE, OP_SETATTR, OP_WRITE, PUTFH4args, PUTFH4res,
     PUTROOTFH4res, READ4args, READ4res, READ4resok, RENEW4args, RESTOREFH4res, SAVEFH4res,
-    SEEK4args, SEQUENCE4args, SETATTR4args, SETATTR4res, UNSTABLE4, WRITE4args, WRITE4res,
-    WRITE4resok, fattr4, nfs_argop4, stateid4,
+    SEEK4args, SEQ4_STATUS_ADMIN_STATE_REVOKED, SEQ4_STATUS_EXPIRED_ALL_STATE_REVOKED, SEQUENCE4args,
+    SETATTR4args, SETATTR4res, UNSTABLE4, WRITE4args, WRITE4res, WRITE4resok, fattr4, nfs_argop4,
+    stateid4,
 )
 from tests.nfsd.compound_engines import native_compound
 
@@ -77,14 +78,19 @@ def _handler(opnum, script):
 class FakeServer:
     """What the COMPOUND loop uses of a server, deterministic: the same for both loops."""
 
-    def __init__(self, script, maxresponse, maxcached, maxops):
+    def __init__(self, script, maxresponse, maxcached, maxops, observe=True, reclaimed=True,
+                 revoked=0):
         self.sessions = SessionManager(lease_time=90, boot_time=7)
         self.sessions._session_salt = b"salt"
         self.client = self.sessions.new_client(b"owner", b"verifier", (1, 0), 1)
+        self.client.reclaim_complete = reclaimed
+        self.client.revoked_flags = revoked
         fore = ChannelAttrs(0, 1 << 20, maxresponse, maxcached, maxops, 3)
         self.session = self.sessions.new_session(self.client, 0, fore, fore, 0, slot_bytes=2048)
         self.ops = OpTable({num: _handler(num, script) for num in SCRIPTED})
         self.observed = []
+        if not observe:
+            self.observer = None
 
     def observer(self, op, status, seconds, nbytes):
         assert seconds >= 0
@@ -115,9 +121,8 @@ def run_both(script, config, requests):
     got = []
     for loop_fn in (compound.python_run_compound, NATIVE.run_compound):
         server = FakeServer(script, *config)
-        server.observer = server.observer if config[0] % 2 else None   # with and without metrics
         answers = [asyncio.run(_run(loop_fn, server, raw)) for raw in requests]
-        got.append((answers, server.observed if server.observer else None, server.slots()))
+        got.append((answers, server.observed, server.slots(), server.client.revoked_flags))
     return got
 
 
@@ -184,7 +189,11 @@ def sessions_of_requests(draw):
     script = {num: draw(st.sampled_from(BEHAVIOURS)) for num in SCRIPTED}
     config = (draw(st.sampled_from([300, 2_000, 70_000, 1 << 20])),       # maxresponsesize
               draw(st.sampled_from([0, 200, 600, 4096])),                 # maxresponsesize_cached
-              draw(st.integers(1, 8)))                                    # maxoperations
+              draw(st.integers(1, 8)),                                    # maxoperations
+              draw(st.booleans()),                                        # with metrics
+              draw(st.booleans()),                                        # reclaim complete
+              draw(st.sampled_from([0, SEQ4_STATUS_EXPIRED_ALL_STATE_REVOKED,
+                                    SEQ4_STATUS_ADMIN_STATE_REVOKED])))   # revoked state
     requests = []
     for _ in range(draw(st.integers(1, 4))):
         if requests and draw(st.integers(0, 3)) == 0:
@@ -268,8 +277,7 @@ def test_a_cancelled_compound_frees_its_slot(loop_fn):
     """Cancelled while a handler waits: the slot is free again, the reply not kept, and a
     retransmission is told its reply is gone (RETRY_UNCACHED_REP), by both loops alike."""
     run = compound.python_run_compound if loop_fn == "python" else NATIVE.run_compound
-    server = FakeServer({num: "ok" for num in SCRIPTED}, 1 << 20, 4096, 8)
-    server.observer = None
+    server = FakeServer({num: "ok" for num in SCRIPTED}, 1 << 20, 4096, 8, observe=False)
     gate = None
 
     async def wait_forever(ctx, args):
@@ -303,8 +311,7 @@ def test_a_cancelled_compound_frees_its_slot(loop_fn):
 
 async def _retry_reply_of_reference(raw):
     """The reference's reply to a retry of a request whose reply was never kept."""
-    server = FakeServer({num: "ok" for num in SCRIPTED}, 1 << 20, 4096, 8)
-    server.observer = None
+    server = FakeServer({num: "ok" for num in SCRIPTED}, 1 << 20, 4096, 8, observe=False)
     slot = server.session.slots[0]
     slot.seqid, slot.used = 1, True
     out = bytearray()
@@ -320,3 +327,15 @@ def test_the_server_runs_the_native_loop_unless_told_otherwise():
     else:
         assert compound.COMPOUND_ENGINE == "native" and compound.run_compound is NATIVE.run_compound
 
+
+
+def test_a_new_request_takes_the_typed_sequence_path(monkeypatch):
+    """The native loop answers a new request's SEQUENCE itself (nfsd/ops/session.py's
+    sequence() only for the rest), and the bytes are the reference's."""
+    from nfsd.ops import session as session_ops
+    raw = _raw([_seq(0, 1), nfs_argop4(OP_PUTROOTFH, None)])
+    python, native = run_both({num: "ok" for num in SCRIPTED}, (1 << 20, 4096, 8), [raw])
+    assert native == python
+    monkeypatch.setattr(session_ops, "sequence", None)
+    server = FakeServer({num: "ok" for num in SCRIPTED}, 1 << 20, 4096, 8)
+    assert asyncio.run(_run(NATIVE.run_compound, server, raw)) == python[0][0]
