@@ -184,9 +184,14 @@ def test_first_run_deploys_an_active_service(vm, first_run):
     assert vm.ssh("sudo stat -c '%U %a' /etc/ckptgw/ckptgw.env").stdout.strip() == "root 600"
     assert SECRET_KEY not in vm.ssh("sudo cat /etc/ckptgw/config.toml").stdout
     assert vm.ssh("sudo /opt/ckptgw/venv/bin/ckptgw check-config /etc/ckptgw/config.toml").returncode == 0
-    # the alert rules and the dashboard, asked for by the inventory
+    # the alert rules and the dashboard, asked for by the inventory, from the role's files/; the
+    # Prometheus reload they notify does nothing on this host, which runs no Prometheus
     rules = vm.ssh("cat /etc/prometheus/rules.d/ckptgw-alerts.yml").stdout
-    assert rules == (REPO / "packaging/prometheus/ckptgw-alerts.yml").read_text()
+    assert rules == (REPO / "ansible/roles/ckptgw/files/ckptgw-alerts.yml").read_text()
+    lines = first_run.output.splitlines()
+    assert any(line.startswith("RUNNING HANDLER [ckptgw : Look for a running Prometheus]") for line in lines)
+    reload_at = [i for i, line in enumerate(lines) if line.startswith("RUNNING HANDLER [ckptgw : Reload Prometheus through systemd]")]
+    assert len(reload_at) == 1 and lines[reload_at[0] + 1].startswith("skipping:"), first_run.tail()
     board = vm.ssh("cat /var/lib/grafana/dashboards/ckptgw-dashboard.json").stdout
     assert json.loads(board)["uid"] == "ckptgw-overview"
 
@@ -238,16 +243,21 @@ def test_check_diff_previews_a_change_without_applying_it(vm, second_run_and_che
 
 
 def test_config_change_reloads_instead_of_restarting(vm, deploy, first_run):
+    """The log level and the NFSv4 id-mapping domain: both applied by a reload (SIGHUP)."""
     assert first_run.returncode == 0
     pid = service(vm, "MainPID")
     restarts = service(vm, "NRestarts")
     since = vm.ssh("date +%s").stdout.strip()
     time.sleep(1)
-    change = deploy("config change ckptgw_log_level=debug", ckptgw_log_level="debug")
+    change = deploy("config change ckptgw_log_level=debug ckptgw_owner_domain=example.org",
+                    ckptgw_log_level="debug", ckptgw_owner_domain="example.org")
     assert change.returncode == 0, change.tail()
     assert "RUNNING HANDLER [ckptgw : Reload ckptgw]" in change.output
     assert "RUNNING HANDLER [ckptgw : Restart ckptgw]" not in change.output
-    assert 'level = "debug"' in vm.ssh("sudo cat /etc/ckptgw/config.toml").stdout
+    config = vm.ssh("sudo cat /etc/ckptgw/config.toml").stdout
+    assert 'level = "debug"' in config and 'owner_domain = "example.org"' in config, config
+    status = json.loads(vm.ssh("sudo /opt/ckptgw/venv/bin/ckptgw status --json").stdout)
+    assert status["nfs"]["owner_domain"] == "example.org", status["nfs"]
     assert service(vm, "MainPID") == pid, "the daemon was restarted"
     assert service(vm, "NRestarts") == restarts
     assert vm.ssh("sudo systemctl is-active ckptgw.service").stdout.strip() == "active"

@@ -1,10 +1,14 @@
 """The role without a host: lint, argument specs, rendered files, coverage of ckptgw's options."""
 from __future__ import annotations
 
+import difflib
+import http.server
 import json
+import re
 import shutil
 import subprocess
 import sys
+import threading
 import tomllib
 from dataclasses import MISSING, fields
 from pathlib import Path
@@ -167,25 +171,201 @@ def test_every_variable_is_specified_defaulted_and_documented():
     assert not undocumented, f"not in the role's README: {undocumented}"
 
 
-def test_unit_follows_the_packaged_unit(ansible_bin, tmp_path):
+README_VARIABLE = re.compile(r"^- `(ckptgw_\w+)`, (?:default `([^`]*)`|(required), no default|default: (.*))"
+                             r"(?:, one of ((?:`[^`]+`(?:, )?)+))?:$")
+
+
+def test_readme_lists_every_variable_with_its_default_as_plain_text():
+    """The role README's variables: one list item each (`- `name`, default `value`[, one of ...]:`
+    and the meaning on indented lines), readable as plain text and in GitHub, no line over 100
+    characters and no table. Exactly the variables of defaults/main.yml (and the required ones),
+    each with the default that file gives and the choices of meta/argument_specs.yml."""
+    options, defaults = spec_options(), role_defaults()
+    text = (ROLE / "README.md").read_text()
+    section = text[text.index("## Variables"):text.index("## Testing")]
+    assert not [line for line in section.splitlines() if line.startswith("|")], "a table in the variables"
+    listed, problems = {}, []
+    for line in section.splitlines():
+        if line.startswith("- `ckptgw_"):
+            m = README_VARIABLE.match(line)
+            if not m:
+                problems.append(f"not in the list's form: {line}")
+                continue
+            name, default, required, described, choices = m.groups()
+            assert name not in listed, f"{name} listed twice"
+            listed[name] = (default, required, described, choices)
+    readme_names, expected = set(listed), set(defaults) | {k for k, v in options.items() if v.get("required")}
+    assert readme_names == expected, f"only in README: {sorted(readme_names - expected)}; " \
+                                     f"only in defaults/main.yml: {sorted(expected - readme_names)}"
+    for name, (default, required, described, choices) in listed.items():
+        if required:
+            problems += [f"{name}: required in README, not in argument_specs"] if not options[name].get("required") else []
+        elif default is not None and default != json.dumps(defaults[name]):
+            problems.append(f"{name}: README default `{default}`, defaults/main.yml {json.dumps(defaults[name])}")
+        spec_choices = options[name].get("choices")
+        if (choices and re.findall(r"`([^`]+)`", choices)) != (spec_choices and [str(c) for c in spec_choices]):
+            problems.append(f"{name}: README choices {choices}, argument_specs {spec_choices}")
+    assert not problems, "\n".join(problems)
+    long = [line for line in section.splitlines() if len(line) > 100]
+    assert not long, long
+
+
+def test_packaged_unit_is_the_role_template_rendered_with_the_defaults(ansible_bin, tmp_path):
+    """The unit has one source, the role's template; packaging/systemd/ckptgw.service (for packagers
+    and tests/appliance/test_systemd_unit.py) is its rendering with the role's defaults, identical
+    from [Unit] on: a change to either alone fails here, showing the difference."""
     packaged = ANSIBLE_DIR.parent / "packaging" / "systemd" / "ckptgw.service"
-    if not packaged.exists():
-        pytest.skip("packaging/systemd/ckptgw.service not there yet")
     run = render(ansible_bin, tmp_path, ckptgw_admin_group="")
     assert run.returncode == 0, run.tail()
 
-    def directives(text: str) -> dict[str, str]:
-        out = {}
-        for line in text.splitlines():
-            if "=" in line and not line.lstrip().startswith(("#", ";")):
-                key, value = line.split("=", 1)
-                out[key.strip()] = value.strip()
-        return out
+    def body(text: str) -> list[str]:
+        lines = text.splitlines(keepends=True)
+        return lines[lines.index("[Unit]\n"):]
 
-    ours, theirs = directives((tmp_path / "ckptgw.service").read_text()), directives(packaged.read_text())
-    # With the role's default paths and user, every directive of the packaged unit is the same.
-    differ = {key: (ours.get(key), value) for key, value in theirs.items() if ours.get(key) != value}
-    assert not differ, f"role unit vs packaging unit (role, packaging): {differ}"
+    rendered, committed = body((tmp_path / "ckptgw.service").read_text()), body(packaged.read_text())
+    diff = "".join(difflib.unified_diff(committed, rendered, "packaging/systemd/ckptgw.service",
+                                        "templates/ckptgw.service.j2 rendered with the role's defaults"))
+    assert not diff, "edit the template and copy its rendering into packaging/systemd/ckptgw.service:\n" + diff
+
+
+def test_the_role_reads_nothing_outside_itself():
+    """Installed alone (ansible-galaxy), the role has what it deploys: every src of a copy or
+    template task is in its files/ or templates/, or is an artifact it is given (the wheel and the
+    constraints file, ckptgw_dist_dir / ckptgw_wheel / ckptgw_constraints). No path climbs out of
+    the role except ckptgw_dist_dir's default, the checkout's dist/ for the role in a checkout."""
+    artifacts = {"{{ ckptgw_wheel_file }}", "{{ ckptgw_constraints_file }}"}
+    for path in sorted((ROLE / "tasks").glob("*.yml")) + [ROLE / "handlers" / "main.yml"]:
+        for task in yaml.safe_load(path.read_text()) or []:
+            for block in [task, *task.get("block", [])]:
+                for module in ("ansible.builtin.copy", "ansible.builtin.template"):
+                    src = (block.get(module) or {}).get("src")
+                    if src is None:
+                        continue
+                    where = ROLE / ("templates" if module.endswith("template") else "files") / src
+                    assert src in artifacts or ("/" not in src and where.is_file()), f"{path.name}: {block['name']}: {src}"
+    climbing = []
+    for path in sorted(p for p in ROLE.rglob("*") if p.is_file() and p.suffix in (".yml", ".j2")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if ("playbook_dir" in line or "role_path }}/.." in line or "inventory_dir" in line) \
+                    and not line.lstrip().startswith("#"):
+                climbing.append(f"{path.relative_to(ROLE)}:{n}: {line.strip()}")
+    assert climbing == ['defaults/main.yml:23: ckptgw_dist_dir: "{{ role_path }}/../../../dist"'], climbing
+
+
+def test_galaxy_metadata():
+    meta = yaml.safe_load((ROLE / "meta" / "main.yml").read_text())["galaxy_info"]
+    assert meta["role_name"] == "ckptgw" and meta["namespace"] == "ckptgw"
+    assert meta["license"] == "Apache-2.0" and meta["min_ansible_version"] == "2.16"
+    assert meta["platforms"] == [{"name": "Debian", "versions": ["bookworm"]}]
+    assert yaml.safe_load((ROLE / "meta" / "main.yml").read_text())["dependencies"] == []
+
+
+class _ReloadRecorder(http.server.BaseHTTPRequestHandler):
+    posts: list[str] = []
+
+    def do_POST(self):                      # noqa: N802 - http.server's name
+        type(self).posts.append(self.path)
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_installed_from_the_role_tarball_alone_it_checks_renders_and_deploys_monitoring(ansible_bin, tmp_path):
+    """packaging/build-role.sh's tarball, installed by `ansible-galaxy role install` into an empty
+    roles path, is all a controller needs besides the wheel: the playbooks pass --syntax-check,
+    the templates render a config ckptgw accepts, and `tasks_from: monitoring` installs the alert
+    rules and the dashboard from the installed copy, then reloads Prometheus (POST /-/reload) only
+    when the rules changed, and does nothing when no Prometheus runs on the host."""
+    out = subprocess.run(["bash", str(ANSIBLE_DIR.parent / "packaging" / "build-role.sh"), str(tmp_path / "dist")],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    tarball = Path(out)
+    assert tarball.name == f"ckptgw-role-{tomllib.loads((ANSIBLE_DIR.parent / 'pyproject.toml').read_text())['project']['version']}.tar.gz"
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "requirements.yml").write_text(yaml.safe_dump([{"src": str(tarball), "name": "ckptgw"}]))
+    (site / "ansible.cfg").write_text("[defaults]\nroles_path = roles\n")     # nothing of the checkout
+    env = dict(ansible_env(ansible_bin), ANSIBLE_CONFIG=str(site / "ansible.cfg"))
+
+    def ansible(*args: str, tool: str = "ansible-playbook") -> subprocess.CompletedProcess:
+        return subprocess.run([str(ansible_bin / tool), *args], cwd=site, env=env, capture_output=True,
+                              text=True, timeout=300, stdin=subprocess.DEVNULL)
+
+    proc = ansible("role", "install", "-r", "requirements.yml", "-p", "roles", tool="ansible-galaxy")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    installed = site / "roles" / "ckptgw"
+    assert sorted(p.name for p in (installed / "files").iterdir()) == ["ckptgw-alerts.yml", "ckptgw-dashboard.json"]
+    assert (installed / "meta" / "main.yml").read_text() == (ROLE / "meta" / "main.yml").read_text()
+
+    shutil.copy(ANSIBLE_DIR / "site.yml", site / "site.yml")
+    (site / "monitoring.yml").write_text(yaml.safe_dump([{
+        "name": "Alert rules and dashboard on a monitoring host", "hosts": "all", "gather_facts": False,
+        "tasks": [{"name": "The role's monitoring tasks", "ansible.builtin.include_role":
+                   {"name": "ckptgw", "tasks_from": "monitoring"}}]}]))
+    for playbook in ("site.yml", "monitoring.yml"):
+        proc = ansible("-i", "localhost,", "--syntax-check", playbook)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    run = render(ansible_bin, tmp_path, ckptgw_admin_group="", ckptgw_role_dir=str(installed))
+    assert run.returncode == 0, run.tail()
+    assert check_config(tmp_path / "config.toml").returncode == 0
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), _ReloadRecorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _ReloadRecorder.posts = []
+    rules, boards = tmp_path / "rules.d", tmp_path / "dashboards"
+    common = ["-i", "localhost,", "-c", "local", "monitoring.yml", "-e", json.dumps({
+        "ansible_python_interpreter": str(ansible_bin / "python3"), "ckptgw_prometheus_rules_dir": str(rules),
+        "ckptgw_grafana_dashboards_dir": str(boards)})]
+    url = ["-e", f"ckptgw_prometheus_reload_url=http://127.0.0.1:{server.server_port}/-/reload"]
+    try:
+        first = ansible(*common, *url)
+        assert first.returncode == 0, first.stdout + first.stderr
+        assert (rules / "ckptgw-alerts.yml").read_bytes() == (ROLE / "files" / "ckptgw-alerts.yml").read_bytes()
+        assert (boards / "ckptgw-dashboard.json").read_bytes() == (ROLE / "files" / "ckptgw-dashboard.json").read_bytes()
+        assert _ReloadRecorder.posts == ["/-/reload"], first.stdout
+        again = ansible(*common, *url)                        # nothing changed: no reload
+        assert again.returncode == 0 and "changed=0" in again.stdout, again.stdout
+        assert _ReloadRecorder.posts == ["/-/reload"]
+    finally:
+        server.shutdown()
+    (rules / "ckptgw-alerts.yml").write_text("groups: []\n")     # a changed rule file, no Prometheus here
+    for extra in ([], ["-e", "ckptgw_prometheus_reload_url=http://127.0.0.1:1/-/reload"]):
+        proc = ansible(*common, "-e", "ckptgw_prometheus_service=ckptgw-test-no-such-prometheus", *extra)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "RUNNING HANDLER [ckptgw : " in proc.stdout and "changed=1" in proc.stdout, proc.stdout
+        (rules / "ckptgw-alerts.yml").write_text("groups: []\n")
+    assert _ReloadRecorder.posts == ["/-/reload"]
+
+
+def test_restart_only_for_what_ckptgw_cannot_reload(ansible_bin, tmp_path):
+    """The role restarts when a setting in vars/main.yml's ckptgw_restart_settings changed and
+    otherwise reloads (SIGHUP): that list is exactly what ckptgw's reload policy marks "restart"
+    (of what the role writes to config.toml; the credentials are in the environment file, whose
+    change restarts). owner_domain, which ckptgw re-reads with the exports, only reloads."""
+    from appliance import config as cfg
+    recorded = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["ckptgw_restart_settings"]
+    role = {f"{section}.{key}" for section, keys in recorded.items() for key in keys}
+    restart = {key for key, effects in cfg.reload_policy().items() if "restart" in effects}
+    not_in_config = {"s3.access_key", "s3.secret_key", "s3.session_token", "admin.token"}
+    assert role == restart - not_in_config, (sorted(role - restart), sorted(restart - not_in_config - role))
+    assert "server.owner_domain" not in role and cfg.reload_policy()["server.owner_domain"] == ("exports",)
+
+    before, after = tmp_path / "before", tmp_path / "after"
+    for out, domain in ((before, ""), (after, "example.org")):
+        out.mkdir()
+        run = render(ansible_bin, out, ckptgw_admin_group="", ckptgw_owner_domain=domain)
+        assert run.returncode == 0, run.tail()
+    assert (before / "restart-settings.json").read_text() == (after / "restart-settings.json").read_text()
+    assert 'owner_domain = "example.org"' in (after / "config.toml").read_text()
+    handlers = yaml.safe_load((ROLE / "handlers" / "main.yml").read_text())
+    config_task = next(t for t in yaml.safe_load((ROLE / "tasks" / "config.yml").read_text())
+                       if t.get("ansible.builtin.template", {}).get("src") == "config.toml.j2")
+    restart_record = next(t for t in yaml.safe_load((ROLE / "tasks" / "config.yml").read_text())
+                          if ".restart-settings.json" in str(t.get("ansible.builtin.copy", {}).get("dest")))
+    assert config_task["notify"] == "Reload ckptgw" and restart_record["notify"] == "Restart ckptgw"
+    assert {h["name"] for h in handlers} >= {"Reload ckptgw", "Restart ckptgw"}
 
 
 @pytest.mark.parametrize("mountpoint", ["/var/lib/ckptgw", "/srv/ckpt-cache/gw_1.d"])

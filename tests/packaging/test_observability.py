@@ -1,6 +1,7 @@
-"""packaging/prometheus and packaging/grafana: the alert rules load in promtool and fire as their
-unit test says; the dashboard has the shape Grafana needs and valid PromQL; every metric either
-names is one the daemon exposes (a renamed metric breaks this test, not a production alert)."""
+"""The alert rules and the Grafana dashboard (ansible/roles/ckptgw/files/, their one home): the
+alert rules load in promtool and fire as their unit test says; the dashboard has the shape Grafana
+needs and valid PromQL; every metric either names is one the daemon exposes (a renamed metric
+breaks this test, not a production alert)."""
 from __future__ import annotations
 
 import json
@@ -15,9 +16,10 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-RULES = REPO / "packaging" / "prometheus" / "ckptgw-alerts.yml"
+ROLE_FILES = REPO / "ansible" / "roles" / "ckptgw" / "files"
+RULES = ROLE_FILES / "ckptgw-alerts.yml"
 RULES_TEST = Path(__file__).resolve().parent / "ckptgw-alerts.test.yml"
-DASHBOARD = REPO / "packaging" / "grafana" / "ckptgw-dashboard.json"
+DASHBOARD = ROLE_FILES / "ckptgw-dashboard.json"
 
 # What Grafana needs to import and draw the dashboard (its full schema is a TypeScript/CUE model
 # with no published JSON Schema): a uid and title, panels with unique ids, a type, a position,
@@ -189,4 +191,4 @@ def test_every_metric_used_is_exposed_by_the_daemon(tmp_path):
     for expr in dashboard_exprs() + rule_exprs():
         used |= set(re.findall(r"\b(?:ckptgw|process)_[a-z0-9_]+\b", expr))
     missing = used - exposed
-    assert not missing, f"used by packaging/ but not exposed: {sorted(missing)}; exposed: {sorted(exposed)}"
+    assert not missing, f"used by the rules or the dashboard but not exposed: {sorted(missing)}; exposed: {sorted(exposed)}"
