@@ -86,6 +86,8 @@ cdef object _log_op_error = None
 cdef object _log_compound = None
 cdef object _client_name = None
 cdef object _status_name = None
+cdef object _routine_errors = frozenset()
+cdef object _DEBUG = 10                          # logging.DEBUG
 cdef object log = None
 cdef object _ref = None
 cdef dict _ERR_BYTES = {}                        # (opnum << 16 | status) -> encoded error result
@@ -94,7 +96,7 @@ cdef dict _ERR_BYTES = {}                        # (opnum << 16 | status) -> enc
 def bind(ref):
     """Take the shared pieces from nfsd.compound (`ref`), once it has defined them."""
     global GarbageArgs, error_result, _decode_argop, _decode_tag, _encode_tag, _read_without_data
-    global _log_op_error, _log_compound, _client_name, _status_name, log, _ref
+    global _log_op_error, _log_compound, _client_name, _status_name, log, _ref, _routine_errors
     if _ref is ref:
         return
     assert ref.MAX_DECODED_OPS == MAX_DECODED_OPS and ref.SUPPORTED_MINOR_VERSIONS == (0, 1, 2)
@@ -103,6 +105,7 @@ def bind(ref):
     _decode_argop = ref._decode_argop
     _read_without_data = ref._read_without_data
     _log_op_error = ref._log_op_error
+    _routine_errors = ref.ROUTINE_ERRORS
     _log_compound = ref._log_compound
     _client_name = ref._client_name
     _status_name = ref.status_name
@@ -147,6 +150,19 @@ cdef inline void _p32(bytearray out, Py_ssize_t at, uint32_t x) noexcept:
 cdef inline int _truncate(bytearray out, Py_ssize_t n) except -1:
     if PyByteArray_GET_SIZE(out) != n:
         PyByteArray_Resize(out, n)
+    return 0
+
+
+cdef inline bint _debug_enabled() except -1:
+    return log.is_enabled_for(_DEBUG)
+
+
+cdef int _op_error(ctx, int opnum, err) except -1:
+    """nfsd.compound._log_op_error, which logs a routine error (LOOKUP's NOENT) at debug
+    level: skipped, with the cost of its arguments, when debug is off."""
+    if err.status in _routine_errors and not _debug_enabled():
+        return 0
+    _log_op_error(ctx, opnum, err)
     return 0
 
 
@@ -467,7 +483,8 @@ async def run_compound(server, cred, peer, conn, args_buf, bytearray out not Non
     finally:
         if slot is not None:         # cancelled or crashed: free the slot, keep nothing
             slot.in_progress = False
-        _log_compound(ctx, args, outcome, started)
+        if _debug_enabled():        # as _log_compound's own test, without its call
+            _log_compound(ctx, args, outcome, started)
 
 
 cdef tuple _start_session_part(ctx, Args args, Results results, Py_ssize_t request_size):
@@ -504,7 +521,7 @@ cdef tuple _start_session_part(ctx, Args args, Results results, Py_ssize_t reque
     try:
         seq = _session_ops.sequence(ctx, sa, request_size, nops, signature)
     except NfsError as err:
-        _log_op_error(ctx, OP_SEQUENCE, err)
+        _op_error(ctx, OP_SEQUENCE, err)
         results.add_error(OP_SEQUENCE, err.status)
         return -1, None, None
     if seq.replay is not None:
@@ -619,7 +636,7 @@ async def _run_ops(ctx, Args args, Py_ssize_t first, Results results):
         try:
             res = await handler(ctx, op.value)
         except NfsError as err:
-            _log_op_error(ctx, opnum, err)
+            _op_error(ctx, opnum, err)
             status = results.add_error(opnum, err.status)
         except Exception:
             log.exception("op_failed", op=_NAMES[opnum], client=_client_name(ctx))
