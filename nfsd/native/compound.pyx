@@ -363,7 +363,7 @@ cdef class Results:
     cdef long long add_sequence_ok(self, bytes sessionid, uint32_t seqid, uint32_t slotid,
                                    uint32_t highest, uint32_t flags) except? -1:
         """add_result(OP_SEQUENCE, SEQUENCE4res(NFS4_OK, SEQUENCE4resok(...))) written directly."""
-        cdef Py_ssize_t mark = PyByteArray_GET_SIZE(self.out)
+        cdef Py_ssize_t mark
         cdef unsigned char* q
         cdef long long status = NFS4_OK
         self._inline_tail()
