@@ -37,6 +37,25 @@ def test_codec_round_trip_and_forgery():
         FhCodec(b"other key").decode(fh.raw)           # another store's handle
 
 
+def test_codec_memo_answers_as_the_codec_and_stays_bounded(monkeypatch):
+    import nfsd.fh as fhmod
+    monkeypatch.setattr(fhmod, "MEMO_ENTRIES", 8)
+    c = FhCodec(b"k" * 16)
+    fresh = FhCodec(b"k" * 16)
+    for ino in range(100):
+        fh = c.export(1, ino, 5)
+        assert fh == fresh.export(1, ino, 5)           # same bytes with or without the memo
+        assert c.decode(fh.raw) == fh
+        assert c.decode(bytearray(fh.raw)) == fh       # any bytes-like, as the codec takes
+        assert len(c._made) <= 8 and len(c._verified) <= 8
+    forged = bytearray(c.export(1, 7, 5).raw)
+    forged[-1] ^= 1                                    # the MAC: never remembered as good
+    for _ in range(2):
+        with pytest.raises(BadHandle):
+            c.decode(bytes(forged))
+    assert bytes(forged) not in c._verified
+
+
 def test_putrootfh_lookup_crosses_into_export(fs):
     async def main():
         res = await fs.run([(OP_PUTROOTFH, None), (OP_GETFH, None),
