@@ -103,6 +103,13 @@ GOALS: tuple[Goal, ...] = (
     _g("request.python_floor", "per request", "floor of any CPython event-loop server: CPU per NULL call answered "
        "with a canned reply, nothing decoded (ckptgw column)", "µs", "NFS-Ganesha's CPU per NULL call",
        "reported (the cause of the nfs-rs rows)", None),
+    # issue 37: what one small-file save costs in durable steps and round trips
+    # (bench/scenarios/anatomy.py; strace on the server, a counting proxy before it)
+    _g("anatomy.fdatasyncs", "small-file anatomy", "fdatasyncs per file (fdatasync + fsync calls of the server, "
+       "one nfs-rs client saving 4 KiB files)", "calls", "NFS-Ganesha (VFS)",
+       "reported (issue 37 asks for the figure)", None),
+    _g("anatomy.compounds", "small-file anatomy", "COMPOUNDs per file (the same saves)", "COMPOUNDs",
+       "NFS-Ganesha (VFS)", "reported (issue 37 asks for the figure)", None),
     # issue 37 point 1: the headroom a native engine on uvloop has against Ganesha
     _g("request.uvloop_floor", "per request", "floor of a uvloop server (the gateway's loop): CPU per NULL call "
        "answered with a canned reply, nothing decoded (ckptgw column)", "µs", "NFS-Ganesha's CPU per NULL call",

@@ -105,6 +105,18 @@ def write_streams(port: int | list[int], prefix: str, per: int, block: bytes) ->
                            for i in range(STREAMS)])
 
 
+def save_small_file(c, d: str, n: int, payload: bytes) -> None:
+    """One small-file save as a training job's checkpoint code does it: open "wb" + write +
+    close (DIR/tmpN), rename it over DIR/final, unlink DIR/final. The one body of the
+    small-file figures (`small_files`) and of their anatomy (bench/small_file_anatomy.py)."""
+    def once():
+        with c.open(f"{d}/tmp{n}", "wb") as f:
+            f.write(payload)
+    retrying(once)
+    retrying(c.rename, f"{d}/tmp{n}", f"{d}/final")
+    retrying(c.remove, f"{d}/final")
+
+
 def small_files(port: int | list[int], nclients: int, seconds: float, tag: str) -> float:
     """files/s of nclients small-file loops at once (a list of ports: client N uses
     ports[N % len(ports)])."""
@@ -122,12 +134,7 @@ def small_files(port: int | list[int], nclients: int, seconds: float, tag: str) 
         try:
             d, n, stop = f"small-{tag}-{i}", 0, time.monotonic() + seconds
             while time.monotonic() < stop:
-                def once():
-                    with c.open(f"{d}/tmp{n}", "wb") as f:
-                        f.write(payload)
-                retrying(once)
-                retrying(c.rename, f"{d}/tmp{n}", f"{d}/final")
-                retrying(c.remove, f"{d}/final")
+                save_small_file(c, d, n, payload)
                 n += 1
             counts[i] = n
         finally:

@@ -32,7 +32,7 @@ if str(REPO) not in sys.path:
 
 from bench import machine, render  # noqa: E402
 from bench.record import MODES, NotRunHere, Run  # noqa: E402
-from bench.scenarios import kclient, nfs, profile, request, s3, scale  # noqa: E402
+from bench.scenarios import anatomy, kclient, nfs, profile, request, s3, scale  # noqa: E402
 
 # name, function, goal-id prefixes it measures, runs in quick/smoke modes
 SCENARIOS = (
@@ -43,6 +43,7 @@ SCENARIOS = (
     ("scale: start-up and lookups", scale.startup_and_lookup, ("scale.startup", "scale.lookup"), True),
     ("RSS while saving", scale.rss_while_saving, ("scale.rss",), True),
     ("per request: what a COMPOUND costs the server", request.run, ("request.",), True),
+    ("small-file anatomy: fdatasyncs and COMPOUNDs per file", anatomy.run, ("anatomy.",), True),
     ("kernel client", kclient.run, ("kclient.",), False),
     ("profile: where the gateway's time goes", profile.run, (), True),
 )

@@ -26,7 +26,8 @@ from bench.render import PNG_MAGIC  # noqa: E402
 # the plots every smoke run must draw (kernel client: full mode only)
 EXPECTED_PLOTS = ("nfs-rs-throughput.png", "ack-latency.png", "cores.png", "save-vs-s3-faults.png",
                   "drain-over-time.png", "restart-read.png", "scale.png", "lookup-getattr-latency.png",
-                  "rss-while-saving.png", "rss-during-nfs-rs-throughput.png", "per-request.png")
+                  "rss-while-saving.png", "rss-during-nfs-rs-throughput.png", "per-request.png",
+                  "small-file-anatomy.png")
 FULL_ONLY = ("kclient.",)
 
 
