@@ -607,9 +607,7 @@ def retention_log(limit, as_json):
     res = call("retention_log", {"limit": limit})
     if as_json:
         return emit_json(res)
-    import datetime
-    rows = [[datetime.datetime.fromtimestamp(e.get("t", 0), datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-             e.get("action"), e.get("status"), e.get("checkpoint") or e.get("path") or "",
+    rows = [[e.get("time", "?"), e.get("action"), e.get("status"), e.get("checkpoint") or e.get("path") or "",
              e.get("rule") or "", e.get("detail") or e.get("reason") or ""] for e in res["entries"]]
     click.echo(table(["TIME", "ACTION", "STATUS", "PATH", "RULE", "DETAIL"], rows))
 

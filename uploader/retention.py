@@ -595,10 +595,18 @@ async def apply(*, store, rules, object_client=None, now=None, settings=None, up
 
 
 async def log_entries(*, store, limit=100, **_) -> dict:
-    """`ckptgw retention log`: the newest `limit` audit entries (0: all), oldest first."""
+    """`ckptgw retention log`: the newest `limit` audit entries (0: all), oldest first, each
+    with its time as ISO 8601 under "time" (the audit file keeps Unix time under "t")."""
     limit = int(limit) if limit is not None else 100
     entries = await asyncio.to_thread(Records(store).newest_entries, max(limit, 0))
-    return {"entries": entries}
+    return {"entries": [_public_entry(e) for e in entries]}
+
+
+def _public_entry(entry: dict) -> dict:
+    out = {k: v for k, v in entry.items() if k != "t"}
+    if isinstance(entry.get("t"), (int, float)):
+        out["time"] = iso_time(entry["t"])
+    return out
 
 
 # ---- pins ------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The synthetic series: 50 checkpoints with mixed ages, a pin, an incomplete one and a stale
 temporary directory; plan and apply against moto give exactly the expected survivors."""
+import re
 import time
 
 from tests.retention.rhelp import (DAY, HOUR, INCOMPLETE, PINNED, PREFIX, STEPS, Rule, Settings, T,
@@ -80,3 +81,6 @@ def test_plan_lists_expected_actions_then_apply_leaves_exact_survivors(moto, buc
     log = run(retention.log_entries(store=store, limit=0))["entries"]
     done = {e["checkpoint"] for e in log if e.get("action") == "delete" and e["status"] == "done"}
     assert done == {ckpt(s) for s in EXPECTED_DELETED}
+    # times as every JSON output gives them (ISO 8601, UTC), under one name
+    assert all("t" not in e and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", e["time"])
+               for e in log), log[:2]
