@@ -191,7 +191,7 @@ def test_lazy_bookkeeping_rides_the_next_batch_or_forms_one_after_its_delay(stor
     monkeypatch.setattr(batchmod, "LAZY_DELAY", 3600.0)
     lazy = store.batch.submit(lambda w: ran.append("lazy"), lazy=True)
     batches = store.batch.batches
-    time.sleep(0.2)
+    time.sleep(0.2)                                  # the thing under test: nothing happens meanwhile
     assert not lazy.done() and store.batch.batches == batches
     eager = store.batch.submit(lambda w: ran.append("eager"), durable=False)
     eager.result(10)
@@ -221,6 +221,14 @@ def test_a_close_that_reclaims_is_not_lazy(store, monkeypatch):
         assert v.inode(f) is None
 
 
+def _until(cond, timeout: float = 10.0) -> None:
+    """Wait for a state the committer thread reaches (a future marked running), not for a time."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"{cond} never became true"
+        time.sleep(0.001)
+
+
 def test_a_cancelled_op_is_skipped_and_the_committer_lives_on(store):
     """Regression (found 2026-11-26): an asyncio task awaiting a batch op through wrap_future
     and cancelled (the daemon's shutdown, grace.stop) cancels the concurrent future; the
@@ -246,7 +254,7 @@ def test_a_cancelled_op_is_skipped_and_the_committer_lives_on(store):
         await asyncio.gather(task, return_exceptions=True)
     try:
         taken = store.batch.submit(lambda w: ran.append("taken"))
-        time.sleep(0.2)                              # the committer took it, waits for the lock
+        _until(taken.running)                        # the committer took it, waits for the lock
         queued = store.batch.submit(lambda w: ran.append("cancelled while queued"))
         asyncio.run(cancel_the_waiter(taken))        # too late: it runs, answered to nobody
         asyncio.run(cancel_the_waiter(queued))
@@ -257,6 +265,7 @@ def test_a_cancelled_op_is_skipped_and_the_committer_lives_on(store):
     assert ran == ["taken"]
     d = store.mkdir(ROOT_INO, b"after", 0o755, 0, 0)[0]    # the committer is alive
     assert store.lookup(ROOT_INO, b"after").ino == d.ino
-    assert store.batch.submit(lambda w: 7).cancel() in (True, False)
+    done = store.batch.submit(lambda w: 7)
+    assert done.result(10) == 7 and done.cancel() is False    # answered: too late to cancel
     store.batch.applied()
     assert store.batch._thread.is_alive()
