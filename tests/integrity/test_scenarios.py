@@ -19,13 +19,43 @@ def sim():
     s.close()
 
 
-def step_all(s: Sim) -> None:
-    """Grant every held request one by one, checking the invariants after each."""
-    for _ in range(500):
+def step_all(s: Sim, limit: int = 500) -> None:
+    """Grant every held request one by one, checking the invariants after each; fails when
+    it gives up with requests still pending (a scenario that never settles is a finding,
+    not a pass)."""
+    for _ in range(limit):
         if not s.pending:
             return
         s.grant(s.pending[0])
         s.check()
+    assert not s.pending, f"step_all gave up after {limit} grants with {len(s.pending)} pending"
+
+
+def step_outage(s: Sim, grants: int = 50) -> None:
+    """Grant held requests while S3 is out, checking the invariants after each: every one
+    fails and its job retries, so requests stay pending (an outage never settles; step_all
+    would give up, rightly)."""
+    for _ in range(grants):
+        assert s.pending, "a job stopped retrying during the outage"
+        s.grant(s.pending[0])
+        s.check()
+    assert s.pending
+
+
+def test_step_all_fails_when_it_gives_up_with_requests_pending():
+    class Endless:                   # every grant holds a new request: it never settles
+        pending = ["req"]
+
+        def grant(self, req):
+            pass
+
+        def check(self):
+            pass
+    with pytest.raises(AssertionError, match="pending"):
+        step_all(Endless(), limit=3)
+    settled = Endless()
+    settled.pending = []
+    step_all(settled)                # nothing pending: returns
 
 
 def test_dir_moved_away_and_file_moved_back_during_outage(sim):
@@ -39,7 +69,7 @@ def test_dir_moved_away_and_file_moved_back_during_outage(sim):
     sim.rename("e/f", "d/f")
     sim.enqueue(flush=True)
     sim.dispatch()
-    step_all(sim)
+    step_outage(sim)
     sim.check()
     sim.drain()
     sim.check_drained()
@@ -199,7 +229,7 @@ def test_upload_of_imported_file_during_outage_retries_quietly(sim):
     sim.set_faults(outage=True)
     sim.enqueue(flush=True)
     sim.dispatch()
-    step_all(sim)                                # Violation on job_failed
+    step_outage(sim)                             # Violation on job_failed
     sim.check()
     sim.drain()
     sim.check_drained()
