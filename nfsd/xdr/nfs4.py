@@ -31,7 +31,35 @@ ZERO_COPY_FIELDS = frozenset({("WRITE4args", "data")})
 # bitmap is still refused at decode (GARBAGE_ARGS) instead of being expanded, and past
 # decoding a bitmap is masked word by word against what we support (nfsd/attrs.py).
 MAX_BITMAP_WORDS = 64
-DECODE_LIMITS = {"bitmap4": MAX_BITMAP_WORDS}
+# Unbounded arrays of objects in what a client sends ("Owner.field": such a member has
+# no typedef name). Decoded, each entry is a Python object several times its wire size
+# (a 2 MiB CREATE_SESSION of 524,288 AUTH_NONE sec parms kept ~29 MiB, 14x; a
+# TEST_STATEID of 131,072 stateids ~8x), and up to max_inflight records per connection
+# decode at once: so each count is capped, far above what real clients send, and a
+# longer array is refused at decode (GARBAGE_ARGS) before anything is allocated.
+# Callback security parameters: Linux sends 1-2, pynfs at most 3 (st_create_session).
+MAX_CB_SEC_PARMS = 16
+# TEST_STATEID: Linux sends 1 stateid, pynfs 1; 1,024 is 16 KiB of stateids.
+MAX_TEST_STATEIDS = 1024
+# SSV state protection (EXCHANGE_ID): pynfs sends 2 hash and 2 encryption OIDs.
+MAX_SSV_ALGS = 16
+# COPY's source servers (inter-server copy): clients send one, RFC 7862 names a list.
+MAX_COPY_SOURCES = 16
+# LAYOUTERROR: one device_error4 per device the client had trouble with.
+MAX_LAYOUT_ERRORS = 256
+# Left open on purpose: result-only arrays (we encode them, a client never sends them)
+# and the CB_* argument arrays we send; COMPOUND4args.argarray is decoded op by op by
+# nfsd/compound.py, which refuses more than MAX_DECODED_OPS before decoding them.
+DECODE_LIMITS = {
+    "bitmap4": MAX_BITMAP_WORDS,
+    "CREATE_SESSION4args.csa_sec_parms": MAX_CB_SEC_PARMS,
+    "BACKCHANNEL_CTL4args.bca_sec_parms": MAX_CB_SEC_PARMS,
+    "TEST_STATEID4args.ts_stateids": MAX_TEST_STATEIDS,
+    "ssv_sp_parms4.ssp_hash_algs": MAX_SSV_ALGS,
+    "ssv_sp_parms4.ssp_encr_algs": MAX_SSV_ALGS,
+    "COPY4args.ca_source_server": MAX_COPY_SOURCES,
+    "LAYOUTERROR4args.lea_errors": MAX_LAYOUT_ERRORS,
+}
 
 _imports = {name: getattr(_rpc, name) for name in ("authsys_parms", "AUTH_NONE", "AUTH_SYS",
                                                     "RPCSEC_GSS")}

@@ -25,9 +25,12 @@ of bytes.  A name in zero_copy that is not a variable opaque field is an error.
 
 Decode limits: ``load_spec(text, limits={"bitmap4": 8})`` gives an unbounded (``<>``)
 variable array, opaque or string typedef a maximum length, enforced on decode (before
-anything is allocated) and on encode, as if the .x had declared ``bitmap4<8>``.  It is
-for the server's own protection where the protocol leaves a client-controlled count
-open; a name that is not such a typedef is an error.
+anything is allocated) and on encode, as if the .x had declared ``bitmap4<8>``.  A key
+"Owner.field" (``{"TEST_STATEID4args.ts_stateids": 1024}``) does the same for an
+unbounded variable-length member of a struct or union arm (``stateid4 ts_stateids<>``),
+whose array has no typedef name of its own.  It is for the server's own protection
+where the protocol leaves a client-controlled count open; a name that is not such a
+typedef or member is an error.
 """
 from __future__ import annotations
 
@@ -438,7 +441,8 @@ class _Builder:
     def _limited(name: str, spec: tuple, limit: int) -> tuple:
         """spec with its open maximum length replaced by limit (see Decode limits)."""
         if spec[0] not in ("varray", "vopaque", "string") or spec[-1] is not None:
-            raise XdrSyntaxError(f"limits: {name} is not an unbounded variable-length typedef")
+            raise XdrSyntaxError(f"limits: {name} is not an unbounded variable-length "
+                                 "typedef or member")
         if not 0 < limit <= 0xFFFFFFFF:
             raise XdrSyntaxError(f"limits: {name}: bad limit {limit}")
         return spec[:-1] + (limit,)
@@ -485,6 +489,8 @@ class _Builder:
     def _member_type(self, owner: str, decl: tuple) -> Any:
         fname, spec = decl
         sub = f"{owner}_{fname}"
+        if f"{owner}.{fname}" in self.limits:
+            spec = self._limited(f"{owner}.{fname}", spec, self.limits.pop(f"{owner}.{fname}"))
         if spec[0] in ("struct", "union", "enum"):
             t = self.type_of(spec, sub)
             self.ns[sub] = t
@@ -510,7 +516,7 @@ class _Builder:
         if missing:
             raise XdrSyntaxError(f"zero_copy names no variable opaque field: {sorted(missing)}")
         if self.limits:
-            raise XdrSyntaxError(f"limits name no typedef: {sorted(self.limits)}")
+            raise XdrSyntaxError(f"limits name no typedef or member: {sorted(self.limits)}")
         for t in self.created:
             core.compile_type(t)
 
