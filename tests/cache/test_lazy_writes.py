@@ -230,6 +230,23 @@ def test_answered_writes_from_many_threads_and_a_commit(store):
     assert store.ix.read_inode(ino).committed_size == 2000
 
 
+def land_record_at(s, at: str, ino: int) -> list:
+    """Set s.race_hook so that the first time the store reaches hook point `at` for `ino`,
+    the batch lands ino's queued write record (and it leaves _pending) right there. Returns
+    a list that is non-empty once that happened."""
+    landed = []
+
+    def hook(point, i):
+        if point == at and i == ino and not landed:
+            landed.append(True)
+            done = threading.Thread(target=s.batch.applied)   # the record lands now
+            done.start()
+            done.join()
+            assert pending(s, ino) == 0
+    s.race_hook = hook
+    return landed
+
+
 def test_commit_counts_a_record_that_lands_while_it_reads_the_size(store_dir):
     """Found by the kill -9 long run (tests/cache/test_crash.py, CKPTGW_LONG=1, seed 31: a
     1-byte checkpoint renamed into place after an acknowledged COMMIT was empty after the
@@ -239,16 +256,7 @@ def test_commit_counts_a_record_that_lands_while_it_reads_the_size(store_dir):
     s = Store.open(store_dir)
     ino = new_file(s)
     assert s.write_nowait(ino, 0, b"x")
-    landed = []
-
-    def hook(point, i):
-        if point == "live_size.read" and i == ino and not landed:
-            landed.append(True)
-            done = threading.Thread(target=s.batch.applied)   # the record lands now
-            done.start()
-            done.join()
-            assert pending(s, ino) == 0
-    s.race_hook = hook
+    landed = land_record_at(s, "live_size.read", ino)
     s.commit(ino)
     s.race_hook = None
     assert landed
@@ -270,16 +278,7 @@ def test_check_counts_a_record_that_lands_after_its_snapshot(store_dir):
     s = Store.open(store_dir)
     ino = new_file(s)
     assert s.write_nowait(ino, 0, b"y" * 3882)
-    landed = []
-
-    def hook(point, i):
-        if point == "check.live_size" and i == ino and not landed:
-            landed.append(True)
-            done = threading.Thread(target=s.batch.applied)   # the record lands now
-            done.start()
-            done.join()
-            assert pending(s, ino) == 0
-    s.race_hook = hook
+    landed = land_record_at(s, "check.live_size", ino)
     try:
         assert check(s) == []
     finally:
