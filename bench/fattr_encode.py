@@ -15,13 +15,7 @@ two checkouts for an A/B.
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import subprocess
-import sys
-import tempfile
 import timeit
-from pathlib import Path
 
 from cache.api import Attr, FileType
 from nfsd import attrs
@@ -70,20 +64,10 @@ def _env() -> attrs.AttrEnv:
 
 def _stat_count(calls: int) -> int:
     """Instructions of one server run that answers `calls` nfs-rs stat()s (and the set-up)."""
-    from bench.instructions import REPO, _free_port, _total, _wait_listening
+    from bench.instructions import count_serving
     from tests.e2e.nfsrs_support import connect, write_file
 
-    work = Path(tempfile.mkdtemp(prefix="ckptgw-fattr-"))
-    out = work / "callgrind.out"
-    port = _free_port()
-    env = dict(os.environ, PYTHONHASHSEED="0", CKPTGW_INDEX_MAP_BYTES=str(256 << 20))
-    proc = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-line=no",
-         sys.executable, "-m", "nfsd", "--listen", f"127.0.0.1:{port}", "--cache-dir",
-         str(work / "c"), "--log-level", "warning"],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        _wait_listening(port, proc)
+    def workload(port: int) -> None:
         c = connect(port)
         try:
             write_file(c, "f", b"x" * 100)
@@ -91,10 +75,7 @@ def _stat_count(calls: int) -> int:
                 c.stat("f")
         finally:
             c.close()
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=300)
-    return _total(out)
+    return count_serving(workload)
 
 
 def main() -> int:

@@ -33,14 +33,13 @@ def _total(out_file: Path) -> int:
     raise RuntimeError(f"no totals in {out_file}")
 
 
-def _serve_and_count(engine: str, nulls: int, compounds: int, loop: str) -> int:
-    """Instructions of one server run that answers `nulls` NULLs and `compounds` exists() pairs."""
-    from tests.e2e.nfsrs_support import connect
-
+def count_serving(workload, **env_extra: str) -> int:
+    """Instructions of one `python -m nfsd` run under callgrind while `workload(port)` runs
+    against it (start-up and a clean stop included)."""
     work = Path(tempfile.mkdtemp(prefix="ckptgw-instr-"))
     out = work / "callgrind.out"
     port = _free_port()
-    env = dict(os.environ, CKPTGW_ENGINE=engine, CKPTGW_LOOP=loop, PYTHONHASHSEED="0",
+    env = dict(os.environ, PYTHONHASHSEED="0", **env_extra,
                CKPTGW_INDEX_MAP_BYTES=str(256 << 20))      # valgrind cannot map the default 64 GiB
     proc = subprocess.Popen(
         ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-line=no",
@@ -49,6 +48,18 @@ def _serve_and_count(engine: str, nulls: int, compounds: int, loop: str) -> int:
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         _wait_listening(port, proc)
+        workload(port)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=300)
+    return _total(out)
+
+
+def _serve_and_count(engine: str, nulls: int, compounds: int, loop: str) -> int:
+    """Instructions of one server run that answers `nulls` NULLs and `compounds` exists() pairs."""
+    from tests.e2e.nfsrs_support import connect
+
+    def workload(port: int) -> None:
         if nulls:
             null_calls_n(port, nulls)
         if compounds:
@@ -58,10 +69,7 @@ def _serve_and_count(engine: str, nulls: int, compounds: int, loop: str) -> int:
                     c.exists("none")
             finally:
                 c.close()
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=300)
-    return _total(out)
+    return count_serving(workload, CKPTGW_ENGINE=engine, CKPTGW_LOOP=loop)
 
 
 def _floor_count(calls: int, loop: str) -> int:
