@@ -1,6 +1,7 @@
 """Fixtures for the gateway-pair tests (issue 38): the HA node image and a timing report."""
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ sys.path.insert(0, str(HERE))                       # pairvm, drbd
 sys.path.insert(0, str(HERE.parent / "ansible"))    # guestimage, guestvm: the one image builder
 
 from guestimage import ensure_ha_image  # noqa: E402
+from pairvm import Pair  # noqa: E402
 
 REPORT: list[str] = []
 
@@ -33,6 +35,17 @@ def ha_image():
     image, built = ensure_ha_image(log=lambda msg: None)
     REPORT.append(f"HA image {image.root.name}: {'built' if built else 'cached'}, {time.monotonic() - t0:.0f}s")
     return image
+
+
+@pytest.fixture
+def pair(ha_image):
+    """Two gateway VMs of the HA image (not started); killed after the test, their files
+    removed unless CKPTGW_HA_KEEP_VM=1."""
+    p = Pair(ha_image)
+    try:
+        yield p
+    finally:
+        p.stop(keep=os.environ.get("CKPTGW_HA_KEEP_VM") == "1")
 
 
 @pytest.fixture

@@ -7,24 +7,13 @@ the cluster may act as if gw-a were gone. No resources yet beyond the fence devi
 """
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
 
 import cluster
-from pairvm import Pair
 
 pytestmark = [pytest.mark.ha, pytest.mark.slow]
-
-
-@pytest.fixture
-def pair(ha_image):
-    p = Pair(ha_image)
-    try:
-        yield p
-    finally:
-        p.stop(keep=os.environ.get("CKPTGW_HA_KEEP_VM") == "1")
 
 
 def test_two_node_cluster_with_sbd_comes_up_and_fences_a_dead_node(pair, report):

@@ -15,7 +15,6 @@ import time
 import pytest
 
 import drbd
-from pairvm import Pair
 
 pytestmark = [pytest.mark.ha, pytest.mark.slow]
 
@@ -27,15 +26,6 @@ SAVE = ("python3 -c 'import os,sys\n"
         "fd=os.open(p+\".tmp\",os.O_WRONLY|os.O_CREAT|os.O_TRUNC,0o644); os.write(fd,d); os.fsync(fd); os.close(fd)\n"
         "os.rename(p+\".tmp\",p); dfd=os.open(\"" + MOUNT + "\",os.O_RDONLY); os.fsync(dfd)\n"
         "print(\"acknowledged\",len(d))'")
-
-
-@pytest.fixture
-def pair(ha_image):
-    p = Pair(ha_image)
-    try:
-        yield p
-    finally:
-        p.stop(keep=os.environ.get("CKPTGW_HA_KEEP_VM") == "1")
 
 
 def test_fsynced_write_survives_primary_power_cut(pair, report):
