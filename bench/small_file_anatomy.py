@@ -19,7 +19,11 @@ Two ways of counting, both per file:
     index commits       the same growth of Index.txnid; batches: BatchCommitter txns
     crossings           hand-offs to another thread the request waits for, each way: 2 per
                         `run_blocking` (loop -> pool -> loop), 2 per batch-committer future
-                        waited on (bench/write_crossings.py's definition)
+                        waited on (bench/write_crossings.py's definition); since batch ops
+                        answer the loop directly (cache/batch.py LoopFuture): 1 per
+                        `start_blocking` (loop -> pool), 1 per op handed to the committer
+                        from the loop or a worker, 1 per call of the committer into the loop
+                        (one per batch and loop, however many of its ops the loop waits for)
     wall split          wall time per file; CPU of the loop thread, the client thread (nfs-rs),
                         the batch committer and the rest (pool); the time spent inside each
                         kind of durable step (data fdatasync, directory fsync, a batch's txn
@@ -293,13 +297,24 @@ os.fdatasync, os.fsync = sync_wrap(real_fdatasync), sync_wrap(real_fsync)
 batch_mod.BatchCommitter._apply = timed("batch txn+commit", batch_mod.BatchCommitter._apply)
 commit_mod.GroupCommit._flush = timed("env.sync", commit_mod.GroupCommit._flush)
 real_submit = batch_mod.BatchCommitter.submit
-def submit(self, fn, *args, durable=True, lazy=False):
-    fut = real_submit(self, fn, *args, durable=durable, lazy=lazy)
-    fut._from_batch = True
+def submit(self, fn, *args, durable=True, lazy=False, **kw):
+    fut = real_submit(self, fn, *args, durable=durable, lazy=lazy, **kw)
+    if kw.get("loop") is not None or kw.get("into") is not None:
+        if on[0]:            # answered on the loop (issue 37 point 4): the hand-off to the committer
+            C["batch ops answered on the loop"] += 1
+    else:
+        fut._from_batch = True
     if on[0]:
         C["lazy batch ops" if lazy else "batch ops"] += 1
     return fut
 batch_mod.BatchCommitter.submit = submit
+if hasattr(batch_mod, "_settle"):
+    real_settle = batch_mod._settle
+    def settle(settled):     # one call into the loop per batch: the hand-back
+        if on[0]:
+            C["loop answers"] += 1
+        return real_settle(settled)
+    batch_mod._settle = settle
 real_result = Future.result
 def result(self, timeout=None):
     if on[0] and getattr(self, "_from_batch", False):
@@ -327,6 +342,13 @@ def run_blocking(self, fn, *args):
         C["run_blocking"] += 1
     return real_rb(self, fn, *args)
 NfsServer.run_blocking = run_blocking
+if hasattr(NfsServer, "start_blocking"):
+    real_sb = NfsServer.start_blocking
+    def start_blocking(self, fn, *args):
+        if on[0]:
+            C["start_blocking"] += 1
+        return real_sb(self, fn, *args)
+    NfsServer.start_blocking = start_blocking
 
 def observer(name, status, seconds, nbytes):
     if on[0]:
@@ -405,9 +427,13 @@ out = {
     "batches": per(batches),
     "batch ops (eager)": per(C["batch ops"]),
     "batch ops (lazy)": per(C["lazy batch ops"]),
-    "crossings": per(2 * C["run_blocking"] + 2 * C["batch futures waited"]),
+    "crossings": per(2 * C["run_blocking"] + 2 * C["batch futures waited"] + C["start_blocking"]
+                     + C["batch ops answered on the loop"] + C["loop answers"]),
     "run_blocking": per(C["run_blocking"]),
+    "start_blocking": per(C["start_blocking"]),
     "batch futures waited": per(C["batch futures waited"]),
+    "batch ops answered on the loop": per(C["batch ops answered on the loop"]),
+    "loop answers (one per batch and loop)": per(C["loop answers"]),
     "voluntary ctxsw": per(sw1 - sw0),
     "wall ms": ms(wall),
     "CPU ms: loop thread": ms(cpu.get(box["tid"], 0)),
