@@ -12,6 +12,7 @@ from enum import IntEnum
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    import asyncio
     from collections.abc import Iterator
     from concurrent.futures import Future
 
@@ -184,16 +185,18 @@ class NfsStore(Protocol):
         """*Blocking.* Size changes truncate/extend (truncate up reads zeros). Durable on return."""
         ...
 
-    def setattr_submit(self, ino: int, sa: SetAttr) -> Future | None:
-        """setattr() without waiting, for a SETATTR without a size: a Future of its Attr, set once durable."""
+    def setattr_submit(self, ino: int, sa: SetAttr, loop=None):
+        """setattr() without waiting, for a SETATTR without a size: a Future of its Attr, set
+        once durable (with `loop`: an asyncio.Future of that loop); None for a size."""
         ...
 
     def setattr_unchanged(self, ino: int, sa: SetAttr) -> Attr | None:
         """The file's attributes if setattr(ino, sa) would change nothing, else None. Non-blocking."""
         ...
 
-    def submit(self, op: str, *args):
-        """Queue namespace op `op` (one of NAMESPACE_OPS); a Future of its result, set once durable."""
+    def submit(self, op: str, *args, loop=None):
+        """Queue namespace op `op` (one of NAMESPACE_OPS); a Future of its result, set once
+        durable (with `loop`: an asyncio.Future of that loop)."""
         ...
 
     def create(self, parent: int, name: bytes, mode: int, uid: int, gid: int,
@@ -281,6 +284,11 @@ class NfsStore(Protocol):
 
     def commit(self, ino: int) -> None:
         """*Blocking.* fdatasync the file's data and durably record its size/extents."""
+        ...
+
+    def commit_async(self, ino: int, loop, start) -> asyncio.Future:
+        """commit() for a caller on `loop`: start(fn, *args) runs its blocking half on a
+        worker without waiting; an asyncio.Future of `loop`, set once durable."""
         ...
 
     def submit_client_record(self, owner: bytes, record: bytes | None) -> Future:

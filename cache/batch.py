@@ -9,7 +9,10 @@ the ops' futures only when that commit is durable:
     flushes this commit's meta page: commit.py), so under load a batch costs one fdatasync;
   * if nothing is queued, one GroupCommit.sync() (env.sync) makes it durable.
 So a future's result means "applied and durable"; nobody learns of an op before its commit,
-and readers (other threads' read txns) only ever see committed batches.
+and readers (other threads' read txns) only ever see committed batches. A caller on an asyncio
+loop gets an asyncio.Future (submit(loop=...), LoopFuture): the answers of every op a group
+commit covered reach each loop in one call_soon_threadsafe, one wake-up of the loop's thread
+per group commit, not one per op (issue 37 point 4).
 
 A caller already inside the index lock (a race hook, this thread itself) cannot wait for
 this thread, which needs that lock: its op runs inline in its own txn and is synced.
@@ -49,18 +52,32 @@ class BatchCommitter:
         self.hook = None                    # tests: hook(point) at "batch.applied"
 
     # ---- callers ------------------------------------------------------------------
-    def submit(self, fn, *args, durable: bool = True, lazy: bool = False) -> Future:
+    def submit(self, fn, *args, durable: bool = True, lazy: bool = False, loop=None,
+               into: LoopFuture | None = None):
         """Run fn(writer, *args) in the next batch; the future holds its result (or the
         StoreError it raised) once the batch is durable. durable=False: set at the commit,
         and never the reason for a sync. lazy (implies durable=False; bookkeeping nobody
         waits for: a settle stamp, a finished job's removal): not the reason for a commit
         either: it joins the next batch formed for another op, in submission order, or
-        forms one LAZY_DELAY after it was queued, so a lone one costs no fdatasync."""
-        fut: Future = Future()
+        forms one LAZY_DELAY after it was queued, so a lone one costs no fdatasync.
+        The future is a concurrent.futures.Future; with `loop` (a caller on that asyncio
+        loop's thread) an asyncio.Future of it, and with `into` (a LoopFuture from
+        waiter(), made on its loop's thread) that one's: the ops of one batch answer a
+        loop in one call into it (issue 37 point 4), not one wake-up of the loop per op."""
+        if into is not None:
+            fut = into
+        elif loop is not None:
+            fut = LoopFuture(loop)
+        else:
+            fut = Future()
         fut.durable = durable and not lazy
         if not self.can_wait():
             self._inline(fut, fn, args)
-            return fut
+        else:
+            self._queue_op(fut, fn, args, lazy)
+        return fut.future if type(fut) is LoopFuture else fut
+
+    def _queue_op(self, fut, fn, args, lazy: bool) -> None:
         with self._cv:
             if self._closing:
                 raise StoreError(errno.ESHUTDOWN, "store is closing")
@@ -77,7 +94,14 @@ class BatchCommitter:
             # a context switch per op
             if wake:
                 self._cv.notify()
-        return fut
+
+    @staticmethod
+    def waiter(loop, then=None) -> "LoopFuture":
+        """A LoopFuture for submit(into=...) by another thread (a worker that does the blocking
+        half of an op, then queues its index half and leaves: the committer answers the loop
+        directly). Made on `loop`'s thread. then(value) runs on the committer thread before
+        the answer goes to the loop: its result is the answer, what it raises the error."""
+        return LoopFuture(loop, then)
 
     def kick(self) -> None:
         """Form the next batch now, lazy ops only or not: someone waits for the effect of a
@@ -98,7 +122,7 @@ class BatchCommitter:
         """close() has begun: submit() refuses new ops."""
         return self._closing
 
-    def _inline(self, fut: Future, fn, args) -> None:
+    def _inline(self, fut, fn, args) -> None:
         try:
             with self.ix.write() as w:
                 result = fn(w, *args)
@@ -190,8 +214,8 @@ class BatchCommitter:
             for p in pending:
                 (covered if self.committer.covered(p[0]) else left).append(p)
             pending = left
-            for _, outs in covered:
-                _complete(outs)
+            # one answer per loop for every batch this sync covered (LoopFuture)
+            _complete([out for _, outs in covered for out in outs])
             if covered and self.after_durable is not None:
                 self.after_durable()        # file removals nobody waits for: after the replies
 
@@ -226,9 +250,69 @@ def _nothing(_writer) -> None:
     return None
 
 
+class LoopFuture:
+    """A batch op's answer for a caller on an asyncio loop: `future`, an asyncio.Future of
+    that loop, settled from the committer thread with a call_soon_threadsafe shared by every
+    op of the batch answering that loop (_complete). Stands where a concurrent.futures.Future
+    stands in the queue (set_running_or_notify_cancel, set_result, set_exception)."""
+
+    __slots__ = ("loop", "future", "then", "durable")
+
+    def __init__(self, loop, then=None):
+        self.loop = loop
+        self.future = loop.create_future()
+        self.then = then
+        self.durable = True
+
+    def set_running_or_notify_cancel(self) -> bool:
+        """False if the caller cancelled it while queued (dropped unapplied, as a cancelled
+        concurrent future). Read on the committer thread: a cancel after this is a cancel of
+        a running op, which is applied and whose answer _settle drops."""
+        return not self.future.cancelled()
+
+    def set_result(self, value) -> None:
+        _answer_loops([(self, True, value)])
+
+    def set_exception(self, exc: BaseException) -> None:
+        _answer_loops([(self, False, exc)])
+
+
 def _complete(outcomes: list) -> None:
+    by_loop = []
     for fut, ok, value in outcomes:
-        if ok:
+        if type(fut) is LoopFuture:
+            by_loop.append((fut, ok, value))
+        elif ok:
             fut.set_result(value)
         else:
             fut.set_exception(value)
+    if by_loop:
+        _answer_loops(by_loop)
+
+
+def _answer_loops(answers: list) -> None:
+    """One call into each loop for its answers (then() applied here, off the loop)."""
+    calls: dict = {}
+    for fut, ok, value in answers:
+        if ok and fut.then is not None:
+            try:
+                value = fut.then(value)
+            except BaseException as e:           # noqa: BLE001 - the caller's answer
+                ok, value = False, e
+        calls.setdefault(fut.loop, []).append((fut.future, ok, value))
+    for loop, settled in calls.items():
+        try:
+            loop.call_soon_threadsafe(_settle, settled)
+        except RuntimeError:            # the loop is closed: nobody waits for these any more
+            pass
+
+
+def _settle(settled: list) -> None:
+    """On the loop: set each answer, unless its caller gave up waiting (cancelled)."""
+    for future, ok, value in settled:
+        if future.done():
+            continue
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)

@@ -44,6 +44,11 @@ class ServerContext(Protocol):
         """Run a blocking call (fsync, LMDB sync) off the event loop; returns an awaitable."""
         ...
 
+    def start_blocking(self, fn: Callable, *args) -> None:
+        """Start a blocking call off the event loop without waiting for it (it answers its
+        caller another way: Store.commit_async)."""
+        ...
+
 
 @dataclass(slots=True)
 class Cred:

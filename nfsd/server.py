@@ -169,6 +169,15 @@ class NfsServer:
         loop = asyncio.get_running_loop()
         return loop.run_in_executor(self._executor, functools.partial(fn, *args))
 
+    def start_blocking(self, fn, *args) -> None:
+        """Start a blocking call on the server's pool without waiting for it: for a call that
+        answers its caller another way (Store.commit_async: the batch committer sets the
+        caller's future), so its thread is free once it has queued that answer's work.
+        fn must catch its own errors (an exception here would be nobody's)."""
+        if self._pool_closed:
+            raise NfsError(NFS4ERR_DELAY, "server stopping")
+        self._executor.submit(fn, *args)
+
     # ---- connections -----------------------------------------------------------
     def client_allowed(self, ip: str) -> bool:
         return bool(self.exports.client_allowed(ip))

@@ -252,7 +252,7 @@ async def namespace_op(ctx, op: str, *args):
     """A store namespace op (Store.NAMESPACE_OPS) through the store's batch committer:
     returns once it is durable, and the loop never waits on a sync meanwhile. StoreErrors
     propagate (callers map them with store_errors())."""
-    return await asyncio.wrap_future(ctx.server.store.submit(op, *args))
+    return await ctx.server.store.submit(op, *args, loop=asyncio.get_running_loop())
 
 
 async def sync_namespace(ctx) -> None:

@@ -143,9 +143,10 @@ async def apply_setattr(ctx, obj: Obj, sa: SetAttr):
             obj.attr = same
             await sync_namespace(ctx)       # what it saw is durable before the reply
             return obj.attr
-        pending = ctx.server.store.setattr_submit(obj.ino, sa)    # None: a size, see there
+        pending = ctx.server.store.setattr_submit(obj.ino, sa,    # None: a size, see there
+                                                  loop=asyncio.get_running_loop())
         if pending is not None:
-            obj.attr = await asyncio.wrap_future(pending)
+            obj.attr = await pending
         else:
             obj.attr = await blocking(ctx, ctx.server.store.setattr, obj.ino, sa)
     except StoreError as e:

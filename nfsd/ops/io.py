@@ -155,7 +155,9 @@ async def op_commit(ctx, args) -> COMMIT4res:
     if args.offset + args.count > 2**64 - 1:
         raise NfsError(NFS4ERR_INVAL, "offset + count overflows")
     with store_errors():
-        await blocking(ctx, ctx.server.store.commit, obj.ino)
+        # the data fdatasync on a worker, the record answered by the batch committer
+        await ctx.server.store.commit_async(obj.ino, asyncio.get_running_loop(),
+                                            ctx.server.start_blocking)
     return COMMIT4res(NFS4_OK, COMMIT4resok(writeverf=ctx.server.write_verifier))
 
 

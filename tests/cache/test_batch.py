@@ -269,3 +269,125 @@ def test_a_cancelled_op_is_skipped_and_the_committer_lives_on(store):
     assert done.result(10) == 7 and done.cancel() is False    # answered: too late to cancel
     store.batch.applied()
     assert store.batch._thread.is_alive()
+
+
+# ---- answers to an asyncio loop (issue 37 point 4) ------------------------------------------
+
+class _CountingLoop:
+    """What the committer sees of an asyncio loop: futures of the real one, and a count of
+    the committer's calls into it (each one a wake-up of the loop's thread)."""
+
+    def __init__(self, loop):
+        self.loop, self.calls = loop, 0
+
+    def create_future(self):
+        return self.loop.create_future()
+
+    def call_soon_threadsafe(self, callback, *args):
+        self.calls += 1
+        return self.loop.call_soon_threadsafe(callback, *args)
+
+
+def test_the_ops_of_one_batch_answer_their_loop_in_one_call(store):
+    """Completions come back to the loop once per batch, not once per op: 20 namespace ops
+    queued from one loop while the committer is busy land in one batch, and their 20
+    asyncio futures are set by ONE call into the loop, after the batch is durable."""
+    import asyncio
+
+    async def main():
+        loop = _CountingLoop(asyncio.get_running_loop())
+        held, go = _hold_writer(store)
+        futs = [store.submit("mkdir", ROOT_INO, b"m%d" % i, 0o755, 0, 0, loop=loop)
+                for i in range(20)]
+        assert all(isinstance(f, asyncio.Future) for f in futs)
+        batches = store.batch.batches
+        go.set()
+        attrs = [r[0] for r in await asyncio.gather(*futs)]
+        assert held.result(10) == "blocker"
+        assert store.batch.batches - batches == 2           # the blocker's, then the 20's
+        assert loop.calls == 1
+        assert store.committer.covered(store.ix.txnid)       # answered once durable
+        return attrs
+    attrs = asyncio.run(main())
+    assert {store.lookup(ROOT_INO, b"m%d" % i).ino for i in range(20)} == {a.ino for a in attrs}
+
+
+def test_a_loop_future_cancelled_while_queued_is_dropped_unapplied(store):
+    import asyncio
+    ran = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        held, go = _hold_writer(store)
+        dropped = store.batch.submit(lambda w: ran.append("cancelled"), loop=loop)
+        kept = store.batch.submit(lambda w: ran.append("kept") or 5, loop=loop)
+        dropped.cancel()
+        go.set()
+        assert await kept == 5
+        held.result(10)
+        assert dropped.cancelled()
+    asyncio.run(main())
+    assert ran == ["kept"]
+
+
+def test_then_turns_an_answer_into_an_error_on_the_committer_thread(store):
+    import asyncio
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        threads = []
+
+        def then(value):
+            threads.append(threading.current_thread())
+            raise StoreError(errno.EIO, f"not covered: {value}")
+        waiter = store.batch.waiter(loop, then)
+        assert store.batch.submit(lambda w: "applied", into=waiter) is waiter.future
+        with pytest.raises(StoreError, match="not covered: applied"):
+            await waiter.future
+        assert threads and threads[0] is not threading.current_thread()
+    asyncio.run(main())
+
+
+def test_a_closed_loop_does_not_stop_the_committer(store):
+    """A server stopped with an op in flight: its loop is closed when the answer comes;
+    the answer is dropped and the committer serves everyone else."""
+    import asyncio
+    gone = asyncio.new_event_loop()
+    held, go = _hold_writer(store)
+    orphan = store.submit("mkdir", ROOT_INO, b"orphan", 0o755, 0, 0, loop=gone)
+    gone.close()
+    go.set()
+    held.result(10)
+    assert store.mkdir(ROOT_INO, b"after", 0o755, 0, 0)[0].ino      # the committer lives
+    assert store.lookup(ROOT_INO, b"orphan")                        # applied, answered to nobody
+    assert not orphan.done()
+
+
+def test_commit_async_answers_from_the_committer_and_errors_reach_the_loop(store):
+    """COMMIT's three crossings: the blocking half on a worker that leaves once it queued the
+    record; the committer answers the loop. Every error of either half answers the future."""
+    import asyncio
+    ino = store.create(ROOT_INO, b"f", 0o644, 0, 0)[0].ino
+    store.open_file(ino, write=True)
+    store.write(ino, 0, b"x" * 5000)
+    workers = []
+
+    def start(fn, *args):
+        t = threading.Thread(target=fn, args=args, daemon=True)
+        workers.append(t)
+        t.start()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        assert await store.commit_async(ino, loop, start) is None
+        rec = store.ix.read_inode(ino)
+        assert rec.committed_size == rec.size == 5000
+        assert store.committer.covered(store.ix.txnid)
+        assert await store.commit_async(ino, loop, start) is None       # nothing to record
+        with pytest.raises(StoreError):
+            await store.commit_async(10_000_000, loop, start)           # no such inode
+    asyncio.run(main())
+    for t in workers:
+        t.join(10)
+        assert not t.is_alive()                      # no worker waits on the committer
+    store.close_file(ino, write=True)

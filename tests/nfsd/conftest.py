@@ -73,9 +73,9 @@ class FakeStore:
     def lookup(self, parent, name): raise _no_files()
     def lookup_parent(self, ino): raise _no_files()
     def setattr(self, ino, sa): raise _no_files()
-    def setattr_submit(self, ino, sa): raise _no_files()
+    def setattr_submit(self, ino, sa, loop=None): raise _no_files()
     def setattr_unchanged(self, ino, sa): raise _no_files()
-    def submit(self, op, *args): return _failed(_no_files())
+    def submit(self, op, *args, loop=None): return _failed(_no_files(), loop)
     def create(self, parent, name, mode, uid, gid, *, exclusive=False): raise _no_files()
     def readlink(self, ino): raise _no_files()
     def readdir(self, ino, cookie=0): raise _no_files()
@@ -94,6 +94,7 @@ class FakeStore:
     def allocate(self, ino, offset, length): raise _no_files()
     def copy_range(self, src, dst, src_off, dst_off, count): raise _no_files()
     def commit(self, ino): raise _no_files()
+    def commit_async(self, ino, loop, start): raise _no_files()
 
 
 def _no_files() -> StoreError:
@@ -106,8 +107,9 @@ def _done(value) -> Future:
     return done
 
 
-def _failed(exc: BaseException) -> Future:
-    failed: Future = Future()
+def _failed(exc: BaseException, loop=None):
+    """A failed Future: concurrent, or with `loop` an asyncio.Future of it (Store.submit)."""
+    failed = Future() if loop is None else loop.create_future()
     failed.set_exception(exc)
     return failed
 

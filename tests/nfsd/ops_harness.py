@@ -7,6 +7,7 @@ the protocol's own types, so what they check is what goes on the wire.
 from __future__ import annotations
 
 import asyncio
+import threading
 from dataclasses import dataclass
 
 import structlog
@@ -60,6 +61,10 @@ class FakeServer:
     async def run_blocking(self, fn, *args):
         self.blocking_calls.append(getattr(fn, "__name__", repr(fn)))
         return await asyncio.to_thread(fn, *args)
+
+    def start_blocking(self, fn, *args):
+        self.blocking_calls.append(getattr(fn, "__name__", repr(fn)))
+        threading.Thread(target=fn, args=args, daemon=True).start()
 
 
 @dataclass
