@@ -47,8 +47,11 @@ MAX_SSV_ALGS = 16
 MAX_COPY_SOURCES = 16
 # LAYOUTERROR: one device_error4 per device the client had trouble with.
 MAX_LAYOUT_ERRORS = 256
-# Left open on purpose: result-only arrays (we encode them, a client never sends them)
-# and the CB_* argument arrays we send; COMPOUND4args.argarray is decoded op by op by
+# CB_COMPOUND replies: a client answers our CB_COMPOUND (CB_SEQUENCE and at most one more
+# op, nfsd/callback.py) with one result per op; more than 16 is not an answer to it.
+MAX_CB_RESULTS = 16
+# Left open on purpose: result-only arrays of the fore channel (we encode them, a client
+# never sends them) and the CB_* argument arrays we send; COMPOUND4args.argarray is decoded op by op by
 # nfsd/compound.py, which refuses more than MAX_DECODED_OPS before decoding them.
 DECODE_LIMITS = {
     "bitmap4": MAX_BITMAP_WORDS,
@@ -59,6 +62,7 @@ DECODE_LIMITS = {
     "ssv_sp_parms4.ssp_encr_algs": MAX_SSV_ALGS,
     "COPY4args.ca_source_server": MAX_COPY_SOURCES,
     "LAYOUTERROR4args.lea_errors": MAX_LAYOUT_ERRORS,
+    "CB_COMPOUND4res.resarray": MAX_CB_RESULTS,
 }
 
 _imports = {name: getattr(_rpc, name) for name in ("authsys_parms", "AUTH_NONE", "AUTH_SYS",

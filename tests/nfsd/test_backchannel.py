@@ -172,6 +172,13 @@ def _garbage_replies(xid: int, proc: int, args):
         res = CB_COMPOUND4res(NFS4_OK, b"", [nfs_cb_resop4(OP_CB_SEQUENCE, CB_SEQUENCE4res(
             NFS4_OK, CB_SEQUENCE4resok(a.csa_sessionid, a.csa_sequenceid, 3, 0, 0)))])
         yield bytes(finish_reply(bytearray(ok) + encode(CB_COMPOUND4res, res)))
+        # a valid CB_SEQUENCE result, then more results than any CB_COMPOUND of ours has ops
+        # (capped at decode, nfsd/xdr/nfs4.py MAX_CB_RESULTS)
+        seq = nfs_cb_resop4(OP_CB_SEQUENCE, CB_SEQUENCE4res(NFS4_OK, CB_SEQUENCE4resok(
+            a.csa_sessionid, a.csa_sequenceid, a.csa_slotid, a.csa_highest_slotid, 0)))
+        body = encode(CB_COMPOUND4res, CB_COMPOUND4res(NFS4_OK, b"", [seq]))
+        yield bytes(finish_reply(bytearray(ok) + body[:-len(encode(nfs_cb_resop4, seq)) - 4]
+                                 + struct.pack(">I", 17) + encode(nfs_cb_resop4, seq) * 17))
     yield frame(struct.pack(">6I", xid ^ 0x5A5A, 1, 0, 0, 0, 0))           # another xid
 
 

@@ -106,6 +106,22 @@ def _outcome(dec, t, data):
 
 @pytest.mark.parametrize("t, opnum, build, cap, field", CASES)
 def test_cap_decodes_and_cap_plus_one_is_refused_identically(t, opnum, build, cap, field):
+    _check_cap(t, build, cap, field)
+
+
+def cb_results(count: int) -> bytes:
+    """A CB_COMPOUND4res (a client's answer to our callback) with `count` CB_GETATTR errors
+    (op and status: 8 bytes a result, ~100 decoded; resarray is its last field)."""
+    return u32(n.NFS4_OK, 0, count) + u32(n.OP_CB_GETATTR, n.NFS4ERR_BADHANDLE) * count
+
+
+def test_a_callback_reply_is_capped_like_a_request():
+    """The back channel's replies come from the client too: CB_COMPOUND4res.resarray."""
+    assert n.DECODE_LIMITS["CB_COMPOUND4res.resarray"] == n.MAX_CB_RESULTS == 16
+    _check_cap(n.CB_COMPOUND4res, cb_results, n.MAX_CB_RESULTS, "CB_COMPOUND4res.resarray")
+
+
+def _check_cap(t, build, cap: int, field: str) -> None:
     ok, over = build(cap), build(cap + 1)
     decs = _decoders()
     assert {_outcome(d, t, ok) for _, d in decs} == {("ok", len(ok))}
