@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from . import extents
 from .api import DEVICE_TYPES, DataState, FileType, ROOT_INO
-from .index import DIRENT, F_PINNED, F_UNCOMMITTED, U64, U64x2, Inode, remote_from_json, rkey_entries
+from .index import DIRENT, F_PINNED, F_UNCOMMITTED, Inode, remote_from_json, rkey_entries
+from .keys import U64, U64x2
 
 
 # A live store can show a data file longer than its size for an instant: a write answered
@@ -167,21 +168,3 @@ def _scan(store) -> tuple[list[str], bool]:
                 p(f"extents of missing inode {ino}")
                 break
     return problems, in_flight
-
-
-def main(path: str) -> int:
-    """`python -m cache.check STORE`: print problems, exit 1 if any."""
-    from .store import Store
-    store = Store.open(path)
-    try:
-        problems = check(store)
-    finally:
-        store.close()
-    for line in problems:
-        print(line)
-    return 1 if problems else 0
-
-
-if __name__ == "__main__":
-    import sys
-    sys.exit(main(sys.argv[1]))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 
 from .api import DataState, Extent
-from .index import U64, U64x2
+from .keys import U64, U64x2
 
 EXT = struct.Struct("<QB")        # length, state
 ABSENT = DataState.ABSENT

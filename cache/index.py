@@ -64,8 +64,10 @@ from dataclasses import dataclass
 import lmdb
 import structlog
 
-from .api import Attr, CopySource, DataState, FileType, RemoteInfo, StoreError
+from . import extents
+from .api import ROOT_INO, Attr, CopySource, DataState, FileType, RemoteInfo, StoreError
 from .clock import HIGH_WATER_STEP, StoreClock
+from .keys import U64, U64x2
 
 log = structlog.get_logger(__name__)
 
@@ -83,8 +85,6 @@ DB_NAMES = (b"meta", b"inodes", b"dirents", b"cookies", b"links", b"extents", b"
             b"queue", b"drops", b"clients", b"rkeys")
 RKEY_MAX = 480                # bytes of an S3 key an rkeys entry keeps (+ 8 of ino <= 511)
 
-U64 = struct.Struct(">Q")
-U64x2 = struct.Struct(">QQ")
 DIRENT = struct.Struct("<QQB")        # child ino, cookie, type
 
 F_PINNED = 1
@@ -339,7 +339,6 @@ class View:
 
     def path_of(self, ino: int) -> str | None:
         """Export-relative path through first links, or None if unlinked."""
-        from .api import ROOT_INO
         parts = []
         cur_ino = ino
         for _ in range(4096):
@@ -449,7 +448,6 @@ class Writer(View):
 
     def purge_inode(self, rec: Inode) -> None:
         """Delete an inode and everything keyed by it (not its data file)."""
-        from . import extents
         key = U64.pack(rec.ino)
         self.put_inode(None, rec)
         extents.delete_all(self.txn, self.ix.extents, rec.ino)

@@ -95,8 +95,10 @@ from .api import (Attr, ChangeInfo, CopySource, DataState, DirEntry, Extent, Fil
 from .batch import BatchCommitter
 from .commit import GroupCommit
 from .data import DataFiles
-from .index import (F_PINNED, F_SENT, F_TRUNCATED, F_UNCOMMITTED, FIRST_COOKIE, SENT_SINCE, U64, U64x2,
-                    Index, Inode, Writer, client_key, pack_client, unpack_client)
+from .check import check
+from .index import (F_PINNED, F_SENT, F_TRUNCATED, F_UNCOMMITTED, FIRST_COOKIE, SENT_SINCE, Index,
+                    Inode, Writer, client_key, pack_client, unpack_client)
+from .keys import U64, U64x2
 from .namespace import Namespace, validate_name
 from .queuecache import DecodedJobs
 from .readcache import ReadCache
@@ -2255,7 +2257,6 @@ class Store:
     def check(self) -> list[str]:
         """Consistency check: LMDB vs extent files; returns problems (empty list = consistent).
         A full scan: for tests and the admin CLI, not the request path."""
-        from .check import check
         return check(self)
 
 

@@ -12,7 +12,8 @@ import pytest
 from cache import index as index_mod
 from cache.api import ROOT_INO, SetAttr
 from cache.clock import StoreClock
-from cache.index import FORMAT, FORMAT_V1, INODE_V1, U64, U64x2, Inode
+from cache.index import FORMAT, FORMAT_V1, INODE_V1, Inode
+from cache.keys import U64, U64x2
 from cache.store import Store
 
 from tests.cache.test_uploader_api import upload

@@ -10,7 +10,7 @@ import lmdb
 import pytest
 
 from cache.api import ROOT_INO, StoreError
-from cache.index import U64, U64x2
+from cache.keys import U64, U64x2
 from cache.store import Store
 
 

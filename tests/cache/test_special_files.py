@@ -10,7 +10,8 @@ import lmdb
 import pytest
 
 from cache.api import ROOT_INO, FileType, SetAttr, StoreError
-from cache.index import FORMAT, FORMAT_V2, INODE_V2, U64
+from cache.index import FORMAT, FORMAT_V2, INODE_V2
+from cache.keys import U64
 from cache.store import Store
 
 SPECIAL = [(FileType.BLK, (8, 1)), (FileType.CHR, (1, 3)), (FileType.SOCK, (0, 0)),

@@ -48,7 +48,8 @@ def test_records_under_a_prefix_come_from_the_key_index_and_follow_every_change(
     each record's key and kept objects through re-keys and purges, keys longer than an LMDB
     key are cut and still found, and a candidate the cut or an ino's bytes let in is checked
     against its record. store.check() compares the index with the records."""
-    from cache.index import RKEY_MAX, U64
+    from cache.index import RKEY_MAX
+    from cache.keys import U64
     a = write_file(store, "d/a", b"a")
     b = write_file(store, "e/b", b"b")
     long_dir = "L" * (RKEY_MAX + 20)
