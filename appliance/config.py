@@ -23,7 +23,7 @@ from typing import Any, Callable, ClassVar
 
 from uploader.settings import UploadSettings as _UploadSettings
 
-from .units import parse_duration, parse_size
+from .units import fmt_seconds, parse_duration, parse_size
 
 _UP = {f.name: f.default for f in fields(_UploadSettings)}
 
@@ -878,26 +878,26 @@ def _check(cfg: Config, src: _Source) -> None:
             names.add(rule.name)
         if src.ok(where + ("expire_after",), where + ("min_age",)) \
                 and rule.expire_after is not None and rule.expire_after < rule.min_age:
-            src.add(where + ("expire_after",), f"expected at least min_age ({rule.min_age:g} s), "
-                    f"got {rule.expire_after:g} s")
+            src.add(where + ("expire_after",), f"expected at least min_age ({fmt_seconds(rule.min_age)}), "
+                    f"got {fmt_seconds(rule.expire_after)}")
         afters = set()
         for j, t in enumerate(rule.transitions):
             at = where + ("transitions", j, "after")
             if not src.ok(at):
                 continue
             if t.after in afters:
-                src.add(at, f"expected distinct ages, {t.after:g} s repeats")
+                src.add(at, f"expected distinct ages, {fmt_seconds(t.after)} repeats")
             afters.add(t.after)
             if src.ok(where + ("expire_after",)) and rule.expire_after is not None \
                     and t.after >= rule.expire_after:
                 src.add(at, "expected less than expire_after "
-                        f"({rule.expire_after:g} s): the checkpoint is deleted first")
+                        f"({fmt_seconds(rule.expire_after)}): the checkpoint is deleted first")
     r = cfg.retention
     if src.ok(("retention", "pin_lock"), ("retention", "pin_lock_days")) \
             and r.pin_lock in ("governance", "compliance") and r.pin_lock_days < 1:
         src.add(("retention", "pin_lock_days"), f"expected at least 1 day with pin_lock = {r.pin_lock!r}")
     if src.ok(("retention", "schedule")) and r.schedule is not None and r.schedule < 60:
-        src.add(("retention", "schedule"), f"expected at least 60 s (or \"never\"), got {r.schedule:g} s")
+        src.add(("retention", "schedule"), f"expected at least {fmt_seconds(60)} (or \"never\"), got {fmt_seconds(r.schedule)}")
     # the uploader's own settings checks, so nothing it would refuse gets past check-config
     # (a backstop: only when nothing above found a problem in what they read, so a problem is
     # named once)

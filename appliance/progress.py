@@ -1,5 +1,7 @@
 """The CLI's progress bar (flush --wait, warmup, verify): on a terminal, the bar with the bytes
-done of the total and the rate over the last seconds ("1.2 GiB of 2.7 GiB, 150.0 MiB/s")."""
+done of the total, the rate over the last seconds and the time left at that rate, in the one
+duration style of human output (units.fmt_seconds): "1.2 GiB of 2.7 GiB, 150.0 MiB/s, 10s left".
+click's own ETA ("00:00:10") is off, so no second duration style shows up on the terminal."""
 from __future__ import annotations
 
 import sys
@@ -8,7 +10,7 @@ from collections import deque
 
 import click
 
-from .units import fmt_bytes, fmt_rate
+from .units import fmt_bytes, fmt_rate, fmt_seconds
 
 RATE_WINDOW = 5.0            # seconds: the rate shown follows changes, yet does not jump per message
 
@@ -30,7 +32,10 @@ class Rate:
 
 
 def bar_text(done: int, total: int, rate: float | None) -> str:
-    return f"{fmt_bytes(done)} of {fmt_bytes(total)}, {fmt_rate(rate) if rate is not None else '-/s'}"
+    text = f"{fmt_bytes(done)} of {fmt_bytes(total)}, {fmt_rate(rate) if rate is not None else '-/s'}"
+    if rate and done < total:
+        text += f", {fmt_seconds((total - done) / rate)} left"
+    return text
 
 
 class Bar:
@@ -51,7 +56,7 @@ class Bar:
         self.text = bar_text(done, total, self.rate.add(done))
         if self.bar is None:
             self.bar = click.progressbar(length=max(total, 1), label=self.label, file=self.file,
-                                         show_percent=True, show_eta=True, item_show_func=lambda t: t)
+                                         show_percent=True, show_eta=False, item_show_func=lambda t: t)
             self.bar.__enter__()
         self.bar.length = max(total, 1)
         self.bar.update(max(0, done - self.shown), self.text)

@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .units import fmt_seconds
+
 PREFIX = "user.ckptgw."
 FILE_FIELDS = ("key", "etag", "version", "checksum")
 IN_S3 = "in_s3"
@@ -126,5 +128,5 @@ def wait_uploaded(path: str | os.PathLike, timeout: float | None = None, interva
         if deadline is not None and now >= deadline:
             what = (f"{st.pending_files} file(s), {st.pending_bytes} bytes not in S3" if st.is_dir
                     else f"still {st.state}")
-            raise NotUploaded(f"{path}: {what} after {timeout:g} s", st)
+            raise NotUploaded(f"{path}: {what} after {fmt_seconds(timeout)}", st)
         sleep(interval if deadline is None else max(0.0, min(interval, deadline - now)))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import re
 
 from appliance.progress import Bar, Rate, bar_text
 
@@ -33,8 +34,10 @@ def test_the_rate_is_over_the_last_seconds():
 
 
 def test_bar_text_says_bytes_and_rate():
-    assert bar_text(3 << 29, 5 << 30, 150 << 20) == "1.5 GiB of 5.0 GiB, 150.0 MiB/s"
+    assert bar_text(3 << 29, 5 << 30, 150 << 20) == "1.5 GiB of 5.0 GiB, 150.0 MiB/s, 23s left"
     assert bar_text(0, 1024, None) == "0 B of 1.0 KiB, -/s"
+    assert bar_text(1024, 1024, 100.0) == "1.0 KiB of 1.0 KiB, 100 B/s"      # done: nothing left to say
+    assert bar_text(0, 300 << 20, 1 << 20) == "0 B of 300.0 MiB, 1.0 MiB/s, 5m left"
 
 
 def test_the_bar_on_a_terminal_shows_them():
@@ -46,7 +49,8 @@ def test_the_bar_on_a_terminal_shows_them():
     bar.close()
     text = out.getvalue()
     assert "flushing" in text and "40%" in text
-    assert "40.0 MiB of 100.0 MiB, 20.0 MiB/s" in text
+    assert "40.0 MiB of 100.0 MiB, 20.0 MiB/s, 3s left" in text
+    assert not re.search(r"\d\d:\d\d:\d\d", text)           # click's ETA, a second duration style
 
 
 def test_no_bar_when_stderr_is_not_a_terminal_or_json(capsys):

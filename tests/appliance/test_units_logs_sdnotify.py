@@ -41,6 +41,39 @@ def test_one_duration_style_in_every_human_output(seconds, text):
             assert parse_duration(text) == seconds
 
 
+def test_no_second_duration_style_in_the_appliance_source():
+    """Human output shows durations through fmt_seconds only (issue 39): no string literal of
+    appliance/ formats a number followed by " s" ("after 5 s"), and no progress bar shows click's
+    "00:00:05" ETA. A JSON field keeps plain seconds; this looks at strings, not at field names."""
+    import io
+    import re
+    import tokenize
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2] / "appliance"
+    spaced = re.compile(r"\{[^{}]*\}\s+s\b")              # f"... {timeout:g} s ..."
+    bad = []
+    for path in sorted(root.glob("*.py")):
+        text = path.read_text()
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type == tokenize.STRING and tok.string.lstrip("rbuRBU").lower().startswith("f") \
+                    and spaced.search(tok.string):
+                bad.append(f"{path.name}:{tok.start[0]}: {tok.string[:60]}")
+        if "show_eta=True" in text:
+            bad.append(f"{path.name}: show_eta=True (click's HH:MM:SS)")
+    assert not bad, bad
+
+
+def test_the_messages_that_had_their_own_style_use_it():
+    from appliance.progress import bar_text
+    from appliance.waiting import NotUploaded, wait_uploaded
+    assert bar_text(3 << 29, 5 << 30, 150 << 20) == "1.5 GiB of 5.0 GiB, 150.0 MiB/s, 23s left"
+    t = [0.0]
+    with pytest.raises(NotUploaded) as e:
+        wait_uploaded("/x", timeout=90, interval=30, getxattr=lambda p, n: b"dirty",
+                      isdir=lambda p: False, clock=lambda: t[0], sleep=lambda s: t.__setitem__(0, t[0] + s))
+    assert str(e.value).endswith("after 1m30s")
+
+
 def test_table_aligns_columns():
     out = table(["PATH", "SIZE"], [["a", "1.0 KiB"], ["longer/name", "12 B"]], right={1})
     lines = out.splitlines()

@@ -93,7 +93,7 @@ def test_timeout_raises_with_the_last_state_and_never_oversleeps():
         wait_uploaded("d", timeout=5, interval=2, getxattr=mount, isdir=lambda p: True,
                       clock=clock, sleep=clock.sleep)
     assert isinstance(e.value, TimeoutError)
-    assert e.value.state.pending_files == 3 and "3 file(s), 100 bytes not in S3 after 5 s" in str(e.value)
+    assert e.value.state.pending_files == 3 and "3 file(s), 100 bytes not in S3 after 5s" in str(e.value)
     assert clock.slept == [2, 2, 1] and clock.now == 5
     with pytest.raises(ValueError):
         wait_uploaded("d", interval=0, getxattr=mount, isdir=lambda p: True)
@@ -139,7 +139,7 @@ def test_cli_done_prints_the_object(monkeypatch):
 def test_cli_timeout_exit_4(monkeypatch):
     r = run_cli(monkeypatch, {("f", "state"): "uploading"}, "f", "--timeout", "0")
     assert r.exit_code == EXIT["timeout"] == 4
-    assert "f: still uploading after 0 s" in r.output
+    assert "f: still uploading after 0s" in r.output
     r = run_cli(monkeypatch, {("f", "state"): "dirty"}, "f", "--timeout", "0", "--json")
     assert r.exit_code == 4
     doc = json.loads(r.stdout)
