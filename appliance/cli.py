@@ -362,6 +362,9 @@ def status(as_json):
         ["retries", up.get("retries", 0)],
         ["throttles", up.get("throttles", 0)],
     ]
+    if st.get("admin_tcp") or st.get("admin_tokens"):
+        rows.append(["admin tcp", st.get("admin_tcp") or "off"])
+        rows.append(["admin tokens", _tokens_text(st.get("admin_tokens") or [])])
     click.echo(table(["", ""], rows).split("\n", 1)[1])
     uploading = up.get("uploading") or []
     if uploading:
@@ -374,6 +377,18 @@ def status(as_json):
         click.echo("last errors:")
         for e in errors[-5:]:
             click.echo(f"  {e if isinstance(e, str) else json.dumps(e)}")
+
+
+def _tokens_text(tokens: list[dict]) -> str:
+    """"ci (read), jobs (flush, env JOBS_TOKEN)": each TCP admin token's name and scope, and where
+    its secret is read from when that is not the config file itself; never the secret."""
+    if not tokens:
+        return "none"
+    parts = []
+    for t in tokens:
+        src = t.get("secret_from")
+        parts.append(f"{t['name']} ({t['scope']}" + (f", {src})" if src and src != "config" else ")"))
+    return ", ".join(parts)
 
 
 def _state_text(entry: dict) -> str:

@@ -620,6 +620,19 @@ class Config:
                                      "the scope of a request would be ambiguous")
         return tuple(out)
 
+    def admin_token_info(self) -> list[dict]:
+        """The TCP admin tokens as `status` shows them, in admin_tokens()'s order: name, scope and
+        where the secret comes from ("file PATH", "env NAME" or "config"); never the secret."""
+        out = []
+        if self.admin.token or self.admin.token_file:
+            out.append({"name": "admin.token", "scope": "admin",
+                        "secret_from": "config" if self.admin.token else f"file {self.admin.token_file}"})
+        for t in self.admin.tokens:
+            out.append({"name": t.name, "scope": t.scope,
+                        "secret_from": "config" if t.token else (f"file {t.token_file}" if t.token_file
+                                                                 else f"env {t.token_env}")})
+        return out
+
     def admin_token(self) -> str | None:
         if self.admin.token:
             return self.admin.token

@@ -152,6 +152,7 @@ class Daemon:
         self.embedded: EmbeddedS3 | None = None
         self.admin: AdminServer | None = None
         self._admin_tokens: tuple = ()          # read at start (config.admin_tokens)
+        self._admin_token_info: list = []       # their names, scopes and sources, for status
         self.metrics: MetricsServer | None = None
         self.commands = Commands(self)
         self.started = time.time()
@@ -177,6 +178,7 @@ class Daemon:
                                 ("metrics", cfg.metrics.listen)])
         try:              # the admin secrets too: a missing file or variable is named before anything runs
             self._admin_tokens = cfg.admin_tokens()
+            self._admin_token_info = cfg.admin_token_info()
         except (OSError, ValueError) as e:
             raise StartupError(f"cannot read the admin tokens: {e}") from None
         credentials = None
@@ -507,6 +509,8 @@ class Daemon:
                "tryout": cfg.embedded_s3, "listen": _addr(self.listen), "metrics": _addr(self.metrics_address),
                "admin_socket": self.admin.socket_path if self.admin else None,
                "admin_tcp": _addr(self.admin.tcp_address) if self.admin else None,
+               # the TCP tokens in effect (read at start): names and scopes, never the secrets
+               "admin_tokens": [dict(t) for t in self._admin_token_info],
                "s3": {"endpoint": self.s3_endpoint, "bucket": cfg.s3.bucket, "prefix": cfg.s3.prefix},
                "exports": [e.path for e in cfg.exports]}
         sessions = getattr(self.nfs, "sessions", None)

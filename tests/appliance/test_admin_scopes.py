@@ -178,6 +178,13 @@ token = "inline"
     got = [(t.name, t.scope, t.secret) for t in cfg.admin_tokens()]
     assert got == [("admin.token", "admin", "old-admin"), ("jobs", "flush", "from-file"),
                    ("grafana", "read", "from-env"), ("ops", "admin", "inline")]
+    # what status shows of them: the same tokens in the same order, where each secret comes from
+    assert cfg.admin_token_info() == [
+        {"name": "admin.token", "scope": "admin", "secret_from": "config"},
+        {"name": "jobs", "scope": "flush", "secret_from": f"file {tmp_path / 'flush.token'}"},
+        {"name": "grafana", "scope": "read", "secret_from": "env CKPTGW_TEST_READ_TOKEN"},
+        {"name": "ops", "scope": "admin", "secret_from": "config"}]
+    assert not {"old-admin", "from-file", "from-env", "inline"} & set(str(cfg.admin_token_info()).split("'"))
     # scoped tokens alone are enough for listen
     _load(tmp_path, '[admin]\nlisten = "127.0.0.1:0"\n[[admin.tokens]]\nname = "a"\nscope = "read"\ntoken = "t"\n')
 
@@ -282,6 +289,16 @@ def test_a_live_daemon_serves_scoped_tokens_from_its_config(live_daemon, tmp_pat
     assert all(e["caller"] == "jobs" and e["client"].startswith("127.0.0.1:") for e in denied)
     assert "flush-secret" not in d.read_log()
     assert d.cli("evict", "/checkpoints").exit_code in (0, 3)      # the socket is not scoped (3: try-out mode)
+    # status names the tokens in effect and their scopes, never a secret (issue 39)
+    st = d.cli_json("status")
+    assert st["admin_tokens"] == [{"name": "jobs", "scope": "flush",
+                                   "secret_from": f"file {tmp_path / 'flush.token'}"}]
+    human = d.cli("status").stdout
+    assert f"admin tcp     {addr}" in human
+    assert f"admin tokens  jobs (flush, file {tmp_path / 'flush.token'})" in human
+    assert "flush-secret" not in human + json.dumps(st)
+    r = cli("status", "--json")                                   # a read is within a flush token's scope
+    assert r.exit_code == 0 and json.loads(r.stdout)["admin_tokens"] == st["admin_tokens"]
 
 
 def test_a_token_whose_secret_is_missing_stops_the_start_before_the_store(tmp_path):

@@ -37,6 +37,21 @@ def test_status_table():
     assert out[-1] == "  SlowDown on UploadPart"
 
 
+def test_status_shows_the_admin_tokens_by_name_and_scope():
+    reply = {**STATUS, "admin_tcp": "10.0.0.5:7000",
+             "admin_tokens": [{"name": "admin.token", "scope": "admin", "secret_from": "config"},
+                              {"name": "jobs", "scope": "flush", "secret_from": "env JOBS_TOKEN"},
+                              {"name": "grafana", "scope": "read", "secret_from": "file /etc/ckptgw/r.token"}]}
+    rows = {line[:14].strip(): line[14:] for line in run(["status"], reply).output.splitlines()
+            if line and not line.startswith(" ")}
+    assert rows["admin tcp"] == "10.0.0.5:7000"
+    assert rows["admin tokens"] == ("admin.token (admin), jobs (flush, env JOBS_TOKEN), "
+                                    "grafana (read, file /etc/ckptgw/r.token)")
+    # no TCP API, no tokens: nothing to say, no rows
+    rows = run(["status"], {**STATUS, "admin_tcp": None, "admin_tokens": []}).output
+    assert "admin tcp" not in rows and "admin tokens" not in rows
+
+
 def test_ls_shows_progress_and_pins():
     reply = {"path": "run1", "entries": [
         {"path": "run1/a.bin", "type": "reg", "size": 1536, "state": "clean", "pinned": True, "pin_reason": "best",
