@@ -2,6 +2,9 @@
 
 Wire format, one JSON object per line each way:
     request   {"cmd": "flush", "args": {"path": "run1", "wait": true}, "token": "..."}
+              optional "prepares": ["retention_apply"]: commands the caller means to send after this
+              one (the plan shown before a confirmation); the token's scope must cover them too, so a
+              token that may not apply is refused before anybody is asked to confirm
     progress  {"progress": {...}}              (zero or more, for long commands)
     alive     {"alive": true}                  (every HEARTBEAT_SECONDS while a command runs)
     reply     {"ok": true, "result": {...}}  |  {"ok": false, "code": "timeout", "error": "..."}
@@ -207,13 +210,18 @@ class AdminServer:
             if token is None:
                 log.warning("admin_refused", reason="bad token", cmd=req["cmd"], **who)
                 return {"ok": False, "code": "denied", "error": "missing or wrong admin token"}
-            if not scopes.allows(token.scope, req["cmd"]):
-                need = scopes.needed(req["cmd"])
-                log.warning("admin_scope_denied", op=req["cmd"], caller=token.name, scope=token.scope,
-                            needs=need, **who)
-                return {"ok": False, "code": "forbidden",
-                        "error": f"the admin token {token.name!r} has scope {token.scope!r}; "
-                                 f"{req['cmd']} needs {need!r}"}
+            prepares = req.get("prepares") or []
+            if not isinstance(prepares, list) or not all(isinstance(c, str) for c in prepares):
+                return {"ok": False, "code": "bad_request",
+                        "error": "malformed request: 'prepares' must be a list of command names"}
+            for op in [req["cmd"], *prepares]:          # what it asks now first, then what it prepares
+                if not scopes.allows(token.scope, op):
+                    need = scopes.needed(op)
+                    log.warning("admin_scope_denied", op=op, caller=token.name, scope=token.scope,
+                                needs=need, **who, **({"asked": req["cmd"]} if op != req["cmd"] else {}))
+                    return {"ok": False, "code": "forbidden",
+                            "error": f"the admin token {token.name!r} has scope {token.scope!r}; "
+                                     f"{op} needs {need!r}"}
             who = {**who, "caller": token.name}
 
         async def progress(info: dict) -> None:
@@ -280,8 +288,12 @@ class AdminClient:
         self.file = self.sock.makefile("rwb")
 
     def call(self, cmd: str, args: dict | None = None,
-             on_progress: Callable[[dict], None] | None = None) -> Any:
+             on_progress: Callable[[dict], None] | None = None, prepares: tuple[str, ...] = ()) -> Any:
+        """`prepares`: the commands this call prepares (see the module's docstring): a token
+        whose scope does not cover them is refused now, not after a confirmation."""
         req = {"cmd": cmd, "args": args or {}}
+        if prepares:
+            req["prepares"] = list(prepares)
         if self.token:
             req["token"] = self.token
         self.file.write(json.dumps(req).encode() + b"\n")

@@ -254,7 +254,9 @@ def _no_daemon(where: str, why: str, source: str, skipped: list[str]) -> str:
     return tried + ". Is `ckptgw serve` running? (--socket PATH or $CKPTGW_ADMIN_SOCKET names its socket)"
 
 
-def call(cmd: str, args: dict | None = None, on_progress=None):
+def call(cmd: str, args: dict | None = None, on_progress=None, prepares: tuple[str, ...] = ()):
+    """Run one admin command; `prepares`: commands a confirmation may lead to, checked against the
+    token's scope now (appliance/admin.py), so nobody is asked to confirm what will be refused."""
     obj = click.get_current_context().obj
     if obj["tcp"]:
         where, source, skipped = obj["tcp"], "from --admin or $CKPTGW_ADMIN", []
@@ -282,7 +284,7 @@ def call(cmd: str, args: dict | None = None, on_progress=None):
         fail(f"cannot reach the daemon at {where} ({source}): {e}", "no_daemon")
     try:
         with client:
-            return client.call(cmd, args, on_progress)
+            return client.call(cmd, args, on_progress, prepares=prepares)
     except AdminError as e:
         fail(e.message.rstrip(".") + ".", e.code)
     except TimeoutError:
@@ -594,7 +596,7 @@ def retention_apply(yes, as_json):
     _json_needs_yes(as_json, yes, "retention plan")
     args: dict = {}
     if not yes:
-        res = call("retention_plan")
+        res = call("retention_plan", prepares=("retention_apply",))     # a too-low scope: refused before the prompt
         if not res["actions"]:
             return click.echo("nothing to do")
         _show_retention_plan(res)
@@ -658,7 +660,7 @@ def lifecycle_sync(yes, as_json):
     """Write our rules (IDs ckptgw-*) to the bucket; rules with other IDs are kept."""
     _json_needs_yes(as_json, yes, "lifecycle plan")
     if not yes:
-        res = call("lifecycle_plan")
+        res = call("lifecycle_plan", prepares=("lifecycle_sync",))      # a too-low scope: refused before the prompt
         if res["in_sync"]:
             return _show_lifecycle(res)
         _show_lifecycle(res)

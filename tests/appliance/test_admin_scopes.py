@@ -111,6 +111,34 @@ def test_the_denial_is_logged_once_with_client_and_op(tcp_server, recorded_log):
     assert [e["cmd"] for e in served] == ["status"] and served[0]["caller"] == "read-tok"
 
 
+def test_a_plan_that_prepares_an_apply_needs_the_scope_of_the_apply(tcp_server, recorded_log):
+    """The interactive `retention apply` / `lifecycle sync` show a plan and ask; the plan request
+    names what it prepares, so a token that may not apply is refused before the question (issue 39)."""
+    for plan, apply in (("retention_plan", "retention_apply"), ("lifecycle_plan", "lifecycle_sync")):
+        for scope in ("read", "flush"):
+            with AdminClient(tcp=tcp_server.tcp_address, token=SECRETS[scope], timeout=10) as client:
+                assert client.call(plan) == {"ran": plan}                 # the plan alone: a read
+                with pytest.raises(AdminError) as info:
+                    client.call(plan, prepares=(apply,))
+                assert info.value.code == "forbidden"
+                assert info.value.message == (f"the admin token '{scope}-tok' has scope {scope!r}; "
+                                              f"{apply} needs 'admin'")
+        with AdminClient(tcp=tcp_server.tcp_address, token=SECRETS["admin"], timeout=10) as client:
+            assert client.call(plan, prepares=(apply,)) == {"ran": plan}
+        with AdminClient(socket_path=tcp_server.socket_path, timeout=10) as client:   # not scoped
+            assert client.call(plan, prepares=(apply,)) == {"ran": plan}
+    denied = [e for e in recorded_log.events if e["event"] == "admin_scope_denied"]
+    assert [(e["op"], e["asked"]) for e in denied] == [
+        ("retention_apply", "retention_plan")] * 2 + [("lifecycle_sync", "lifecycle_plan")] * 2
+    with AdminClient(tcp=tcp_server.tcp_address, token=SECRETS["admin"], timeout=10) as client:
+        for bad in ("retention_apply", [1], {"x": 1}):
+            client.file.write(json.dumps({"cmd": "status", "token": SECRETS["admin"],
+                                          "prepares": bad}).encode() + b"\n")
+            client.file.flush()
+            reply = json.loads(client.file.readline())
+            assert reply["ok"] is False and reply["code"] == "bad_request", reply
+
+
 def test_a_wrong_or_missing_token_is_denied_not_forbidden(tcp_server):
     for token in ("r-secre", "r-secret ", None, "x" * 5000):
         with AdminClient(tcp=tcp_server.tcp_address, token=token, timeout=10) as client:
@@ -276,8 +304,8 @@ def test_a_live_daemon_serves_scoped_tokens_from_its_config(live_daemon, tmp_pat
     addr = d.status["admin_tcp"]
     env = {"CKPTGW_ADMIN_TOKEN": None, "CKPTGW_ADMIN_TOKEN_FILE": str(tmp_path / "flush.token")}
 
-    def cli(*args):
-        return CliRunner().invoke(cli_main, ["--admin", addr, *args], env=env)
+    def cli(*args, input=None):
+        return CliRunner().invoke(cli_main, ["--admin", addr, *args], env=env, input=input)
     r = cli("flush", "--wait", "--timeout", "30", "/checkpoints", "--json")
     assert r.exit_code == 0, (r.stdout, r.stderr)
     assert json.loads(r.stdout)["waited"] is True
@@ -289,6 +317,17 @@ def test_a_live_daemon_serves_scoped_tokens_from_its_config(live_daemon, tmp_pat
     assert all(e["caller"] == "jobs" and e["client"].startswith("127.0.0.1:") for e in denied)
     assert "flush-secret" not in d.read_log()
     assert d.cli("evict", "/checkpoints").exit_code in (0, 3)      # the socket is not scoped (3: try-out mode)
+    # asked interactively, a token that may not apply is refused before the plan and the question
+    before = len([e for e in d.log_events() if e.get("event") == "admin_scope_denied"])
+    for args, apply in ((("retention", "apply"), "retention_apply"), (("lifecycle", "sync"), "lifecycle_sync")):
+        r = cli(*args, input="y\n")
+        assert r.exit_code == 8, (args, r.exit_code, r.stdout, r.stderr)
+        assert r.stderr.strip() == (f"ckptgw: the admin token 'jobs' has scope 'flush'; {apply} needs 'admin'."), \
+            r.stderr
+        assert r.stdout == "" and "?" not in r.stderr, (r.stdout, r.stderr)      # no plan shown, nothing asked
+    denied = [e for e in d.log_events() if e.get("event") == "admin_scope_denied"][before:]
+    assert [(e["op"], e["asked"]) for e in denied] == [("retention_apply", "retention_plan"),
+                                                       ("lifecycle_sync", "lifecycle_plan")]
     # status names the tokens in effect and their scopes, never a secret (issue 39)
     st = d.cli_json("status")
     assert st["admin_tokens"] == [{"name": "jobs", "scope": "flush",

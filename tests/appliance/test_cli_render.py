@@ -156,7 +156,7 @@ class _RecordingClient:
     def __exit__(self, *exc):
         return False
 
-    def call(self, cmd, args=None, on_progress=None):
+    def call(self, cmd, args=None, on_progress=None, prepares=()):
         return {}
 
 
