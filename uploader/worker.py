@@ -490,7 +490,7 @@ class Worker:
         if op == "rename":
             if job.get("type") == "dir":
                 return await self._move_dir(job, job_id)
-            return await self._move_file(job)
+            return await self._move_file(job, job_id)
         if op == "unlink":
             return await self._delete_file(job)
         if op == "link":
@@ -592,11 +592,12 @@ class Worker:
                                  lambda: self.client.abort_multipart_upload(dst, upload_id), what=dst)
             raise
 
-    async def _move_file(self, job: dict) -> str:
+    async def _move_file(self, job: dict, job_id: int) -> str:
         """Copy, re-key the record (durable), then delete the source only if it is still the
         object we copied. A crash anywhere replays to the same end: before the re-key the
         source is still there and is copied again; after it, the record names the new key
-        and the replay only removes the old object."""
+        and the replay only removes the old object: one written here by its identity, an
+        imported one (no identity of ours) by the ETag the job recorded before the copy."""
         ino, old, new = job["ino"], job["old_path"], job["new_path"]
         remote = self._job_remote(job)
         if remote is not None and not remote.etag:
@@ -607,6 +608,9 @@ class Worker:
             # already moved (a replay) or uploaded under the new name; an older object of
             # ours may still sit at the old name: remove exactly that one
             info = await self._is_ours(old, ino)
+            recorded = job.get("object")
+            if info is None and recorded and recorded[0] == old:
+                info = await self._is_ours(old, ino, etag=recorded[1])
             if info is not None and await self._delete_if(old, info.etag):
                 return "stale-deleted"
             return "nothing-to-move"
@@ -617,6 +621,11 @@ class Worker:
             if info is None:
                 return "not-ours"
             etag, size = info.etag, info.size
+        if job.get("object") != [old, etag]:
+            # what the replay removes if a crash comes between the re-key and the removal:
+            # durable with the re-key's sync, which follows it
+            job["object"] = [old, etag]
+            await self._store(self.store.queue_update, job_id, job)
         copied = await self._copy_rekey(ino, old, new, etag, size, rekey=remote is not None)
         if copied != "copied":
             return copied

@@ -305,6 +305,30 @@ def test_first_name_removed_move_killed_before_the_old_object_goes(sim, imported
     sim.check_drained()
 
 
+@pytest.mark.parametrize("size", [0, 10])
+def test_imported_file_renamed_move_killed_after_the_rekey_removes_the_old_object(sim, size):
+    """Found by the model's long run (2026-11-28, seed 20261128, ~190,000 steps): `mv imp/x
+    imp/a` of an imported file, the move killed after the copy and the durable re-key, before
+    the old object went. The replay found the record already at imp/a and looked for an
+    object of ours at imp/x by its identity metadata, which an imported object does not
+    carry: imp/x stayed in S3 forever. The job now records the object it copies (key and
+    ETag) before the copy, and the replay removes exactly that one."""
+    sim.import_external("imp/x", sim.payload(size))
+    sim.rename("imp/x", "imp/a")
+    sim.check()
+    sim.dispatch()
+    for _ in range(20):
+        if not sim.pending or sim.pending[0].op == "DeleteObject":
+            break
+        sim.grant(sim.pending[0])
+        sim.check()
+    assert sim.pending and sim.pending[0].op == "DeleteObject"
+    sim.kill9()
+    sim.check()
+    sim.drain()
+    sim.check_drained()
+
+
 def test_first_name_renamed_over_then_link_evicted_keeps_both(sim):
     """`mv b a` over the name holding a hard-linked file's object, the file then evicted:
     its object moves to its other link, and `a` keeps the old object until b's lands."""
