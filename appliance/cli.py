@@ -364,6 +364,9 @@ def status(as_json):
         ["retries", up.get("retries", 0)],
         ["throttles", up.get("throttles", 0)],
     ]
+    pair = st.get("pair")
+    if pair is not None:
+        rows.append(["pair", _pair_text(pair)])
     if st.get("admin_tcp") or st.get("admin_tokens"):
         rows.append(["admin tcp", st.get("admin_tcp") or "off"])
         rows.append(["admin tokens", _tokens_text(st.get("admin_tokens") or [])])
@@ -379,6 +382,19 @@ def status(as_json):
         click.echo("last errors:")
         for e in errors[-5:]:
             click.echo(f"  {e if isinstance(e, str) else json.dumps(e)}")
+
+
+def _pair_text(pair: dict) -> str:
+    """"in sync (Primary, peer Secondary, /dev/drbd0)", or what is wrong and what it means."""
+    state = pair["state"].replace("_", " ")
+    if pair["state"] == "unknown":
+        return f"unknown: {pair.get('problem')}"
+    roles = f"{pair.get('role')}, peer {pair.get('peer_role')}, {pair['device']}"
+    if pair["state"] == "in_sync":
+        return f"{state} ({roles})"
+    left = pair.get("out_of_sync_bytes")
+    lag = f", {fmt_bytes(left)} to copy" if left else ""
+    return f"{state.upper()} ({roles}{lag}): {pair.get('problem')}"
 
 
 def _tokens_text(tokens: list[dict]) -> str:

@@ -410,6 +410,26 @@ class MetricsSettings:
                                 '"127.0.0.1:9464". Off unless set.', example='""')
 
 
+@_kind("PATH")
+def _drbd_device(v):
+    """/dev/drbdN, or "" for none (a single gateway)."""
+    path = _str(v)
+    if not path:
+        return None
+    from .pair import minor_of
+    minor_of(path)                     # ValueError: not a DRBD device
+    return path
+
+
+@dataclass(frozen=True)
+class PairSettings:
+    reload_default: ClassVar[str] = "config"
+    drbd_device: str | None = _opt(None, _drbd_device, "The DRBD device the cache volume lives on when this "
+                                   "gateway is one of an HA pair (e.g. \"/dev/drbd0\"): `ckptgw status`, the "
+                                   "ckptgw_pair_* metrics and the CkptgwPairDegraded alert then show whether "
+                                   "the peer is connected and in sync. \"\": a single gateway.", example='""')
+
+
 @dataclass(frozen=True)
 class LogSettings:
     reload_default: ClassVar[str] = "log"
@@ -566,6 +586,7 @@ class Config:
     upload: UploadConfig = UploadConfig()
     exports: tuple = (ExportSettings(),)
     retention: RetentionSettings = RetentionSettings()
+    pair: PairSettings = PairSettings()
     source: str | None = None            # the file it came from (None: defaults + flags)
 
     # -- derived values ------------------------------------------------------------
@@ -666,7 +687,7 @@ def _library_kwargs(section) -> dict:
 
 
 SECTIONS = {"server": ServerSettings, "admin": AdminSettings, "metrics": MetricsSettings,
-            "log": LogSettings, "s3": S3Config, "upload": UploadConfig}
+            "log": LogSettings, "s3": S3Config, "upload": UploadConfig, "pair": PairSettings}
 
 
 def _may_bind_low_ports() -> bool:

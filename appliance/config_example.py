@@ -35,6 +35,8 @@ SECTION_INTROS = {
     "s3": "Where checkpoints go. With `endpoint` empty, ckptgw runs in TRY-OUT mode on an embedded\n"
           "in-memory S3: nothing in it survives a restart.",
     "upload": "When and how fast the uploader sends data.",
+    "pair": "One gateway of an active/passive HA pair (docs/operations.md, CkptgwPairDegraded): the\n"
+            "DRBD device of the cache volume, so status and metrics show whether the peer is in sync.",
 }
 
 

@@ -30,6 +30,7 @@ from cache.api import ROOT_INO, DataState, FileType, SetAttr, StoreError
 
 from . import config as configmod
 from . import logs, sdnotify, tree
+from . import pair as pairmod
 from . import version as versionmod
 from .admin import AdminServer
 from .commands import Commands
@@ -523,6 +524,8 @@ class Daemon:
                       "owner_domain": self._live_owner_domain()}
         out["cache"] = self._cache_status()
         out["upload"] = self._upload_status()
+        if cfg.pair.drbd_device:            # one of an HA pair: is the peer there and in sync?
+            out["pair"] = pairmod.read_pair(cfg.pair.drbd_device).as_dict()
         return out
 
     def _live_owner_domain(self) -> str | None:

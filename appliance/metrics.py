@@ -182,6 +182,25 @@ class StatusCollector:
                                   "for reads of evicted data", value=_first(up, "bytes_fetched"))
         yield CounterMetricFamily("ckptgw_cache_evicted_bytes", "Bytes of clean data the evictor freed from the "
                                   "cache", value=_first(up, "evicted_bytes"))
+        if st.get("pair") is not None:
+            yield from _pair_families(st["pair"])
+
+
+def _pair_families(pair: dict):
+    """An HA pair's replication state (appliance/pair.py), when [pair] drbd_device is set."""
+    yield GaugeMetricFamily("ckptgw_pair_degraded", "1 while the HA pair is not redundant: the peer not "
+                            "connected, a resync running or a disk not UpToDate (acknowledged writes are "
+                            "then on this node's disk only); 0 in sync", value=1 if pair["degraded"] else 0)
+    yield GaugeMetricFamily("ckptgw_pair_peer_connected", "1 while DRBD is connected to the peer",
+                            value=1 if pair["peer_connected"] else 0)
+    if pair.get("out_of_sync_bytes") is not None:
+        yield GaugeMetricFamily("ckptgw_pair_out_of_sync_bytes", "Bytes DRBD still has to copy to the peer",
+                                value=pair["out_of_sync_bytes"])
+    info = GaugeMetricFamily("ckptgw_pair_info", "Always 1; the labels say the pair's DRBD state",
+                             labels=["device", "state", "connection", "role", "peer_role", "disk", "peer_disk"])
+    info.add_metric([str(pair.get(k) or "") for k in ("device", "state", "connection", "role", "peer_role",
+                                                       "disk", "peer_disk")], 1)
+    yield info
 
 
 def _first(d: dict, *keys: str, default=0):

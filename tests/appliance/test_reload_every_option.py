@@ -68,6 +68,7 @@ CHANGES = {
     "retention.series": {"retention.series": [{"name": "run", "pattern": "run/step-{step}"}]},
     "exports": {"exports": [{"path": "/checkpoints", "networks": ["127.0.0.0/8", "10.9.0.0/16"],
                              "squash": "none"}]},
+    "pair.drbd_device": {"pair": {"drbd_device": "/dev/drbd3"}},
 }
 
 
@@ -148,6 +149,8 @@ def test_every_option_is_applied_on_reload_or_reported_as_needing_a_restart(live
             assert d.cli_json("exports")["exports"][0]["networks"] == ["127.0.0.0/8", "10.9.0.0/16"]
         if key == "retention.series":
             assert d.cli_json("retention", "plan")["summary"] is not None
+        if key == "pair.drbd_device":
+            assert st["pair"]["device"] == "/dev/drbd3"
         # back to the base file: the applied ones revert, the restart-only ones were never taken
         cfg.write_text(render(base(tmp_path)))
         res = reload(d)
