@@ -14,24 +14,10 @@ import click
 from . import config as configmod
 from . import version as versionmod
 from .admin import DEFAULT_CLIENT_TIMEOUT, AdminClient, AdminError
+from .cliout import EX_CONFIG, EXIT, emit_json, fail, json_option
 from .progress import Bar as _Bar
 from .units import fmt_bytes, fmt_rate, fmt_seconds, table
-
-# exit codes (documented in README.md, "Admin CLI")
-EXIT = {"ok": 0, "failed": 1, "problems": 1, "bad_request": 2, "unavailable": 3, "timeout": 4,
-        "not_found": 5, "denied": 6, "no_daemon": 7, "forbidden": 8, "busy": 1}
-EX_CONFIG = 78          # sysexits.h: configuration error (systemd: RestartPreventExitStatus=78)
-
-
-def fail(message: str, code: str = "failed") -> None:
-    """One sentence on stderr and the exit code; under --json also the error as the one JSON
-    document on stdout, so a script's parser always has something to read."""
-    click.echo(f"ckptgw: {message}", err=True)
-    ctx = click.get_current_context(silent=True)
-    if ctx is not None and (ctx.find_root().obj or {}).get("json"):
-        click.echo(json.dumps({"ok": False, "code": code, "exit": EXIT[code], "error": message}))
-    sys.exit(EXIT[code])
-
+from .wait_cmd import wait as wait_command
 
 # The group's options, also accepted after the command where people type them
 # (`ckptgw serve --config X`, `ckptgw status --socket S`): flag -> (ctx.obj key, click type, metavar).
@@ -309,21 +295,6 @@ def _client_token(obj: dict) -> str | None:
     if not token:
         fail(f"the token file {obj['token_file']} has no token on its first line", "bad_request")
     return token
-
-
-def emit_json(result) -> None:
-    click.echo(json.dumps(result, indent=2, sort_keys=True, default=str))
-
-
-def _remember_json(ctx, param, value):
-    if value:                       # fail() needs to know, wherever it is called from
-        ctx.find_root().ensure_object(dict)["json"] = True
-    return value
-
-
-json_option = click.option("--json", "as_json", is_flag=True, callback=_remember_json,
-                           help="Machine-readable output: exactly one JSON document on stdout "
-                                '(on failure {"ok": false, "code", "exit", "error"}).')
 
 
 def _json_needs_yes(as_json: bool, yes: bool, plan_cmd: str) -> None:
@@ -745,8 +716,7 @@ def reload(as_json):
 
 # `ckptgw wait`: reads the mount, not the admin API (appliance/wait_cmd.py)
 # without the admin options CkptgwGroup.add_command would give it: it never calls the daemon
-from .wait_cmd import wait as _wait  # noqa: E402  (it imports this module's helpers)
-click.Group.add_command(main, _wait)
+click.Group.add_command(main, wait_command)
 
 
 if __name__ == "__main__":

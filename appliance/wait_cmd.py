@@ -1,26 +1,16 @@
 """`ckptgw wait PATH`: block until a file (or every file under a directory) is in S3, read
 through the NFSv4.2 mount (appliance/waiting.py): no admin socket, no token, any client node.
-Registered on the CLI group at the end of appliance/cli.py."""
+Registered on the CLI group at the end of appliance/cli.py; what it prints and exits with is
+appliance/cliout.py's, as every command's."""
 from __future__ import annotations
 
 import sys
 
 import click
 
+from .cliout import EXIT, emit_json, fail, json_option
 from .units import fmt_bytes
 from .waiting import NotOffered, NotUploaded, wait_uploaded
-
-
-def _cli():
-    """appliance.cli, imported when the command runs: cli.py imports this module at its end to
-    register the command, so importing it here at import time would be circular (and under
-    `python -m appliance.cli` a second copy of the module)."""
-    from . import cli
-    return cli
-
-
-def _remember_json(ctx, param, value):
-    return _cli()._remember_json(ctx, param, value)
 
 
 def _progress(enabled: bool):
@@ -45,9 +35,7 @@ def _progress(enabled: bool):
               help="Give up after this long (exit 4). Default: wait as long as it takes.")
 @click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
               metavar="SECONDS", help="Seconds between reads of the attributes.")
-@click.option("--json", "as_json", is_flag=True, callback=_remember_json,
-              help="Machine-readable output: exactly one JSON document on stdout "
-                   '(on failure {"ok": false, "code", "exit", "error"}).')
+@json_option
 @click.argument("path", type=click.Path())
 def wait(timeout, interval, as_json, path):
     """Wait until PATH (a file, or every file under a directory) is in S3.
@@ -56,8 +44,6 @@ def wait(timeout, interval, as_json, path):
     the user.ckptgw.* extended attributes, needs neither the admin socket nor a token.
     Exit 0 when done, 4 on timeout, 3 when the mount does not offer the attributes (not a
     ckptgw export, or not NFS 4.2), 5 when PATH does not exist, 6 when it may not be read."""
-    cli = _cli()
-    EXIT, emit_json, fail = cli.EXIT, cli.emit_json, cli.fail
     try:
         st = wait_uploaded(path, timeout=timeout, interval=interval,
                            on_poll=_progress(not as_json and sys.stderr.isatty()))
