@@ -604,11 +604,26 @@ class Worker:
             return "nothing-to-move"      # never uploaded
         if remote is None and job.get("sent") is False:
             return "nothing-to-move"      # gone, and no object was ever written for it
+        recorded = job.get("object")
+        if remote is None and recorded and recorded[0] == old:
+            # a replay of a move whose file went (unlinked, reclaimed) after it began, its object
+            # imported: no record names the copy it may have made at `new`, and the source may
+            # outlive an unlink that recorded the copy; with no identity of ours on them, no later
+            # job would find either: they go, by the ETag the job recorded. (An object written
+            # here carries its identity: later jobs find it, as below.)
+            gone = []
+            for path in (new, old):
+                info = await self._is_ours(path, ino, etag=recorded[1])
+                if info is not None and not self._written_here(info):
+                    gone.append(path)
+            for path in gone:
+                await self._delete_if(path, recorded[1])
+            if gone:
+                return "file-gone"
         if remote is not None and remote.key == new:
             # already moved (a replay) or uploaded under the new name; an older object of
             # ours may still sit at the old name: remove exactly that one
             info = await self._is_ours(old, ino)
-            recorded = job.get("object")
             if info is None and recorded and recorded[0] == old:
                 info = await self._is_ours(old, ino, etag=recorded[1])
             if info is not None and await self._delete_if(old, info.etag):
@@ -644,8 +659,13 @@ class Worker:
         except PreconditionFailedError:
             return "source-replaced"
         self.counters.moves_done += 1
-        if rekey:
-            await self._store(self.store.rekey_remote, ino, old, etag, new, res.etag, res.version_id)
+        if rekey and not await self._store(self.store.rekey_remote, ino, old, etag, new, res.etag,
+                                           res.version_id) and self._remote(ino) is None:
+            # the file went (unlinked and reclaimed) while its object was copied: no record
+            # names the copy, and an imported object carries no identity of ours, so no later
+            # job would find it: it goes now. The unlink's job removes the source it recorded.
+            await self._delete_if(new, res.etag)
+            return "file-gone"
         return "copied"
 
     async def _move_dir(self, job: dict, job_id: int) -> str:

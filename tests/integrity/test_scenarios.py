@@ -329,6 +329,46 @@ def test_imported_file_renamed_move_killed_after_the_rekey_removes_the_old_objec
     sim.check_drained()
 
 
+@pytest.mark.parametrize("size", [0, 10])
+def test_imported_file_renamed_twice_and_removed_while_its_move_runs_leaves_no_object(sim, size):
+    """Found by the model's long run (2026-11-28, seed 20261128, rerun after the fix above):
+    `mv z a; mv a d` of an imported file, the first move started, then `rm d` (the inode and its
+    record go) before the copy. The move copied z to a and found no record to re-key; the next
+    move could not tell the copy at a was its file's (an imported object has no identity of
+    ours) and the unlink looked at d: a stayed in S3 for ever. A move whose file went while it
+    copied now removes its copy; the unlink's job removes the source it recorded."""
+    sim.dispatch()
+    sim.import_external("z", sim.payload(size))
+    sim.rename("z", "a")
+    sim.rename("a", "d")
+    sim.dispatch()                       # the first move begins (its HEAD held)
+    sim.remove("d")
+    sim.check()
+    sim.drain()
+    sim.check_drained()
+
+
+def test_imported_file_moved_killed_then_removed_leaves_no_object(sim):
+    """The replay of that move: `mv z a` of an imported file copied and re-keyed, killed before
+    z went; after the restart `rm a` (the unlink records the copy at a, the inode goes). The
+    replay finds no record; by the ETag the move's job recorded before its copy, neither z nor
+    the copy at a is left (they carry no identity of ours for any later job to find)."""
+    sim.import_external("z", sim.payload(10))
+    sim.rename("z", "a")
+    sim.dispatch()
+    for _ in range(20):
+        if not sim.pending or sim.pending[0].op == "DeleteObject":
+            break
+        sim.grant(sim.pending[0])
+        sim.check()
+    assert sim.pending and sim.pending[0].op == "DeleteObject"
+    sim.kill9()
+    sim.check()
+    sim.remove("a")
+    sim.drain()
+    sim.check_drained()
+
+
 def test_first_name_renamed_over_then_link_evicted_keeps_both(sim):
     """`mv b a` over the name holding a hard-linked file's object, the file then evicted:
     its object moves to its other link, and `a` keeps the old object until b's lands."""
