@@ -139,12 +139,14 @@ def test_aimd_ceiling_admits_fewer_while_it_holds_and_wakes_waiters_when_it_lift
     async def main():
         loop = asyncio.get_running_loop()
         lim = AimdLimiter(initial=8, maximum=8)
-        busy_until = loop.time() + 0.2
+        busy_until = loop.time() + 0.5
         lim.ceiling = lambda now: (2, busy_until) if now < busy_until else (None, float("inf"))
         for _ in range(2):
             await lim.acquire()
         waiters = [asyncio.create_task(lim.acquire()) for _ in range(5)]
-        await asyncio.sleep(0.05)
+        for _ in range(5):                       # the waiters queue up: loop turns, not a time
+            await asyncio.sleep(0)               # (a 50 ms sleep once overslept busy_until on
+        assert loop.time() < busy_until          # a loaded host and saw the ceiling lifted)
         held = lim.in_flight                     # the ceiling: 2, nobody released
         await asyncio.wait_for(asyncio.gather(*waiters), 2)   # lifted at busy_until
         return held, lim.in_flight, loop.time() >= busy_until
