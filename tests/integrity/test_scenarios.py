@@ -31,6 +31,17 @@ def step_all(s: Sim, limit: int = 500) -> None:
     assert not s.pending, f"step_all gave up after {limit} grants with {len(s.pending)} pending"
 
 
+def grant_until(s: Sim, op: str, limit: int = 20) -> None:
+    """Grant held requests one by one, checking the invariants after each, until the next one
+    is `op` (held: a kill can come right before it); fails if it never comes."""
+    for _ in range(limit):
+        if not s.pending or s.pending[0].op == op:
+            break
+        s.grant(s.pending[0])
+        s.check()
+    assert s.pending and s.pending[0].op == op, f"no {op} came: {[p.op for p in s.pending]}"
+
+
 def step_outage(s: Sim, grants: int = 50) -> None:
     """Grant held requests while S3 is out, checking the invariants after each: every one
     fails and its job retries, so requests stay pending (an outage never settles; step_all
@@ -293,12 +304,7 @@ def test_first_name_removed_move_killed_before_the_old_object_goes(sim, imported
     sim.evict("latest.pt")
     sim.enqueue(flush=True)
     sim.dispatch()
-    for _ in range(20):
-        if not sim.pending or sim.pending[0].op == "DeleteObject":
-            break
-        sim.grant(sim.pending[0])
-        sim.check()
-    assert sim.pending and sim.pending[0].op == "DeleteObject"
+    grant_until(sim, "DeleteObject")
     sim.kill9()
     sim.check()
     sim.drain()
@@ -317,12 +323,7 @@ def test_imported_file_renamed_move_killed_after_the_rekey_removes_the_old_objec
     sim.rename("imp/x", "imp/a")
     sim.check()
     sim.dispatch()
-    for _ in range(20):
-        if not sim.pending or sim.pending[0].op == "DeleteObject":
-            break
-        sim.grant(sim.pending[0])
-        sim.check()
-    assert sim.pending and sim.pending[0].op == "DeleteObject"
+    grant_until(sim, "DeleteObject")
     sim.kill9()
     sim.check()
     sim.drain()
@@ -356,12 +357,7 @@ def test_imported_file_moved_killed_then_removed_leaves_no_object(sim):
     sim.import_external("z", sim.payload(10))
     sim.rename("z", "a")
     sim.dispatch()
-    for _ in range(20):
-        if not sim.pending or sim.pending[0].op == "DeleteObject":
-            break
-        sim.grant(sim.pending[0])
-        sim.check()
-    assert sim.pending and sim.pending[0].op == "DeleteObject"
+    grant_until(sim, "DeleteObject")
     sim.kill9()
     sim.check()
     sim.remove("a")
