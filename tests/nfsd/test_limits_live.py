@@ -36,6 +36,19 @@ async def read_reply(reader, timeout: float = 10.0):
     return parse_reply(await asyncio.wait_for(reader.readexactly(n & 0x7FFFFFFF), timeout))
 
 
+async def until(pred, what: str, timeout: float = 20.0) -> None:
+    """Poll pred() (cheap, no I/O) every 10 ms until it is true; fail naming `what` after timeout."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not pred():
+        assert asyncio.get_running_loop().time() < deadline, f"not within {timeout}s: {what}"
+        await asyncio.sleep(0.01)
+
+
+def open_count(st) -> int:
+    """The connections the server counts, read on its own loop."""
+    return st.call(lambda: len(st.server.connections))
+
+
 async def null_ok(reader, writer) -> bool:
     writer.write(NULL_CALL)
     await writer.drain()
@@ -59,7 +72,7 @@ def test_connections_per_address_limit(fake_server_factory):
         r4, w4 = await open_conn(st.port)
         assert await closed_by_server(r4, 10)             # the 4th from 127.0.0.1: closed at accept
         conns[0][1].close()
-        await asyncio.sleep(0.2)
+        await until(lambda: open_count(st) == 2, "the server saw the first connection close")
         r5, w5 = await open_conn(st.port)                  # a place is free again
         assert await null_ok(r5, w5)
         for _r, w in conns[1:] + [(r5, w5)]:
@@ -88,9 +101,11 @@ def test_idle_connection_is_closed(fake_server_factory):
         idle_r, _idle_w = await open_conn(st.port)
         busy_r, busy_w = await open_conn(st.port)
         idle_task = asyncio.ensure_future(closed_by_server(idle_r, 20))
-        for _ in range(15):                                   # ~1.5 s of traffic every 0.1 s
+        deadline = asyncio.get_running_loop().time() + 20
+        while not idle_task.done():                           # traffic every 0.1 s until the idle one goes
+            assert asyncio.get_running_loop().time() < deadline, "the idle connection was never closed"
             assert await null_ok(busy_r, busy_w)
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)                          # pacing: the busy client's think time (< idle_timeout)
         assert await idle_task
         assert await null_ok(busy_r, busy_w)                  # the busy one was never idle
         busy_w.close()
@@ -109,18 +124,14 @@ def test_client_not_reading_its_replies_is_dropped(fake_server_factory):
         sock.connect(("127.0.0.1", st.port))
         sock.setblocking(False)
         _r, w = await asyncio.open_connection(sock=sock)
-        await asyncio.sleep(0.2)
+        await until(lambda: open_count(st) == 1, "the server admitted the connection")
 
         def small_send_buffer():                             # so replies back up quickly
             for conn in st.server.connections:
                 conn.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         st.call(small_send_buffer)
         w.write(NULL_CALL * 20_000)                           # 800 KB of calls, no reads
-        for _ in range(300):
-            await asyncio.sleep(0.1)
-            if not st.server.connections:
-                break
-        assert not st.server.connections
+        await until(lambda: open_count(st) == 0, "the server dropped the client that reads nothing", 30)
         w.transport.abort()
     asyncio.run(body())
 
@@ -143,7 +154,7 @@ def test_slow_record_is_dropped_and_others_are_served(fake_server_factory):
             except (ConnectionError, OSError):
                 break
             assert await null_ok(good_r, good_w)
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)                          # the scenario: one byte every 0.1 s
         assert await closed
         assert await null_ok(good_r, good_w)
         good_w.close()
@@ -172,7 +183,10 @@ def test_inflight_calls_per_connection_limit(fake_server_factory):
         # by the transport at once, without a task, and never wait for a place
         w.write(b"".join(encode_call(x, 100003, 4, 1, None) for x in range(10)))
         await w.drain()
-        await asyncio.sleep(0.5)
+        await until(lambda: state["running"] == 3, "three calls running")
+        # a fourth must NOT start: time for the server to read the other seven and queue them
+        # (or pause reading); nothing signals "not started", so this one waits on time
+        await asyncio.sleep(0.3)
         assert state["peak"] == 3 and state["running"] == 3    # the other 7 wait
         st.loop.call_soon_threadsafe(gate.set)
         xids = sorted([(await read_reply(r)).xid for _ in range(10)])

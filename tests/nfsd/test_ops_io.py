@@ -161,16 +161,18 @@ def test_read_through_that_outlasts_the_wait_is_delay_and_goes_on(fs, monkeypatc
 
     async def main():
         f, sid, state = await _file_with_absent_data(fs, monkeypatch)
-        outage_over = asyncio.Event()
+        outage_over, fetched = asyncio.Event(), asyncio.Event()
 
         async def fetch_missing(ino, ranges):
             await outage_over.wait()
             state["absent"] = False
+            fetched.set()
         fs.server.fetch_missing = fetch_missing
         assert await fs.status([(OP_PUTFH, PUTFH4args(f)), (OP_READ, READ4args(sid, 0, 5))]) == NFS4ERR_DELAY
+        assert not fetched.is_set()
         outage_over.set()
-        await asyncio.sleep(0.05)
-        assert state["absent"] is False          # the shielded fetch finished after the reply
+        await asyncio.wait_for(fetched.wait(), 10)   # the shielded fetch finishes after the reply
+        assert state["absent"] is False
         assert await fs.read(f, sid, 0, 5) == (b"local", True)
     run(main())
 
