@@ -276,9 +276,6 @@ def test_metrics_endpoint(daemon):
 
 
 def test_metrics_count_nfs_ops(daemon):
-    from nfsd.server import NfsServer
-    if not hasattr(NfsServer, "observer"):
-        pytest.skip("nfsd does not call the op observer yet (NfsServer.observer)")
     daemon.client.listdir("run1")
     m = scrape(daemon)
     ops = {labels: v for (name, labels), v in m.items() if name == "ckptgw_nfs_ops_total"}

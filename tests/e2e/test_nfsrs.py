@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-nfs_rs = pytest.importorskip("nfs_rs")
+import nfs_rs  # noqa: E402 (a [test] dependency: missing fails, it does not skip)
 
 from tests.e2e.crash_server import ServerProcess, store_check  # noqa: E402
 from tests.e2e.nfsrs_support import (  # noqa: E402

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-nfs_rs = pytest.importorskip("nfs_rs")
+import nfs_rs  # noqa: E402 (a [test] dependency: missing fails, it does not skip)
 
 from tests.e2e.crash_server import ServerProcess  # noqa: E402
 from tests.e2e.nfsrs_support import connect, read_file, write_file  # noqa: E402
