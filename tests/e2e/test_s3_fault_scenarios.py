@@ -25,8 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-nfs_rs = pytest.importorskip("nfs_rs")
-boto3 = pytest.importorskip("boto3")
+import boto3  # noqa: E402 (a dependency of ckptgw: missing fails, it does not skip)
 
 from tests.appliance.appliance_live import LiveDaemon  # noqa: E402
 from tests.e2e.nfsrs_support import connect, read_file, retrying, write_file  # noqa: E402
@@ -109,6 +108,21 @@ def s3_on(proxy) -> None:
     proxy.clear()
 
 
+def wait_until(pred, what: str, timeout: float = 30.0):
+    """Poll pred() every 20 ms until it returns something true (returned); fail naming `what`."""
+    deadline = time.monotonic() + timeout
+    while not (found := pred()):
+        assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
+        time.sleep(0.02)
+    return found
+
+
+def refused_writes(proxy, fragment: str) -> list[str]:
+    """Requests that would change the bucket (PUT, POST, DELETE) naming `fragment`, answered 503."""
+    return [f"{r.method} {r.path}" for r in proxy.requests(outcome="slowdown")
+            if r.method in ("PUT", "POST", "DELETE") and fragment in r.path]
+
+
 def flush_wait(daemon: LiveDaemon, path: str = "", timeout: float = 60) -> float:
     """`ckptgw flush --wait` (asserted to succeed); returns how long it took."""
     t0 = time.monotonic()
@@ -168,8 +182,8 @@ def test_dir_moved_away_recreated_and_file_moved_back_during_outage(gateway, cli
     retrying(c.rename, "d", "e")
     retrying(c.mkdir, "d")
     retrying(c.rename, "e/f", "d/f")
-    time.sleep(1.5)                         # the re-key jobs meet the outage and retry
-    assert proxy.requests(outcome="slowdown"), "the outage was never hit"
+    wait_until(lambda: len(proxy.requests(outcome="slowdown")) >= 2,
+               "the re-key jobs meet the outage and retry (two 503s)")
     s3_on(proxy)
     flush_wait(gw)
 
@@ -240,13 +254,19 @@ def test_tmp_renamed_over_uploaded_latest_never_leaves_bucket_without_a_checkpoi
             proxy.faults.latency = 0.5
         write_file(c, "run/latest.pt.tmp", new)
         retrying(c.rename, "run/latest.pt.tmp", "run/latest.pt")
+        # the fault lasts a second inside the 3 s settle window: that is the scenario (nothing
+        # is due yet, so no request need meet it; a delete of the old object must NOT happen)
         time.sleep(1.0)
         if fault == "off":
             s3_on(proxy)
-        time.sleep(3.0)                     # the settle window runs out
+        # the settle window runs out and the uploader puts the new checkpoint on its own
+        # (before flush_wait, which would skip the window)
+        wait_until(lambda: sampler.samples and sampler.samples[-1] == "new",
+                   "the bucket holds the new latest.pt after the settle window", timeout=60)
         flush_wait(gw)
         s3_on(proxy)
-        time.sleep(0.2)
+        seen = len(sampler.samples)
+        wait_until(lambda: len(sampler.samples) >= seen + 5, "five more samples after the drain")
     samples = sampler.samples
     assert len(samples) >= 20, samples
     assert set(samples) <= {"old", "new"}, {s: samples.count(s) for s in set(samples)}
@@ -273,7 +293,8 @@ def test_future_mtime_file_is_uploaded_and_flush_wait_finishes(gateway, client_o
     s3_off(proxy)
     retrying(c.utime, "skewed.pt", ns=(future, future))
     assert c.stat("skewed.pt").mtime == future          # the SETATTR took
-    time.sleep(1.0)
+    # the settle window (0.5 s, the gateway's clock) runs out during the outage: the upload is tried
+    wait_until(lambda: refused_writes(proxy, "skewed.pt"), "the upload of skewed.pt meets the outage")
     s3_on(proxy)
     flush_wait(gw, timeout=30)
     assert object_bytes(s3, bucket, "gw/skewed.pt") == data
@@ -292,7 +313,7 @@ def test_old_mtime_temp_file_renamed_in_settle_window_never_reaches_s3_by_its_te
     write_file(c, ".ckpt.pt.XXXXXX", data)
     old = time.time_ns() - 24 * HOUR_NS
     retrying(c.utime, ".ckpt.pt.XXXXXX", ns=(old, old))
-    time.sleep(0.5)                          # the uploader polls; nothing is due yet
+    time.sleep(0.5)                          # let the uploader poll: nothing is due yet, nothing must go
     retrying(c.rename, ".ckpt.pt.XXXXXX", "ckpt.pt")
     flush_wait(gw)
     assert writes_naming(proxy, "XXXXXX") == []
@@ -312,6 +333,8 @@ def test_temp_directory_never_puts_a_marker(gateway, client_of, proxy, s3, bucke
     for name, data in shards.items():
         write_file(c, f"step_000100.tmp/{name}", data)
     retrying(c.rename, "step_000100.tmp", "step_000100")
+    # the outage lasts a second more inside the 2 s settle window: the scenario, not a wait for
+    # anything (nothing is due yet; nothing may name the temp directory)
     time.sleep(1.0)
     s3_on(proxy)
     flush_wait(gw)
@@ -335,7 +358,7 @@ def test_imported_object_deleted_through_nfs_is_deleted_in_s3_and_not_reimported
     assert first["imported"] == 2 and sorted(c.listdir("imp")) == ["a.bin", "b.bin"], first
     s3_off(proxy)
     retrying(c.remove, "imp/a.bin")
-    time.sleep(1.0)
+    wait_until(lambda: refused_writes(proxy, "imp/a.bin"), "the delete of imp/a.bin meets the outage")
     s3_on(proxy)
     flush_wait(gw)
     assert "gw/imp/a.bin" not in bucket_keys(s3, bucket)
@@ -497,13 +520,19 @@ def test_checkpoint_save_loop_through_s3_faults_loses_and_tears_nothing(
     loop = SaveLoop(gw, p["ranks"], p["files"], p["size"], p["interval"])
     with LatestWatch(s3, bucket, loop) as watch:
         with loop:
-            time.sleep(p["before"])
+            # before the fault: the loop's steady state, at least `before` seconds and until every
+            # rank has saved once (a busy host may take longer to get there)
+            started = time.monotonic()
+            wait_until(lambda: sum(k.endswith("latest.pt") for k in list(loop.acked)) == p["ranks"],
+                       "every rank saved a checkpoint before the fault", timeout=120)
+            time.sleep(max(0.0, p["before"] - (time.monotonic() - started)))
             loop.in_fault = True
             if fault == "outage":
                 s3_off(proxy)
             else:
                 proxy.faults.error_rate = 0.3
-            time.sleep(p["fault"])
+            time.sleep(p["fault"])          # the fault's duration: the scenario itself
+            wait_until(lambda: proxy.requests(outcome="slowdown"), "the fault was met", timeout=60)
         recovered = time.monotonic()
         s3_on(proxy)
         loop.in_fault = False
