@@ -265,8 +265,9 @@ def _boot_files(rootfs: Path, work: Path) -> None:
 # these packages apt-installed in a chroot. The deploy image's key and content stay as they are.
 # crmsh rather than pcs: pcs drives the cluster through its pcsd daemon (Ruby) on every node, which
 # costs CPU and boot time under emulation; crmsh is a client only, and the tests write corosync.conf
-# themselves. fence-agents carries fence_sbd, the fence device over the SBD disk.
-HA_PACKAGES = ["drbd-utils", "pacemaker", "corosync", "crmsh", "sbd", "resource-agents", "fence-agents"]
+# themselves. fence-agents carries fence_sbd, the fence device over the SBD disk. psmisc: the
+# Filesystem agent refuses to run without its fuser (resource-agents only recommends it).
+HA_PACKAGES = ["drbd-utils", "pacemaker", "corosync", "crmsh", "sbd", "resource-agents", "fence-agents", "psmisc"]
 # Installed, not started at boot: the tests configure them first (Debian's default corosync.conf
 # would otherwise form a one-node cluster on every boot).
 HA_DISABLED_UNITS = ["corosync.service", "pacemaker.service", "sbd.service", "drbd.service"]
@@ -274,6 +275,7 @@ HA_DISABLED_UNITS = ["corosync.service", "pacemaker.service", "sbd.service", "dr
 # each (no DHCP there). Node N is 52:54:00:38:00:0N = 192.168.38.N.
 HA_NODES = {"gw-a": 1, "gw-b": 2, "client": 3}
 HA_NET = "192.168.38"
+HA_VENV = "/opt/ckptgw/venv"
 
 
 def ha_mac(node: str) -> str:
@@ -288,7 +290,7 @@ def ha_image_key() -> str:
     h = hashlib.sha256(image_key().encode())
     h.update(inspect.getsource(_ha_layer).encode())
     h.update(json.dumps({"packages": HA_PACKAGES, "disabled": HA_DISABLED_UNITS, "nodes": HA_NODES,
-                         "net": HA_NET}, sort_keys=True).encode())
+                         "net": HA_NET, "venv": HA_VENV}, sort_keys=True).encode())
     return "ha-" + h.hexdigest()[:16]
 
 
@@ -349,6 +351,17 @@ def _ha_layer(base: GuestImage, final: Path, log) -> None:
                    f"[Network]\nAddress={ha_address(node)}/24\n")
         with open(mnt / "etc/hosts", "a") as hosts:
             hosts.writelines(f"{ha_address(node)} {node}\n" for node in HA_NODES)
+        # The gateway's dependencies, where the role puts them (/opt/ckptgw/venv), installed here at
+        # native speed from the image's own wheelhouse (pip under emulation takes minutes); the
+        # tests add ckptgw's wheel of the checkout (pip --no-deps). The service account as the role
+        # makes it, in the image, so both nodes have the same uid (the cache volume moves between them).
+        log("guest image: /opt/ckptgw/venv with ckptgw's dependencies (chroot)")
+        _run(["chroot", str(mnt), "python3", "-m", "venv", HA_VENV], log)
+        _run(["chroot", str(mnt), f"{HA_VENV}/bin/pip", "install", "--quiet", "--no-index", "--find-links",
+              GUEST_WHEELHOUSE, *project_dependencies()], log, env=env)
+        _run(["chroot", str(mnt), "useradd", "--system", "--user-group", "--shell", "/usr/sbin/nologin",
+              "--home-dir", "/var/lib/ckptgw", "--no-create-home", "--comment", "ckptgw NFS checkpoint gateway",
+              "ckptgw"], log)
         versions = _run(["chroot", str(mnt), "dpkg-query", "-W", *HA_PACKAGES, "linux-image-*"], log).stdout
     except BaseException:
         _umount(mounts)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,6 +36,26 @@ def ha_image():
     image, built = ensure_ha_image(log=lambda msg: None)
     REPORT.append(f"HA image {image.root.name}: {'built' if built else 'cached'}, {time.monotonic() - t0:.0f}s")
     return image
+
+
+@pytest.fixture(scope="session")
+def ckptgw_wheel(tmp_path_factory) -> Path:
+    """ckptgw's wheel of this checkout (packaging/build-dist.sh, ~70 s), what the role installs;
+    CKPTGW_HA_DIST=DIR takes an already built one from DIR instead."""
+    given = os.environ.get("CKPTGW_HA_DIST")
+    out = Path(given) if given else tmp_path_factory.mktemp("dist")
+    if not given:
+        t0 = time.monotonic()
+        proc = subprocess.run(["bash", str(HERE.parents[1] / "packaging" / "build-dist.sh"), str(out)],
+                              env=dict(os.environ, PYTHON=sys.executable), capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.fail(f"packaging/build-dist.sh failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        REPORT.append(f"packaging/build-dist.sh: {time.monotonic() - t0:.0f}s")
+    wheels = list(out.glob("ckptgw-*-cp311-cp311-linux_x86_64.whl"))
+    if len(wheels) != 1:
+        pytest.fail(f"no single CPython 3.11 x86-64 wheel of ckptgw (the guests' Python) in {out}: "
+                    f"{sorted(p.name for p in out.iterdir())}")
+    return wheels[0]
 
 
 @pytest.fixture

@@ -16,16 +16,35 @@ BACKING = "/dev/vdb"        # each node's own raw data disk (pairvm)
 PORT = 7789
 
 
-def resource_file(nodes: tuple[str, ...]) -> str:
+# Under Pacemaker (cluster=True), what a production pair runs:
+#  - fencing resource-and-stonith: when a node loses its peer it freezes I/O and calls the fence-peer
+#    handler, which (crm-fence-peer.sh, the 8.4 one) forbids the peer's promotion in the CIB and, the
+#    peer's state being unknown, waits for Pacemaker to STONITH it; I/O resumes only then. So a
+#    node cut off from its peer can neither go on writing alone nor be promoted while the peer is
+#    primary. after-resync-target lifts the constraint once the peer is in sync again.
+#  - on-io-error detach: a failing backing disk is dropped (the node goes diskless, reads and writes
+#    through the peer) instead of the error reaching the file system.
+#  - after a split brain (which fencing should make impossible): a side with no changes, or the
+#    secondary's, is discarded automatically; two primaries' changes are never merged (disconnect,
+#    an operator decides).
+CLUSTER_OPTIONS = (
+    "  disk { on-io-error detach; fencing resource-and-stonith; }\n"
+    "  handlers {\n    fence-peer \"/usr/lib/drbd/crm-fence-peer.sh\";\n"
+    "    after-resync-target \"/usr/lib/drbd/crm-unfence-peer.sh\";\n  }\n")
+CLUSTER_NET = " after-sb-0pri discard-zero-changes; after-sb-1pri discard-secondary; after-sb-2pri disconnect;"
+
+
+def resource_file(nodes: tuple[str, ...], cluster: bool = False) -> str:
     # Protocol C: a write completes only once both nodes' disks have it.
     ons = "".join(f"  on {n} {{ address {address(n)}:{PORT}; }}\n" for n in nodes)
-    return (f"resource {RESOURCE} {{\n  net {{ protocol C; }}\n  device {DEVICE};\n  disk {BACKING};\n"
-            f"  meta-disk internal;\n{ons}}}\n")
+    net = "protocol C;" + (CLUSTER_NET if cluster else "")
+    return (f"resource {RESOURCE} {{\n  net {{ {net} }}\n{CLUSTER_OPTIONS if cluster else ''}"
+            f"  device {DEVICE};\n  disk {BACKING};\n  meta-disk internal;\n{ons}}}\n")
 
 
-def configure(pair: Pair, node: str, *, create_md: bool) -> None:
+def configure(pair: Pair, node: str, *, create_md: bool, cluster: bool = False) -> None:
     """Write the resource file and attach + connect (create-md only on a fresh disk)."""
-    pair.ssh(node, f"cat > /etc/drbd.d/{RESOURCE}.res", input=resource_file(tuple(pair.data)).encode())
+    pair.ssh(node, f"cat > /etc/drbd.d/{RESOURCE}.res", input=resource_file(tuple(pair.data), cluster).encode())
     md = f"drbdadm create-md --force {RESOURCE} && " if create_md else ""
     pair.ssh(node, f"modprobe drbd && {md}drbdadm up {RESOURCE}")
 

@@ -1,0 +1,236 @@
+"""The gateway stack on a Pair under Pacemaker (issue 38): ckptgw installed on both nodes, the cache
+volume on DRBD, and the cluster resources that move them together.
+
+Resources (crmsh; Pacemaker 2.1.5 reads the Master/Slave role names, crmsh 4.4 writes them while
+its OCF 1.1 support is off, Debian's default):
+  drbd-r0 / drbd-clone   ocf:linbit:drbd, a promotable clone: one Primary, one Secondary
+  gw (a group, in order) cache-fs   ocf:heartbeat:Filesystem, /dev/drbd0 on /var/lib/ckptgw/cache
+                         gw-ip      ocf:heartbeat:IPaddr2, the floating address on eth1 (the segment)
+                         gateway    systemd:ckptgw, the role's unit (Type=notify: started = READY=1)
+  gw runs only where drbd-clone is promoted, and starts only after the promotion; a stopping gw
+  is stopped before the demotion. resource-stickiness keeps things where they run (no failback
+  by itself); a small preference puts the first promotion on gw-a, so a test knows its active node.
+The unit is installed but never enabled: only Pacemaker starts it, on the active node only.
+
+ckptgw on the nodes is what the Ansible role installs (its venv /opt/ckptgw/venv, its unit,
+its service account): the image has the venv with the dependencies and the account
+(guestimage._ha_layer); the wheel of this checkout (packaging/build-dist.sh) is added per test.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+import time
+from pathlib import Path
+
+import cluster
+import drbd
+from pairvm import Pair
+
+REPO = Path(__file__).resolve().parents[2]
+FLOATING_IP = "192.168.38.100"
+CACHE = "/var/lib/ckptgw/cache"
+VENV = "/opt/ckptgw/venv"
+CKPTGW = f"{VENV}/bin/ckptgw"
+EXPORT = "/checkpoints"
+UNIT = REPO / "packaging/systemd/ckptgw.service"     # the role's unit, rendered with its defaults
+# Listens on every address, so it serves the floating one wherever that is. No S3 endpoint: the
+# embedded try-out store (the guests reach nothing); the cache and its upload queue are what move.
+# The reserve (1 GiB by default) is cut to fit the tests' 512 MiB volume.
+CONFIG = (f'[server]\nlisten = "0.0.0.0:2049"\ncache_dir = "{CACHE}"\nreserve = "64MiB"\n\n'
+          f'[[exports]]\npath = "{EXPORT}"\nnetworks = ["192.168.38.0/24", "127.0.0.0/8"]\n'
+          'access = "rw"\nsquash = "none"\n')
+
+CIB = f"""\
+property stonith-enabled=true stonith-timeout={cluster.STONITH_TIMEOUT_S}s
+rsc_defaults resource-stickiness=100
+primitive drbd-r0 ocf:linbit:drbd \\
+    params drbd_resource={drbd.RESOURCE} \\
+    op monitor interval=15s role=Master timeout=30s \\
+    op monitor interval=20s role=Slave timeout=30s \\
+    op start interval=0 timeout=240s op stop interval=0 timeout=100s \\
+    op promote interval=0 timeout=120s op demote interval=0 timeout=90s \\
+    op notify interval=0 timeout=90s
+clone drbd-clone drbd-r0 \\
+    meta promotable=true promoted-max=1 promoted-node-max=1 clone-max=2 clone-node-max=1 notify=true
+primitive cache-fs Filesystem \\
+    params device={drbd.DEVICE} directory={CACHE} fstype=ext4 options=noatime \\
+    op monitor interval=20s timeout=40s op start interval=0 timeout=120s op stop interval=0 timeout=120s
+primitive gw-ip IPaddr2 \\
+    params ip={FLOATING_IP} cidr_netmask=24 nic=eth1 \\
+    op monitor interval=10s timeout=20s
+primitive gateway systemd:ckptgw \\
+    op monitor interval=15s timeout=100s op start interval=0 timeout=300s op stop interval=0 timeout=120s
+group gw cache-fs gw-ip gateway
+colocation gw-on-primary inf: gw drbd-clone:Master
+order gw-after-promote Mandatory: drbd-clone:promote gw:start
+location first-on-a drbd-clone rule $role=Master 50: #uname eq gw-a
+"""
+
+
+def install_gateway(pair: Pair, node: str, wheel: Path) -> None:
+    """ckptgw's wheel into the image's venv, the role's unit (not enabled) and a config."""
+    pair.ssh(node, f"mkdir -p /opt/ckptgw/dist && cat > /opt/ckptgw/dist/{wheel.name}", input=wheel.read_bytes())
+    pair.ssh(node, f"{VENV}/bin/pip install --quiet --no-index --no-deps /opt/ckptgw/dist/{wheel.name}", timeout=600)
+    pair.ssh(node, "cat > /etc/systemd/system/ckptgw.service", input=UNIT.read_bytes())
+    # /var/lib/ckptgw as the unit's StateDirectory= wants it: owned by the service account already,
+    # or systemd's start would chown it recursively, into the mounted volume.
+    pair.ssh(node, "install -d -o ckptgw -g ckptgw -m 0750 /var/lib/ckptgw && install -d -m 0755 "
+                   f"{CACHE} && mkdir -p /etc/ckptgw && cat > /etc/ckptgw/config.toml && systemctl daemon-reload "
+                   f"&& {CKPTGW} check-config /etc/ckptgw/config.toml", input=CONFIG.encode())
+
+
+def prepare_volume(pair: Pair, active: str = "gw-a") -> float:
+    """DRBD up on both nodes (fencing on), the initial sync from `active`, ext4 with the service
+    account's root, then Secondary again: Pacemaker takes it from there. Returns the sync seconds."""
+    for node in pair.vms:
+        drbd.configure(pair, node, create_md=True, cluster=True)
+    drbd.wait_state(pair, active, 120, cs="Connected")
+    t0 = time.monotonic()
+    pair.ssh(active, f"drbdadm primary --force {drbd.RESOURCE}")
+    # mkfs may run while the sync goes on (DRBD serves the blocks it has not copied yet from here)
+    pair.ssh(active, f"mkfs.ext4 -q {drbd.DEVICE} && mount {drbd.DEVICE} {CACHE} && chown ckptgw:ckptgw {CACHE}"
+                     f" && chmod 0750 {CACHE} && umount {CACHE}")
+    drbd.wait_state(pair, active, 900, cs="Connected", ds="UpToDate/UpToDate")
+    synced = time.monotonic() - t0
+    pair.ssh(active, f"drbdadm secondary {drbd.RESOURCE}")
+    return synced
+
+
+def configure_resources(pair: Pair, node: str) -> None:
+    """The fence device and the stack, loaded into the CIB through one node."""
+    cluster.configure_fencing(pair, node)
+    pair.ssh(node, "cat > /tmp/ckptgw.crm && crm configure load update /tmp/ckptgw.crm", input=CIB.encode())
+
+
+def resources(status: str) -> dict[str, str]:
+    """crm_mon -1's resource lines: name -> 'Started gw-a', 'Master gw-a' / 'Promoted gw-a', ..."""
+    found = {}
+    for m in re.finditer(r"^\s*\*?\s*(\S+)\s+\((?:ocf:|stonith:|systemd:)[^)]*\):\s+(.+?)\s*$", status, re.M):
+        found.setdefault(m.group(1), m.group(2))
+    return found
+
+
+def promoted_on(status: str) -> set[str]:
+    """Nodes where drbd-clone is promoted (crm_mon's 'Promoted: [ gw-a ]' or 'Masters: [ gw-a ]')."""
+    m = re.search(r"(?:Promoted|Masters):\s*\[ (.*?) \]", status)
+    return set(m.group(1).split()) if m else set()
+
+
+def stack_on(status: str, node: str) -> bool:
+    """The whole stack active on `node`: DRBD promoted there, the group's three resources started there."""
+    res = resources(status)
+    return promoted_on(status) == {node} and all(res.get(r) == f"Started {node}"
+                                                 for r in ("cache-fs", "gw-ip", "gateway"))
+
+
+def unit_state(pair: Pair, node: str) -> str:
+    return pair.out(node, "systemctl is-active ckptgw.service", check=False).strip()
+
+
+def check(pair: Pair, node: str) -> str:
+    """`ckptgw check` through the admin socket on the node (exit 1 on problems)."""
+    return pair.out(node, f"{CKPTGW} check")
+
+
+def mount_client(pair: Pair, node: str, mountpoint: str = "/mnt/ckpt") -> None:
+    """The stock kernel client, a hard NFSv4.1 mount of the floating address. timeo=100,retrans=2
+    bounds the client's reconnect backoff (its maximum is timeo*(retrans+1), 30 s) while the
+    address has no server behind it; the default timeo=600 would let it grow to 3 min."""
+    pair.ssh(node, f"mkdir -p {mountpoint} && mount -t nfs4 -o vers=4.1,hard,timeo=100,retrans=2 "
+                   f"{FLOATING_IP}:{EXPORT} {mountpoint}", timeout=300)
+
+
+def clock_offset(pair: Pair, node: str) -> tuple[float, float]:
+    """(guest clock - host clock, uncertainty): the smallest of three SSH round trips, halved."""
+    best = None
+    for _ in range(3):
+        t0 = time.time()
+        guest = float(pair.out(node, "date +%s.%N"))
+        t1 = time.time()
+        if best is None or t1 - t0 < best[1] * 2:
+            best = (guest - (t0 + t1) / 2, (t1 - t0) / 2)
+    return best
+
+
+# What the survivor's journal says, in order (each the first line after the kill that matches).
+JOURNAL_MARKS = [
+    ("peer lost (corosync)", r"A processor failed, forming new configuration"),
+    ("fenced", r"Operation '(?:reboot|off)' .*targeting gw-a.*: OK|Peer gw-a was terminated .*: OK"),
+    ("promoted", r"role\( Secondary -> Primary \)"),
+    ("mounted", r"EXT4-fs \(drbd0\): mounted filesystem"),
+    ("floating IP up", r"Adding inet address " + re.escape(FLOATING_IP)),
+    ("gateway READY", r"Started ckptgw\.service|Started ckptgw NFSv4"),
+    ("grace ended", r'"event": ?"grace_ended"'),
+]
+
+
+def journal_marks(pair: Pair, node: str, since: float) -> dict[str, float]:
+    """Guest-clock times of JOURNAL_MARKS in the node's journal since `since` (guest clock)."""
+    text = pair.out(node, f"journalctl --no-pager -o short-unix --since @{int(since) - 1}", timeout=120)
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        stamp, _, msg = line.partition(" ")
+        try:
+            t = float(stamp)
+        except ValueError:
+            continue
+        if t < since:
+            continue
+        for name, pattern in JOURNAL_MARKS:
+            if name not in found and re.search(pattern, msg):
+                found[name] = t
+    return found
+
+
+# The checkpoint save recipe in a loop, as a client runs it: write a tmp file, fsync, rename,
+# fsync the directory; a shard is acknowledged once that returns, and only then is it logged
+# (index, time, sha256) to a local file that is itself fsynced. Stops when STOP exists.
+WRITER = r"""
+import hashlib, os, sys, time
+d, log, size, stop = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+out = open(log, "a")
+i = 0
+while not os.path.exists(stop):
+    data = os.urandom(size)
+    p = os.path.join(d, "shard-%05d" % i)
+    fd = os.open(p + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.fsync(fd)
+    os.close(fd)
+    os.rename(p + ".tmp", p)
+    dfd = os.open(d, os.O_RDONLY)
+    os.fsync(dfd)
+    os.close(dfd)
+    out.write("%d %.3f %s\n" % (i, time.time(), hashlib.sha256(data).hexdigest()))
+    out.flush()
+    os.fsync(out.fileno())
+    i += 1
+"""
+
+
+def start_writer(pair: Pair, node: str, directory: str, size: int, log: str = "/root/acks.log",
+                 stop: str = "/root/writer.stop") -> None:
+    pair.ssh(node, f"mkdir -p {directory} && cat > /root/writer.py", input=WRITER.encode())
+    pair.ssh(node, f"rm -f {log} {stop}; setsid nohup python3 /root/writer.py {shlex.quote(directory)} {log} "
+                   f"{size} {stop} > /root/writer.out 2>&1 < /dev/null & echo $! > /root/writer.pid")
+
+
+def acks(pair: Pair, node: str, log: str = "/root/acks.log") -> list[tuple[int, float, str]]:
+    text = pair.out(node, f"cat {log} 2>/dev/null || true")
+    rows = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 3:
+            rows.append((int(parts[0]), float(parts[1]), parts[2]))
+    return rows
+
+
+def stop_writer(pair: Pair, node: str, timeout: float, stop: str = "/root/writer.stop") -> None:
+    """Ask the writer to stop after its current shard, and wait until it has."""
+    pair.ssh(node, f"touch {stop}")
+    pair.wait_for(node, "test ! -d /proc/$(cat /root/writer.pid)", timeout, "the writer stopped")
+    err = pair.out(node, "cat /root/writer.out")
+    assert not err.strip(), f"the writer failed:\n{err[-2000:]}"
