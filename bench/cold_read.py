@@ -27,8 +27,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench import nfsrs_throughput as tp  # noqa: E402
-from tests.e2e.crash_server import ServerProcess  # noqa: E402
-from tests.e2e.nfsrs_support import connect  # noqa: E402
+from testkit.crash_server import ServerProcess  # noqa: E402
+from testkit.nfsrs_support import connect  # noqa: E402
 
 MiB = 1 << 20
 RANDOM_READ = 256 << 10

@@ -65,7 +65,7 @@ def _env() -> attrs.AttrEnv:
 def _stat_count(calls: int) -> int:
     """Instructions of one server run that answers `calls` nfs-rs stat()s (and the set-up)."""
     from bench.instructions import count_serving
-    from tests.e2e.nfsrs_support import connect, write_file
+    from testkit.nfsrs_support import connect, write_file
 
     def workload(port: int) -> None:
         c = connect(port)

@@ -57,7 +57,7 @@ def count_serving(workload, **env_extra: str) -> int:
 
 def _serve_and_count(engine: str, nulls: int, compounds: int, loop: str) -> int:
     """Instructions of one server run that answers `nulls` NULLs and `compounds` exists() pairs."""
-    from tests.e2e.nfsrs_support import connect
+    from testkit.nfsrs_support import connect
 
     def workload(port: int) -> None:
         if nulls:

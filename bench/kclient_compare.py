@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""ckptgw vs NFS-Ganesha through the real Linux NFSv4 client (tests/kclient VM), same run.
+"""ckptgw vs NFS-Ganesha through the real Linux NFSv4 client (testkit/kclient VM), same run.
 
 For each server: one VM boot that does a dd write (bs=1M, conv=fsync), a dd read after
 drop_caches, and a checkpoint save (FILES files, PARALLEL writers, each name.tmp + fsync + rename
@@ -10,7 +10,7 @@ Prints MB/s and seconds per server and the ckptgw/ganesha ratio (>1 means ckptgw
                                      [--servers ckptgw,ganesha] [--vers 4.1] [--json out.json]
 
 Numbers are from a TCG-emulated guest (about 30 MB/s for Ganesha on a 2-core host, see
-tests/kclient/README.md): compare the ratio, not the absolute values. One VM at a time.
+testkit/kclient/README.md): compare the ratio, not the absolute values. One VM at a time.
 Ganesha comes from `scripts/install-system-deps.sh --bench` (installed on first use).
 """
 
@@ -25,9 +25,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.e2e.conftest import EXPORT, CkptgwServer, free_port  # noqa: E402  (the server command lives there)
-from tests.kclient import KernelClient  # noqa: E402
-from tests.kclient.ganesha import GaneshaServer  # noqa: E402
+from testkit.ckptgw_server import EXPORT, CkptgwServer  # noqa: E402  (the server command lives there)
+from testkit.loopback import free_port  # noqa: E402
+from testkit.kclient import KernelClient  # noqa: E402
+from testkit.kclient.ganesha import GaneshaServer  # noqa: E402
 
 GUEST_SCRIPT = REPO / "bench" / "kclient_guest.sh"
 

@@ -6,7 +6,7 @@
   LocalSyncWrites(dir, size)         the local disk's floor: pwrite + fdatasync of a file, one at
                                      a time (file_sync_writes' `between`: interleaved with them)
 
-The NFS probes use the project's own NFSv4.1 test client (tests/nfsclient.py), which sends
+The NFS probes use the project's own NFSv4.1 test client (testkit/nfsclient.py), which sends
 exactly the compound asked for; nfs-rs chooses its own stability (UNSTABLE + COMMIT).
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import asyncio
 import os
 import time
 
-from tests.nfsclient import (BASIC_ATTRS, GETATTR4args, LOOKUP4args, OP_GETATTR, OP_LOOKUP, OP_PUTFH,
+from testkit.nfsclient import (BASIC_ATTRS, GETATTR4args, LOOKUP4args, OP_GETATTR, OP_LOOKUP, OP_PUTFH,
                              PUTFH4args, NfsClient, bitmap, check, op)
 
 FILE_SYNC4 = 2          # stable_how4, RFC 8881 section 18.32

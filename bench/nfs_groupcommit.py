@@ -27,8 +27,8 @@ from nfsd.xdr.nfs4 import (  # noqa: E402
     OPEN4_SHARE_DENY_NONE, OPEN4args, OP_CLOSE, OP_CREATE, OP_GETFH, OP_OPEN, OP_PUTFH,
     PUTFH4args, UNCHECKED4, createhow4, createtype4, fattr4, open_claim4, openflag4, stateid4,
 )
-from tests.e2e.crash_server import ServerProcess  # noqa: E402
-from tests.nfsclient import NfsClient, check, op  # noqa: E402
+from testkit.crash_server import ServerProcess  # noqa: E402
+from testkit.nfsclient import NfsClient, check, op  # noqa: E402
 
 CURRENT_STATEID = stateid4(1, bytes(12))       # RFC 8881 16.2.3.1.2
 

@@ -28,8 +28,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.e2e.crash_server import ServerProcess  # noqa: E402
-from tests.e2e.nfsrs_support import RETRIES, connect, retrying, write_file  # noqa: E402
+from testkit.crash_server import ServerProcess  # noqa: E402
+from testkit.nfsrs_support import RETRIES, connect, retrying, write_file  # noqa: E402
 
 MiB = 1 << 20
 
@@ -223,7 +223,7 @@ def main() -> int:
             finally:
                 srv.stop()
             if ganesha:
-                from tests.kclient.ganesha import GaneshaServer
+                from testkit.kclient.ganesha import GaneshaServer
                 g = GaneshaServer(root / f"ganesha{run}", free_port())
                 g.start()
                 try:

@@ -206,7 +206,7 @@ def wire_counts(port: int, pid: int, files: int, workdir: Path, tag: str = "anat
     """Per small file against the server at `port` (process `pid`): COMPOUNDs, RPC calls, ops
     by name, and the server's sync calls by kind (strace). Needs strace and ptrace rights."""
     from bench.nfsrs_throughput import save_small_file
-    from tests.e2e.nfsrs_support import connect, retrying
+    from testkit.nfsrs_support import connect, retrying
 
     payload = os.urandom(4096)
     with RpcCounter(port) as proxy:
@@ -252,7 +252,7 @@ except ImportError:
     new_event_loop = asyncio.new_event_loop
 import importlib.util                               # the save's one body: the measuring tree's
 spec = importlib.util.spec_from_file_location("sf_throughput", os.path.join(sys.argv[3], "bench", "nfsrs_throughput.py"))
-from tests.e2e.nfsrs_support import connect, retrying
+from testkit.nfsrs_support import connect, retrying
 
 N = int(sys.argv[1]); STRACE = sys.argv[2] == "1"
 C = collections.Counter()       # counts

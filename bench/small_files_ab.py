@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import tests.e2e.crash_server as crash_server  # noqa: E402
+import testkit.crash_server as crash_server  # noqa: E402
 from bench.nfsrs_throughput import WRITE1, WRITE8, free_port, measure, small_files  # noqa: E402
 from bench.record import MiB, in_turn  # noqa: E402
 
@@ -55,7 +55,7 @@ def ckptgw_round(tree: Path, root: Path, load) -> dict[str, float]:
 
 
 def ganesha_round(root: Path, load) -> dict[str, float]:
-    from tests.kclient.ganesha import GaneshaServer
+    from testkit.kclient.ganesha import GaneshaServer
     g = GaneshaServer(root, free_port())
     g.start()
     try:

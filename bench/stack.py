@@ -5,9 +5,9 @@
                    every value over its key buffer size (about 5 MiB) to a temporary file, which
                    is on tmpfs unless in_memory=False, so the test S3's writes do not queue on the
                    gateway's disk ahead of its fdatasyncs (a real S3 is not on that disk)
-  gateway(...)     `ckptgw serve` (tests/appliance/appliance_live.LiveDaemon) with its uploader
+  gateway(...)     `ckptgw serve` (testkit/appliance_live.LiveDaemon) with its uploader
                    draining to an S3 endpoint, optionally started on a subset of the CPUs
-  ganesha(...)     NFS-Ganesha (VFS FSAL) exporting a scratch directory (tests/kclient/ganesha)
+  ganesha(...)     NFS-Ganesha (VFS FSAL) exporting a scratch directory (testkit/kclient/ganesha)
 
 All listen on 127.0.0.1 only and are stopped (their own pid only) when the block ends.
 """
@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.motoserver import MotoServer
+from testkit.motoserver import MotoServer
 
 from .procs import idle_all, renice_all
 
@@ -91,7 +91,7 @@ def gateway(workdir: Path, s3_endpoint: str, *, bucket: str = BUCKET, settle: fl
     """`ckptgw serve` in the product's setting: NFS on 127.0.0.1, its uploader draining to
     s3_endpoint after the default settle time. cpus: CPU affinity of the daemon (inherited by
     every thread and child process it starts); None: all CPUs."""
-    from tests.appliance.appliance_live import LiveDaemon
+    from testkit.appliance_live import LiveDaemon
 
     workdir.mkdir(parents=True, exist_ok=True)
     d = LiveDaemon(workdir, *gateway_args(s3_endpoint, bucket, settle=settle), *extra, cache_dir=cache_dir)
@@ -112,7 +112,7 @@ def gateway(workdir: Path, s3_endpoint: str, *, bucket: str = BUCKET, settle: fl
 
 def ganesha_missing() -> str | None:
     """Why NFS-Ganesha cannot run here, or None."""
-    from tests.kclient.ganesha import VFS_FSAL
+    from testkit.kclient.ganesha import VFS_FSAL
     if not shutil.which("ganesha.nfsd"):
         return "ganesha.nfsd not installed (bash scripts/install-system-deps.sh --bench)"
     if not os.path.exists(VFS_FSAL):
@@ -124,8 +124,8 @@ def ganesha_missing() -> str | None:
 
 @contextmanager
 def ganesha(workdir: Path):
-    from tests.e2e.conftest import free_port
-    from tests.kclient.ganesha import GaneshaServer
+    from testkit.loopback import free_port
+    from testkit.kclient.ganesha import GaneshaServer
 
     g = GaneshaServer(workdir, free_port())
     t0 = time.perf_counter()

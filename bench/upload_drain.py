@@ -31,8 +31,8 @@ from s3transfer.subscribers import BaseSubscriber  # noqa: E402
 from bench.procs import quiesce_disk  # noqa: E402
 from cache.api import ROOT_INO  # noqa: E402
 from cache.store import Store  # noqa: E402
-from tests.support.faultproxy import ThreadedFaultProxy  # noqa: E402
-from tests.support.motoserver import MotoServer  # noqa: E402
+from testkit.faultproxy import ThreadedFaultProxy  # noqa: E402
+from testkit.motoserver import MotoServer  # noqa: E402
 from uploader.objectclient import Boto3ObjectClient  # noqa: E402
 from uploader.service import Uploader  # noqa: E402
 from uploader.settings import MiB, S3Settings, UploadSettings  # noqa: E402

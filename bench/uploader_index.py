@@ -3,7 +3,7 @@
     python bench/uploader_index.py [--tree PATH] [--files 200] [--parts 1280 4000]
 
 1. commits: N committed 64 KiB files uploaded 8 at a time to an in-process S3
-   (tests/support/fakes3): the index write txns (each an LMDB commit, an fdatasync under the
+   (testkit/fakes3): the index write txns (each an LMDB commit, an fdatasync under the
    index lock every client's batch waits for) and env syncs the drain costs, and its wall time.
 2. notes: one file of P parts of 1 KiB uploaded the same way: how often it notes its parts
    (each note rewrites the file's object record) and the upload's CPU seconds.
@@ -30,8 +30,8 @@ import structlog  # noqa: E402
 
 import cache.index as index_mod  # noqa: E402
 from cache.store import Store  # noqa: E402
-from tests.support.fakes3 import FakeS3  # noqa: E402
-from tests.uploader.conftest import write_file  # noqa: E402
+from testkit.fakes3 import FakeS3  # noqa: E402
+from testkit.storefiles import write_file  # noqa: E402
 from uploader.service import Uploader  # noqa: E402
 from uploader.settings import UploadSettings  # noqa: E402
 

@@ -2,7 +2,7 @@
 point 4: "a data path with no per-request thread crossing").
 
 Each tree runs in a subprocess of its own (its directory first on sys.path): a real Store
-under the real op handlers (tests/nfsd/ops_harness.py: no RPC, the handlers' own
+under the real op handlers (testkit/ops_harness.py: no RPC, the handlers' own
 `run_blocking` through a thread pool), one file opened and written once (the commit cycle's
 first write, which flags the file), then N UNSTABLE WRITEs of --kib KiB at increasing
 offsets, then one COMMIT. Counted during the N WRITEs (the COMMIT is outside):
@@ -39,8 +39,8 @@ from cache import batch as batch_mod
 from cache.store import Store
 from nfsd.exports import Exports
 from nfsd.xdr.nfs4 import *
-from tests.nfsd.ops_harness import FakeServer, Fs
-from tests.nfsd import ops_harness
+from testkit.ops_harness import FakeServer, Fs
+from testkit import ops_harness
 
 N, KIB = int(sys.argv[1]), int(sys.argv[2])
 counts = {"run_blocking": 0, "batch_waited": 0, "lazy_ops": 0, "eager_ops": 0}

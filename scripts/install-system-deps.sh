@@ -12,7 +12,7 @@
 # nfs-cat for quick userspace checks), fio (benchmarks in the guest), promtool (see below); with --bench nfs-ganesha and
 # nfs-ganesha-vfs (the reference server).
 # busybox-static conflicts with the dynamic `busybox` package: when that one is installed we leave it
-# alone (tests/kclient unpacks busybox-static into its cache instead, without installing it).
+# alone (testkit/kclient unpacks busybox-static into its cache instead, without installing it).
 set -euo pipefail
 
 BENCH=0

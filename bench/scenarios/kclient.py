@@ -1,4 +1,4 @@
-"""The Linux kernel client (qemu guest, tests/kclient) via bench/kclient_compare.run_one: dd write
+"""The Linux kernel client (qemu guest, testkit/kclient) via bench/kclient_compare.run_one: dd write
 conv=fsync, dd read after drop_caches, a sharded checkpoint save; ckptgw (`python -m nfsd`, the
 server kclient_compare drives) vs NFS-Ganesha, alternating per repetition. Full mode only."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ GOALS = {"dd_write_MBps": "kclient.dd_write", "dd_read_MBps": "kclient.dd_read",
 
 
 def run(run: Run) -> None:
-    from tests.kclient import KclientUnavailable
-    from tests.kclient.vm import ensure_ready
+    from testkit.kclient import KclientUnavailable
+    from testkit.kclient.vm import ensure_ready
 
     from .. import kclient_compare
 

@@ -26,7 +26,7 @@ WARMUP_CALLS = 200
 
 def _exists_loop(port: int, pid: int, seconds: float) -> tuple[float, float]:
     """(round trip, server CPU) per COMPOUND in microseconds."""
-    from tests.e2e.nfsrs_support import connect
+    from testkit.nfsrs_support import connect
 
     c = connect(port)
     try:

@@ -1,7 +1,7 @@
 """The S3 side: a checkpoint save's independence from S3 faults, the uploader's drain rate and
 amplification (bench/upload_drain.py), and the read of the last checkpoint after a restart.
 
-Faulty S3 = tests/support/faultproxy.py in front of moto: +35 ms per request, 20% of requests
+Faulty S3 = testkit/faultproxy.py in front of moto: +35 ms per request, 20% of requests
 answered 503 SlowDown (the issue's setting), faults switched on once the gateway is up.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 
 from boto3.s3.transfer import TransferConfig
 
-from tests.support.faultproxy import ThreadedFaultProxy
+from testkit.faultproxy import ThreadedFaultProxy
 
 from .. import nfsrs_throughput as tp
 from .. import upload_drain

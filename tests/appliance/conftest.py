@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.appliance.appliance_live import LiveDaemon
+from testkit.appliance_live import LiveDaemon
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.appliance.appliance_live import LiveDaemon, nfs_client
+from testkit.appliance_live import LiveDaemon, nfs_client
 
 pytestmark = pytest.mark.timeout(300)
 

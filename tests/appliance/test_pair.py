@@ -11,7 +11,7 @@ from appliance import config as configmod
 from appliance.cli import _pair_text
 from appliance.metrics import OpStats, StatusCollector
 from appliance.pair import DEGRADED, IN_SYNC, SYNCING, UNKNOWN, minor_of, parse_proc_drbd, read_pair
-from tests.appliance.appliance_live import LiveDaemon
+from testkit.appliance_live import LiveDaemon
 
 HEADER = ("version: 8.4.11 (api:1/proto:86-101)\n"
           "srcversion: 8BC8C1A1E5C4D9DD3C5D1D1 \n")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.loopback import free_port
+from testkit.loopback import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 60.0

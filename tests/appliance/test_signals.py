@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.appliance.appliance_live import nfs_client
+from testkit.appliance_live import nfs_client
 from cache.api import ROOT_INO
 from cache.store import Store
 

@@ -20,13 +20,13 @@ import asyncio
 import random
 from dataclasses import dataclass, field
 
-from tests.nfsclient import NfsClient, NfsStatusError, check, op
+from testkit.nfsclient import NfsClient, NfsStatusError, check, op
 from nfsd.xdr.nfs4 import (
     CREATE4args, FATTR4_SIZE, FATTR4_TYPE, FILE_SYNC4, GETATTR4args, LOOKUP4args, NF4DIR,
     NF4REG, OP_CREATE, OP_GETATTR, OP_GETFH, OP_LOOKUP, OP_PUTFH, OP_READ, OPEN4_SHARE_ACCESS_WRITE,
     PUTFH4args, READ4args, UNSTABLE4, createtype4, fattr4, stateid4,
 )
-from tests.nfsclient import bitmap, decode_attrs
+from testkit.nfsclient import bitmap, decode_attrs
 
 DIR = "dir"
 ANON_STATEID = stateid4(0, bytes(12))

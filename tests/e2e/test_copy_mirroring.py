@@ -28,10 +28,10 @@ import boto3  # noqa: E402 (a dependency of ckptgw: missing fails, it does not s
 from nfsd.xdr.nfs4 import (  # noqa: E402
     FATTR4_FILEID, FATTR4_TIME_MODIFY, OP_CLONE, OP_COPY, OP_PUTFH, OP_SAVEFH, CLONE4args, COPY4args,
     PUTFH4args, UNSTABLE4)
-from tests.appliance.appliance_live import LiveDaemon  # noqa: E402
-from tests.nfsclient import check, op  # noqa: E402
+from testkit.appliance_live import LiveDaemon  # noqa: E402
+from testkit.nfsclient import check, op  # noqa: E402
 from tests.nfsd.conftest import run_client  # noqa: E402
-from tests.support.faultproxy import ThreadedFaultProxy  # noqa: E402
+from testkit.faultproxy import ThreadedFaultProxy  # noqa: E402
 from tests.support.fixtures import moto_server  # noqa: E402,F401 (fixture)
 from uploader.keys import GEN_META, INO_META, SEQ_META, mtime_str  # noqa: E402
 

@@ -24,9 +24,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from nfsd.xdr.nfs4 import FILE_SYNC4, OPEN4_SHARE_ACCESS_WRITE, UNSTABLE4  # noqa: E402
-from tests.e2e.crash_server import ServerProcess, store_check  # noqa: E402
+from testkit.crash_server import ServerProcess, store_check  # noqa: E402
 from tests.e2e.crash_workload import DIR, FileExp, Workload  # noqa: E402
-from tests.nfsclient import NfsClient  # noqa: E402
+from testkit.nfsclient import NfsClient  # noqa: E402
 
 LONG = os.environ.get("CKPTGW_LONG") == "1"
 KILL_POINTS = 300 if LONG else 30

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.appliance.appliance_live import LiveDaemon
+from testkit.appliance_live import LiveDaemon
 from tests.appliance.test_cli_live import s3_client
 
 pytestmark = pytest.mark.kclient
@@ -57,7 +57,7 @@ def daemon(tmp_path):
 
 
 def test_tryout_mode_save_flush_and_objects_in_the_embedded_bucket(daemon):
-    from tests.kclient import KernelClient, require
+    from testkit.kclient import KernelClient, require
     require()
     flushed = {}
 

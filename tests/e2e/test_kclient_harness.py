@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-import tests.kclient as kclient
-from tests.kclient import image, vm
+import testkit.kclient as kclient
+from testkit.kclient import image, vm
 
 GUEST = Path(__file__).resolve().parent / "guest"
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.appliance.appliance_live import LiveDaemon
+from testkit.appliance_live import LiveDaemon
 
 pytestmark = pytest.mark.kclient
 
@@ -83,7 +83,7 @@ def daemon(tmp_path):
 
 
 def test_upload_state_xattrs_through_the_kernel_client_on_vers_4_2(daemon):
-    from tests.kclient import KernelClient, require
+    from testkit.kclient import KernelClient, require
     require()
     kc = KernelClient(daemon.nfs_port, export="/checkpoints", vers="4.2")
     res = kc.run(GUEST, timeout=900, env={"PY": sys.executable, "REPO": str(REPO)}, cwd=str(REPO))

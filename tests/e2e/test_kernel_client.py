@@ -1,4 +1,4 @@
-"""The Linux kernel NFSv4 client (in a QEMU VM, tests/kclient) against ckptgw's server.
+"""The Linux kernel NFSv4 client (in a QEMU VM, testkit/kclient) against ckptgw's server.
 
 Each VM boot runs one guest driver from tests/e2e/guest/ that checks several scenarios and prints
 `PASS name` / `FAIL name: why`; module-scoped fixtures boot once and the tests below assert one
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.guest import fsops  # conftest.py put the repo root on sys.path
-from tests.kclient import EXIT_HARNESS, KclientResult, KernelClient
+from testkit.kclient import EXIT_HARNESS, KclientResult, KernelClient
 
 pytestmark = pytest.mark.kclient
 
@@ -141,13 +141,13 @@ def test_unmount_restart_remount(fresh_nfs_server):
 
 
 def _lock_denied_to_another_client(server, name: str, wait_s: float = 90) -> None:
-    """Host call: a second client (tests/nfsclient.py) asks LOCKT for the guest's locked file and
+    """Host call: a second client (testkit/nfsclient.py) asks LOCKT for the guest's locked file and
     must be DENIED (GRACE while the guest still reclaims is waited out)."""
     import asyncio
     import time
 
     from nfsd.xdr import nfs4 as x
-    from tests.nfsclient import NfsClient, op
+    from testkit.nfsclient import NfsClient, op
 
     async def probe() -> int:
         c = await NfsClient.connect("127.0.0.1", server.port)

@@ -21,8 +21,8 @@ if str(REPO) not in sys.path:
 
 import nfs_rs  # noqa: E402 (a [test] dependency: missing fails, it does not skip)
 
-from tests.e2e.crash_server import ServerProcess, store_check  # noqa: E402
-from tests.e2e.nfsrs_support import (  # noqa: E402
+from testkit.crash_server import ServerProcess, store_check  # noqa: E402
+from testkit.nfsrs_support import (  # noqa: E402
     RETRIES, connect, read_file, retrying, url, write_file)
 
 MiB = 1 << 20

@@ -13,8 +13,8 @@ import pytest
 
 import nfs_rs  # noqa: E402 (a [test] dependency: missing fails, it does not skip)
 
-from tests.e2e.crash_server import ServerProcess  # noqa: E402
-from tests.e2e.nfsrs_support import connect, read_file, write_file  # noqa: E402
+from testkit.crash_server import ServerProcess  # noqa: E402
+from testkit.nfsrs_support import connect, read_file, write_file  # noqa: E402
 
 
 def test_nfs_rs_sees_no_named_attributes_and_a_working_4_1_mount(tmp_path):

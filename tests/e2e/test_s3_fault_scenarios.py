@@ -27,8 +27,8 @@ if str(REPO) not in sys.path:
 
 import boto3  # noqa: E402 (a dependency of ckptgw: missing fails, it does not skip)
 
-from tests.appliance.appliance_live import LiveDaemon  # noqa: E402
-from tests.e2e.nfsrs_support import connect, read_file, retrying, write_file  # noqa: E402
+from testkit.appliance_live import LiveDaemon  # noqa: E402
+from testkit.nfsrs_support import connect, read_file, retrying, write_file  # noqa: E402
 from tests.support.fixtures import fault_proxy, moto_server  # noqa: E402,F401 (fixtures)
 from uploader.keys import INO_META  # noqa: E402
 

@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from tests.support.loopback import free_port, wait_listening
+from testkit.loopback import free_port, wait_listening
 
 CORPUS = Path(__file__).parent / "corpus"
 

@@ -1,5 +1,5 @@
 """The simulation the integrity model test drives: the real Store and the real Uploader's
-job code against tests.support.fakes3, with every S3 request held until the test grants it.
+job code against testkit.fakes3, with every S3 request held until the test grants it.
 
 No thread decides an interleaving here. The uploader's scheduler pass (`_enqueue_ready`,
 `_dispatch`) is called by the test; each job it starts runs as a task on the simulation's
@@ -41,7 +41,7 @@ from uploader.settings import UploadSettings
 
 from tests.cache.storehelp import crash
 from tests.integrity import counters
-from tests.support.fakes3 import FakeS3
+from testkit.fakes3 import FakeS3
 
 SCRATCH = "/dev/shm"
 SETTLE_SECONDS = 3600.0      # the settle window: nothing written during a test run is ever quiet that long

@@ -4,7 +4,7 @@ FoundationDB's simulation testing: hypothesis chooses random sequences of client
 unlink, link, symlink, mtime set far in the past or future, mkdir of temporary names),
 uploader steps in any interleaving (an enqueue pass, a dispatch pass, one S3 request, one
 multipart part, one whole job), S3 faults (outage, 503 SlowDown, lost replies), evictions,
-read-throughs and kill -9 with recovery, against tests.support.fakes3 which keeps every
+read-throughs and kill -9 with recovery, against testkit.fakes3 which keeps every
 version of every key. The simulation (tests/integrity/sim.py) checks after EVERY step:
   - every acknowledged byte reads back;
   - every CLEAN (or evicted) file has an object with exactly its bytes where the gateway

@@ -5,7 +5,7 @@ pytest-asyncio is not used: the server runs on its own event loop in a thread
 client with `asyncio.run` — usually through the `nfs_client` fixture:
 
     def test_something(nfs_client):
-        async def body(c):                     # c: tests.nfsclient.NfsClient, session ready
+        async def body(c):                     # c: testkit.nfsclient.NfsClient, session ready
             fh = await c.lookup_path("/checkpoints")
             ...
         nfs_client(body)
@@ -29,7 +29,7 @@ if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
 from cache.api import StatFS, StoreError  # noqa: E402
-from tests.nfsclient import NfsClient  # noqa: E402
+from testkit.nfsclient import NfsClient  # noqa: E402
 
 EXPORT = "/checkpoints"
 

@@ -1,5 +1,5 @@
 """The NFSv4.1 back channel (RFC 8881 2.10.3.1, 18.33, 18.34, 18.36, 20.9) and the
-SEQ4_STATUS flags of SEQUENCE (18.46.3), through tests/nfsclient.py, which answers the
+SEQ4_STATUS flags of SEQUENCE (18.46.3), through testkit/nfsclient.py, which answers the
 server's CB_NULL/CB_COMPOUND on its own connection."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from nfsd.rpc import finish_reply, frame, start_success_reply
 from nfsd.transport import CallbackFailed
 from nfsd.xdr.core import encode
 from nfsd.xdr.nfs4 import *  # noqa: F401,F403 - the protocol's names, as in the RFC
-from tests.nfsclient import NfsClient, check, op
+from testkit.nfsclient import NfsClient, check, op
 from tests.nfsd.conftest import run_client
 
 CB_PROGRAM = 0x40000000

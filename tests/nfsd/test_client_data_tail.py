@@ -1,4 +1,4 @@
-"""The test client's WRITE with its data sent after the encoded call (tests/nfsclient.py
+"""The test client's WRITE with its data sent after the encoded call (testkit/nfsclient.py
 `data_out_of_line`, used by the ack-latency probe so its own copies are not what it measures):
 the bytes on the wire are exactly the in-line encoding's, and the server stores them."""
 import os
@@ -8,7 +8,7 @@ import pytest
 from nfsd.rpc import encode_call
 from nfsd.xdr.core import encode
 from nfsd.xdr.nfs4 import *  # noqa: F401,F403
-from tests.nfsclient import DEFAULT_CRED, NFS_PROGRAM, NFS_V4, _with_data_tail, op
+from testkit.nfsclient import DEFAULT_CRED, NFS_PROGRAM, NFS_V4, _with_data_tail, op
 
 
 def write_call(data: bytes) -> bytes:

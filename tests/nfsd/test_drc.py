@@ -8,7 +8,7 @@ import pytest
 
 from nfsd.drc import IN_PROGRESS, ReplyCache, request_key
 from nfsd.xdr.nfs4 import *  # noqa: F403
-from tests.nfsclient import check, op
+from testkit.nfsclient import check, op
 
 pytestmark = pytest.mark.timeout(60)
 

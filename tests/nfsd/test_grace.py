@@ -14,7 +14,7 @@ from cache.store import Store
 from nfsd.exports import Exports
 from nfsd.server import NfsServer
 from nfsd.xdr.nfs4 import *  # noqa: F403
-from tests.nfsclient import NfsClient, check, op, status_of
+from testkit.nfsclient import NfsClient, check, op, status_of
 from tests.nfsd.conftest import EXPORT, ServerThread
 from tests.nfsd.test_backchannel import sequence_flags
 

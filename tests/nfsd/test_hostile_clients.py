@@ -17,8 +17,8 @@ import time
 
 from nfsd.heap import QUIET_SECONDS
 from nfsd.rpc import LAST_FRAGMENT
-from tests.nfsclient import NfsClient
-from tests.support.loopback import closed_by_server, free_port, wait_listening
+from testkit.nfsclient import NfsClient
+from testkit.loopback import closed_by_server, free_port, wait_listening
 
 CONNECTIONS = 10_000
 BATCH = 100                     # connections open at once while churning (< max_per_address)

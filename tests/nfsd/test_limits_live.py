@@ -14,7 +14,7 @@ from nfsd.exports import Export, Exports
 from nfsd.limits import Limits, RateLimitedLog
 from nfsd.rpc import LAST_FRAGMENT, encode_call, parse_reply
 from nfsd.xdr.rpc import AUTH_ERROR, AUTH_TOOWEAK
-from tests.support.loopback import closed_by_server
+from testkit.loopback import closed_by_server
 
 NULL_CALL = encode_call(1, 100003, 4, 0, None)
 
@@ -237,7 +237,7 @@ def test_insecure_export_admits_unprivileged_ports(fake_server_factory):
 
 def test_secure_export_answers_nfs4err_perm_per_op(tmp_path):
     """With another (insecure) export admitting the client, the secure one gets NFS4ERR_PERM."""
-    from tests.nfsd.ops_harness import FakeServer, Fs
+    from testkit.ops_harness import FakeServer, Fs
     from nfsd.xdr.nfs4 import NFS4ERR_PERM, OP_PUTROOTFH
     from nfsd.ops import HANDLERS
     from cache.store import Store
@@ -286,7 +286,7 @@ def test_rejections_are_logged_once_per_client_and_interval_with_a_suppressed_co
 def test_export_access_refusals_are_rate_limited_not_one_line_per_op(tmp_path):
     """A client outside an export's networks retries op after op: one log event per interval,
     the rest counted (before, every refused op logged a warning)."""
-    from tests.nfsd.ops_harness import FakeServer, Fs
+    from testkit.ops_harness import FakeServer, Fs
     from nfsd.xdr.nfs4 import NFS4ERR_ACCESS, OP_PUTROOTFH
     from nfsd.ops import HANDLERS
     from cache.store import Store

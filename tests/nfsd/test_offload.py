@@ -1,5 +1,5 @@
 """Asynchronous COPY (RFC 7862 15.2.3, 15.8 OFFLOAD_CANCEL, 15.9 OFFLOAD_STATUS, 16.1
-CB_OFFLOAD) through tests/nfsclient.py in minor version 2 against a live server whose
+CB_OFFLOAD) through testkit/nfsclient.py in minor version 2 against a live server whose
 offload table is made to treat small copies as large (`async_min`) and to copy in small
 chunks, so a few hundred KiB exercise the chunked background copy. The store's race
 hook holds a chunk to look at a copy mid-way."""
@@ -9,7 +9,7 @@ import asyncio
 import threading
 
 from nfsd.xdr.nfs4 import *  # noqa: F401,F403
-from tests.nfsclient import check, op
+from testkit.nfsclient import check, op
 from tests.nfsd.test_ops_v42 import on, run42, setup
 
 KiB = 1024

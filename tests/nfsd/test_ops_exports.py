@@ -7,7 +7,7 @@ from cache.api import Attr, FileType, SetAttr
 from nfsd.context import Cred
 from nfsd.exports import (AUTH_NONE, AUTH_SYS, MAY_EXEC, MAY_READ, MAY_WRITE, EffectiveCred,
                           Export, Exports, permitted)
-from tests.nfsd.ops_harness import Failed, Fs, attrs_of, make_fs
+from testkit.ops_harness import Failed, Fs, attrs_of, make_fs
 from nfsd.xdr.nfs4 import *  # noqa: F401,F403
 
 

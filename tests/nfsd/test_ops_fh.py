@@ -6,7 +6,7 @@ import pytest
 from cache.store import Store
 from nfsd.exports import Export, Exports
 from nfsd.fh import FH_LEN, BadHandle, FhCodec
-from tests.nfsd.ops_harness import FakeServer, Fs, make_fs
+from testkit.ops_harness import FakeServer, Fs, make_fs
 from nfsd.xdr.nfs4 import *  # noqa: F401,F403
 
 

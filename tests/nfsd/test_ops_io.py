@@ -6,7 +6,7 @@ import os
 import pytest
 
 from cache.api import ROOT_INO, StoreError
-from tests.nfsd.ops_harness import make_fs
+from testkit.ops_harness import make_fs
 from nfsd.xdr.nfs4 import *  # noqa: F401,F403
 
 

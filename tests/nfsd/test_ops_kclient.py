@@ -67,8 +67,9 @@ GUEST_SCRIPT = textwrap.dedent('''
 
 @pytest.fixture
 def server(tmp_path):
-    from tests.e2e.conftest import CkptgwServer, free_port
-    from tests.kclient import require
+    from testkit.ckptgw_server import CkptgwServer
+    from testkit.loopback import free_port
+    from testkit.kclient import require
     require()
     srv = CkptgwServer(tmp_path, free_port())
     srv.start()
@@ -77,7 +78,7 @@ def server(tmp_path):
 
 
 def test_permissions_and_locks_through_the_kernel_client(server):
-    from tests.kclient import KernelClient
+    from testkit.kclient import KernelClient
     res = KernelClient(server.port, export="/checkpoints", vers="4.1").run(
         'python3 -c "$GUEST_SCRIPT"', timeout=600, env={"GUEST_SCRIPT": GUEST_SCRIPT})
     lines = [l for l in res.stdout.splitlines() if l.startswith(("PASS", "FAIL", "DONE"))]

@@ -3,7 +3,7 @@ import asyncio
 
 import pytest
 
-from tests.nfsd.ops_harness import make_fs
+from testkit.ops_harness import make_fs
 from nfsd.xdr.nfs4 import *  # noqa: F401,F403
 
 TO_END = 0xFFFFFFFFFFFFFFFF

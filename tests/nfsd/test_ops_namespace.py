@@ -4,7 +4,7 @@ import asyncio
 import pytest
 
 from nfsd.attrs import bits_of
-from tests.nfsd.ops_harness import attrs_of, make_fs
+from testkit.ops_harness import attrs_of, make_fs
 from nfsd.xdr.nfs4 import *  # noqa: F401,F403
 
 

@@ -4,7 +4,7 @@ import asyncio
 import pytest
 
 from nfsd import attrs as fattr
-from tests.nfsd.ops_harness import attrs_of, make_fs, parse_attrs
+from testkit.ops_harness import attrs_of, make_fs, parse_attrs
 from nfsd.xdr.nfs4 import *  # noqa: F401,F403
 
 

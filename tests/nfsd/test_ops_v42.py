@@ -1,4 +1,4 @@
-"""NFSv4.2 ops (RFC 7862) through tests/nfsclient.py in minor version 2 against a live server:
+"""NFSv4.2 ops (RFC 7862) through testkit/nfsclient.py in minor version 2 against a live server:
 SEEK, ALLOCATE, DEALLOCATE, READ_PLUS, COPY, CLONE, OFFLOAD_STATUS/CANCEL (with a non-copy
 stateid; asynchronous COPY is in test_offload.py), the NOTSUPP answers for the rest, and the minor-version rule (a 4.2 op in a 4.0/4.1 COMPOUND is illegal)."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ from cache.api import ROOT_INO, DataState, RemoteInfo
 from cache.store import Store
 from nfsd.exports import Export, Exports
 from nfsd.xdr.nfs4 import *  # noqa: F401,F403
-from tests.nfsclient import check, op, status_of
-from tests.nfsd.ops_harness import FakeServer, Fs
+from testkit.nfsclient import check, op, status_of
+from testkit.ops_harness import FakeServer, Fs
 
 ANON = stateid4(0, bytes(12))
 KiB = 1024
@@ -268,7 +268,7 @@ def test_byte_changing_42_ops_on_a_read_only_export_are_rofs(tmp_path):
 
 
 def test_clone_blksize_is_a_42_attribute(nfs_client):
-    from tests.nfsd.ops_harness import attrs_of, parse_attrs
+    from testkit.ops_harness import attrs_of, parse_attrs
     want = [FATTR4_SUPPORTED_ATTRS, FATTR4_CLONE_BLKSIZE]
 
     def getattr_op():

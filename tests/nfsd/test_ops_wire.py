@@ -2,7 +2,7 @@
 import pytest
 
 from nfsd.context import Cred
-from tests.nfsclient import (AUTH_SYS, NfsStatusError, bitmap, bits, check, encode_attrs, op,
+from testkit.nfsclient import (AUTH_SYS, NfsStatusError, bitmap, bits, check, encode_attrs, op,
                              status_of)
 from nfsd.xdr.nfs4 import *  # noqa: F401,F403
 

@@ -10,8 +10,8 @@ import pytest
 from cache.api import DataState, RemoteInfo
 from nfsd.ops.xattr import XATTR_NAME_MAX
 from nfsd.xdr.nfs4 import *  # noqa: F401,F403
-from tests.nfsclient import op
-from tests.nfsd.ops_harness import Failed, make_fs
+from testkit.nfsclient import op
+from testkit.ops_harness import Failed, make_fs
 
 XA_ALL = ACCESS4_XAREAD | ACCESS4_XAWRITE | ACCESS4_XALIST
 

@@ -9,7 +9,7 @@ from nfsd.compound import OUT_OF_LINE_MIN, error_result
 from nfsd.rpc import Reply, finish_reply, start_success_reply
 from nfsd.xdr.core import decode
 from nfsd.xdr.nfs4 import *  # noqa: F401,F403
-from tests.nfsclient import check, op, sequence_op
+from testkit.nfsclient import check, op, sequence_op
 from tests.nfsd.compound_engines import RESULTS
 
 

@@ -15,7 +15,7 @@ from nfsd.xdr.rpc import (
     AUTH_BADCRED, AUTH_ERROR, AUTH_TOOWEAK, GARBAGE_ARGS, PROC_UNAVAIL, PROG_MISMATCH,
     PROG_UNAVAIL, SUCCESS,
 )
-from tests.nfsclient import NfsClient
+from testkit.nfsclient import NfsClient
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from nfsd.xdr.nfs4 import FILE_SYNC4, NF4DIR, NF4REG, UNSTABLE4
-from tests.nfsclient import NfsClient
-from tests.support.loopback import free_port, wait_listening
+from testkit.nfsclient import NfsClient
+from testkit.loopback import free_port, wait_listening
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -13,7 +13,7 @@ from nfsd.exports import Export, Exports
 from nfsd.server import NfsServer
 from tests.cache.test_api_protocol import protocol_members, shape
 from tests.nfsd.conftest import FakeStore, open_exports
-from tests.nfsd.ops_harness import FakeServer
+from testkit.ops_harness import FakeServer
 
 NFSD = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "nfsd")
 

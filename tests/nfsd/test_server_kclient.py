@@ -1,4 +1,4 @@
-"""Session-layer behaviour with the real Linux NFSv4 client (a QEMU VM, tests/kclient):
+"""Session-layer behaviour with the real Linux NFSv4 client (a QEMU VM, testkit/kclient):
 several connections per mount (nconnect), and a server restart under an open file
 (new boot epoch: BADSESSION, STALE_CLIENTID, a fresh EXCHANGE_ID, reclaim refused
 with NO_GRACE, the client carries on), and every connection dropped mid-write (the
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kclient import KernelClient, require
+from testkit.kclient import KernelClient, require
 
 pytestmark = [pytest.mark.kclient, pytest.mark.timeout(900)]
 

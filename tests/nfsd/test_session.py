@@ -12,7 +12,7 @@ from nfsd.errors import NfsError
 from nfsd.ops import session as session_ops
 from nfsd.xdr.core import encode
 from nfsd.xdr.nfs4 import *  # noqa: F403
-from tests.nfsclient import NfsClient, check, op, sequence_op, status_of
+from testkit.nfsclient import NfsClient, check, op, sequence_op, status_of
 
 pytestmark = pytest.mark.timeout(60)
 

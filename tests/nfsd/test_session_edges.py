@@ -13,7 +13,7 @@ import pytest
 from nfsd import state as state_mod
 from nfsd.ops import session as session_ops
 from nfsd.xdr.nfs4 import *  # noqa: F403
-from tests.nfsclient import (BASIC_ATTRS, DEFAULT_CRED, NfsStatusError, bitmap, check, op,
+from testkit.nfsclient import (BASIC_ATTRS, DEFAULT_CRED, NfsStatusError, bitmap, check, op,
                              sequence_op)
 
 pytestmark = pytest.mark.timeout(120)

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from nfsd.xdr.nfs4 import *  # noqa: F403
-from tests.nfsclient import bitmap, check, decode_attrs, encode_attrs, op, status_of
+from testkit.nfsclient import bitmap, check, decode_attrs, encode_attrs, op, status_of
 
 pytestmark = pytest.mark.timeout(60)
 

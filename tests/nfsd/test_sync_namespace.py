@@ -9,7 +9,7 @@ from cache.api import ROOT_INO
 from cache.store import Store
 from nfsd.context import CompoundContext
 from nfsd.ops._common import sync_namespace
-from tests.nfsd.ops_harness import ROOT, FakeServer
+from testkit.ops_harness import ROOT, FakeServer
 
 
 def test_no_worker_round_trip_when_already_durable(tmp_path):

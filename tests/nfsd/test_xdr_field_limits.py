@@ -16,7 +16,7 @@ from nfsd.xdr import nfs4 as n
 from nfsd.xdr.core import XdrError, encode
 from nfsd.xdr.rpc import GARBAGE_ARGS, SUCCESS
 from nfsd.xdr.xparser import XdrSyntaxError, load_spec
-from tests.nfsclient import NfsClient
+from testkit.nfsclient import NfsClient
 from tests.nfsd.compound_engines import DECODERS
 
 pytestmark = pytest.mark.timeout(60)

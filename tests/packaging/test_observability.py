@@ -178,7 +178,7 @@ def exposed_names(text: str) -> set[str]:
 
 
 def test_every_metric_used_is_exposed_by_the_daemon(tmp_path):
-    from tests.appliance.appliance_live import LiveDaemon
+    from testkit.appliance_live import LiveDaemon
     # one of an HA pair, so the ckptgw_pair_* series exist (no DRBD here: state unknown, degraded)
     daemon = LiveDaemon(tmp_path, "--pair-drbd-device", "/dev/drbd0")
     try:

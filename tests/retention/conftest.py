@@ -12,8 +12,8 @@ for p in (_ROOT, _HERE):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-from tests.support.faultproxy import ThreadedFaultProxy  # noqa: E402
-from tests.support.motoserver import MotoServer  # noqa: E402
+from testkit.faultproxy import ThreadedFaultProxy  # noqa: E402
+from testkit.motoserver import MotoServer  # noqa: E402
 
 from tests.retention import rhelp  # noqa: E402
 

@@ -7,7 +7,7 @@ import time
 from click.testing import CliRunner
 
 from appliance.cli import main as cli_main
-from tests.appliance.appliance_live import LiveDaemon, nfs_client
+from testkit.appliance_live import LiveDaemon, nfs_client
 
 CONFIG = """
 [[retention.series]]

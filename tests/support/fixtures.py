@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from .faultproxy import ThreadedFaultProxy
-from .motoserver import MotoServer
+from testkit.faultproxy import ThreadedFaultProxy
+from testkit.motoserver import MotoServer
 
 
 @pytest.fixture(scope="session")

@@ -11,8 +11,8 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from tests.support.faultproxy import ThreadedFaultProxy  # noqa: E402
-from tests.support.motoserver import MotoServer  # noqa: E402
+from testkit.faultproxy import ThreadedFaultProxy  # noqa: E402
+from testkit.motoserver import MotoServer  # noqa: E402
 
 SMALL_PART = 256 * 1024   # moto's minimum part size is lowered to this for tests
 
@@ -36,7 +36,7 @@ import asyncio  # noqa: E402
 import hashlib  # noqa: E402
 import itertools  # noqa: E402
 
-from cache.api import ROOT_INO, StoreError  # noqa: E402
+from testkit.storefiles import mkdirs  # noqa: E402
 from cache.store import Store  # noqa: E402
 from uploader.objectclient import Boto3ObjectClient  # noqa: E402
 from uploader.service import Uploader  # noqa: E402
@@ -120,32 +120,6 @@ def fill_bucket_from_another_gateway(store_dir, endpoint: str, bucket: str, fill
         asyncio.run(run())
     finally:
         other.close()
-
-
-def mkdirs(store, path: str) -> int:
-    ino = ROOT_INO
-    for part in [p for p in path.split("/") if p]:
-        try:
-            ino = store.lookup(ino, part.encode()).ino
-        except StoreError:
-            ino = store.mkdir(ino, part.encode(), 0o755, 1000, 1000)[0].ino
-    return ino
-
-
-def write_file(store, path: str, data: bytes, *, chunk: int = 1 << 20) -> int:
-    """Create (or truncate) a file, write, commit, close: one save as a client does it."""
-    head, _, name = path.rpartition("/")
-    parent = mkdirs(store, head)
-    attr, _, _ = store.create(parent, name.encode(), 0o640, 1000, 1000)
-    from cache.api import SetAttr
-    store.open_file(attr.ino, True)
-    store.setattr(attr.ino, SetAttr(size=0))
-    for off in range(0, len(data), chunk):
-        store.write(attr.ino, off, data[off:off + chunk])
-    store.commit(attr.ino)
-    store.close_file(attr.ino, True)
-    store.sync()
-    return attr.ino
 
 
 def rename(store, old: str, new: str) -> None:

@@ -11,7 +11,8 @@ import random
 import pytest
 
 from cache.api import ROOT_INO, FileType
-from tests.uploader.conftest import SMALL_PART, make_uploader, mkdirs, objects, remove, rename, sha, write_file
+from tests.uploader.conftest import SMALL_PART, make_uploader, objects, remove, rename, sha
+from testkit.storefiles import mkdirs, write_file
 
 
 def _namespace(store):

@@ -10,7 +10,8 @@ import pytest
 from cache.api import ROOT_INO, DataState
 from uploader.keys import GEN_META, INO_META, SEQ_META
 from uploader.objectclient import checksum_b64
-from tests.uploader.conftest import SMALL_PART, make_uploader, object_sha, payload, sha, write_file
+from tests.uploader.conftest import SMALL_PART, make_uploader, object_sha, payload, sha
+from testkit.storefiles import write_file
 
 
 def _copy_file(store, src: int, name: bytes, size: int) -> int:

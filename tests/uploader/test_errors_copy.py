@@ -2,8 +2,9 @@
 import asyncio
 
 from cache.api import DataState
-from tests.uploader.conftest import (SMALL_PART, make_uploader, object_sha, objects, payload, rename, s3_settings, sha,
-                      wait_for, write_file)
+from tests.uploader.conftest import (SMALL_PART, make_uploader, object_sha, objects, payload, rename, s3_settings,
+                                     sha, wait_for)
+from testkit.storefiles import write_file
 from uploader import worker
 from uploader.objectclient import Boto3ObjectClient
 

@@ -3,7 +3,8 @@ import asyncio
 import os
 
 from cache.api import DataState
-from tests.uploader.conftest import SMALL_PART, make_uploader, object_sha, objects, payload, sha, write_file
+from tests.uploader.conftest import SMALL_PART, make_uploader, object_sha, objects, payload, sha
+from testkit.storefiles import write_file
 
 LONG = os.environ.get("CKPTGW_LONG") == "1"
 

@@ -7,7 +7,8 @@ import time
 from cache.api import DataState
 from cache.store import Store
 
-from .conftest import SMALL_PART, make_uploader, payload, wait_for, write_file
+from .conftest import SMALL_PART, make_uploader, payload, wait_for
+from testkit.storefiles import write_file
 
 
 class PeakParts:

@@ -8,8 +8,9 @@ import threading
 import pytest
 
 from cache.api import ROOT_INO, DataState, StoreError
-from tests.uploader.conftest import (SMALL_PART, make_uploader, mkdirs, object_sha, objects, payload, remove,
-                                     rename, sha, wait_for, write_file)
+from tests.uploader.conftest import (SMALL_PART, make_uploader, object_sha, objects, payload, remove, rename, sha,
+                                     wait_for)
+from testkit.storefiles import mkdirs, write_file
 
 
 def _outage(proxy, on: bool) -> None:

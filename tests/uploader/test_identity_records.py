@@ -2,7 +2,8 @@
 re-key is a compare-and-set, kept objects are handed to the file at their name and survive
 record writes made from an older copy."""
 from cache.api import RemoteInfo
-from tests.uploader.conftest import mkdirs, remove, write_file
+from tests.uploader.conftest import remove
+from testkit.storefiles import mkdirs, write_file
 
 
 def test_rekey_is_compare_and_set_and_follows_kept_objects(store):

@@ -3,8 +3,8 @@ import asyncio
 import os
 import time
 
-from tests.support.fakes3 import FakeS3
-from tests.uploader.conftest import write_file
+from testkit.fakes3 import FakeS3
+from testkit.storefiles import write_file
 from uploader.service import Uploader
 from uploader.settings import UploadSettings
 from uploader.worker import NOTE_INTERVAL, NOTES_PER_UPLOAD, note_due

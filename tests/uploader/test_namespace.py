@@ -2,7 +2,8 @@
 import asyncio
 
 from tests.uploader.conftest import (SMALL_PART, make_uploader, object_sha, objects, payload, remove, rename, sha,
-                      wait_for, write_file)
+                                     wait_for)
+from testkit.storefiles import write_file
 from uploader.worker import UploadProgress
 
 

@@ -5,7 +5,8 @@ import errno
 import pytest
 
 from cache.api import DataState, StoreError
-from tests.uploader.conftest import SMALL_PART, fill_bucket_from_another_gateway, make_uploader, payload, sha, write_file
+from tests.uploader.conftest import SMALL_PART, fill_bucket_from_another_gateway, make_uploader, payload, sha
+from testkit.storefiles import write_file
 
 
 async def read_all(store, up, ino, size, count=100_000):

@@ -8,7 +8,8 @@ import time
 from urllib.parse import parse_qs
 
 from cache.store import Store
-from tests.uploader.conftest import SMALL_PART, make_uploader, object_sha, objects, payload, s3_settings, sha, write_file
+from tests.uploader.conftest import SMALL_PART, make_uploader, object_sha, objects, payload, s3_settings, sha
+from testkit.storefiles import write_file
 from uploader.objectclient import Boto3ObjectClient
 
 HERE = os.path.dirname(os.path.abspath(__file__))

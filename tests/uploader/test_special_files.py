@@ -8,8 +8,9 @@ import stat
 import pytest
 
 from cache.api import FileType
-from tests.uploader.conftest import (fill_bucket_from_another_gateway, flush_uploads, import_and_flush, make_uploader, mkdirs,
-                                     objects, remove, rename, write_file)
+from tests.uploader.conftest import (fill_bucket_from_another_gateway, flush_uploads, import_and_flush,
+                                     make_uploader, objects, remove, rename)
+from testkit.storefiles import mkdirs, write_file
 from uploader.keys import INO_META
 
 KINDS = [(FileType.BLK, (8, 17), stat.S_IFBLK), (FileType.CHR, (4, 300), stat.S_IFCHR),

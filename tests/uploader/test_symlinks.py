@@ -3,8 +3,9 @@ and deletes like files, and come back from the bucket on import."""
 import asyncio
 import stat
 
-from tests.uploader.conftest import (fill_bucket_from_another_gateway, import_and_flush, make_uploader, mkdirs,
-                                     objects, remove, rename, write_file)
+from tests.uploader.conftest import (fill_bucket_from_another_gateway, import_and_flush, make_uploader, objects,
+                                     remove, rename)
+from testkit.storefiles import mkdirs, write_file
 from uploader.keys import INO_META
 from uploader.objectclient import checksum_b64
 

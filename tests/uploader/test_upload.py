@@ -3,8 +3,8 @@ import asyncio
 import stat
 
 from cache.api import DataState
-from tests.uploader.conftest import (SMALL_PART, make_uploader, mkdirs, object_sha, objects, payload, sha, wait_for,
-                      write_file)
+from tests.uploader.conftest import SMALL_PART, make_uploader, object_sha, objects, payload, sha, wait_for
+from testkit.storefiles import mkdirs, write_file
 
 
 def test_small_and_multipart_upload_with_metadata(moto, bucket, store):

@@ -15,7 +15,8 @@ import zlib
 import boto3
 import pytest
 
-from tests.uploader.conftest import SMALL_PART, make_uploader, payload, s3_settings, write_file
+from tests.uploader.conftest import SMALL_PART, make_uploader, payload, s3_settings
+from testkit.storefiles import write_file
 from uploader.objectclient import Boto3ObjectClient
 from uploader.verify import split_checksum, verify_file
 

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 EXPORT = "/checkpoints"
 _LISTENING = re.compile(rb"nfsd_listening\b.*\bport=(\d+)")
 

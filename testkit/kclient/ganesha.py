@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
+
+from testkit.loopback import listening
 
 from .childserver import ChildServer
 from .image import INSTALL_SH, KclientUnavailable
@@ -60,12 +61,6 @@ def ensure_ganesha() -> None:
         raise KclientUnavailable(f"cannot install nfs-ganesha: {r.stdout.strip()[-1000:]}")
 
 
-def _listening(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-    except OSError:
-        return False
 
 
 class GaneshaServer(ChildServer):
@@ -81,7 +76,7 @@ class GaneshaServer(ChildServer):
 
     def start(self, timeout: float = 20) -> None:
         ensure_ganesha()
-        if _listening(self.port):
+        if listening(self.port):
             raise RuntimeError(f"port {self.port} is already in use")
         for d in ("export", "recov"):
             (self.root / d).mkdir(parents=True, exist_ok=True)
@@ -92,7 +87,7 @@ class GaneshaServer(ChildServer):
                 ["ganesha.nfsd", "-F", "-f", str(conf), "-L", str(self.log_path), "-p", str(self.root / "ganesha.pid")],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
         deadline = time.monotonic() + timeout
-        while not _listening(self.port):
+        while not listening(self.port):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"ganesha did not start: {self.log_tail()}")

@@ -15,7 +15,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+
+from testkit.loopback import free_port as _free_loopback_port, listening
 
 from .image import BootImage, KclientError, prepare
 
@@ -91,18 +92,6 @@ def _set_pdeathsig() -> None:
         pass
 
 
-def _free_loopback_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _listening(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=3):
-            return True
-    except OSError:
-        return False
 
 
 class KernelClient:
@@ -115,7 +104,7 @@ class KernelClient:
     cache_dir: where the initramfs and vmlinux are kept (default $CKPTGW_KCLIENT_CACHE or
     /var/cache/ckptgw-kclient); install: apt-get what is missing (scripts/install-system-deps.sh).
     The constructor prepares the boot image and raises image.KclientUnavailable when qemu or the
-    kernel cannot be had (see tests.kclient.require for the pytest policy)."""
+    kernel cannot be had (see testkit.kclient.require for the pytest policy)."""
 
     def __init__(self, port: int, export: str = "/", vers: str = "4.1", opts: str = "",
                  mount: bool = True, mnt: str = "/mnt", cache_dir: str | os.PathLike | None = None,
@@ -215,7 +204,7 @@ class KernelClient:
         (default: $CKPTGW_KCLIENT_KEEP=1). Never raises for guest-side failures: see result.rc."""
         if keep is None:
             keep = os.environ.get("CKPTGW_KCLIENT_KEEP") == "1"
-        if self.mount and not _listening(self.port):
+        if self.mount and not listening(self.port, timeout=3):
             return KclientResult(EXIT_HARNESS, "", "", {}, harness_error=(
                 f"nothing accepts TCP on 127.0.0.1:{self.port} (is the server running?)"))
         rundir = Path(tempfile.mkdtemp(prefix="ckptgw-kclient-run."))

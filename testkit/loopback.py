@@ -13,6 +13,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def listening(port: int, timeout: float = 1.0) -> bool:
+    """Whether 127.0.0.1:port accepts a connection now."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 def wait_listening(port: int, proc: subprocess.Popen, timeout: float = 30.0, why=lambda: "") -> None:
     """Until 127.0.0.1:port accepts; fails if proc exits or the timeout passes (why(): context)."""
     deadline = time.monotonic() + timeout

@@ -1,6 +1,6 @@
 """ckptgw's kernel-client test harness: the real Linux NFSv4 client in a throw-away QEMU VM.
 
-    from tests.kclient import KernelClient
+    from testkit.kclient import KernelClient
     kc = KernelClient(port, export="/checkpoints", vers="4.1")
     res = kc.run("dd if=/dev/zero of=/mnt/f bs=1M count=16 conv=fsync", timeout=300)
     res.check()            # AssertionError with stdout/stderr/dmesg unless rc == 0

@@ -1,10 +1,10 @@
 #!/bin/busybox sh
-# /init of the ckptgw kernel-client VM (PID 1 in the initramfs built by tests/kclient/image.py).
+# /init of the ckptgw kernel-client VM (PID 1 in the initramfs built by testkit/kclient/image.py).
 # Loads the NFS and virtio modules, mounts the host root read-only over 9p with a tmpfs overlay on
 # top, brings up slirp networking, mounts the NFS export (unless told not to) and runs
 # /kclient/run.sh chrooted into the overlaid host root, its stdout/stderr on two virtio-serial ports.
 # Everything the host wants is in /kc/config (the run dir, a writable 9p share); results go back
-# there as small files (rc, t_*, mount.log, dmesg.txt) that tests/kclient/vm.py reads.
+# there as small files (rc, t_*, mount.log, dmesg.txt) that testkit/kclient/vm.py reads.
 
 /bin/busybox mkdir -p /proc /sys /dev /bin /sbin /usr/bin /usr/sbin
 /bin/busybox mount -t proc proc /proc
