@@ -86,6 +86,17 @@ def test_wheel_has_the_compiled_extensions(dist):
     assert "Root-Is-Purelib: false" in meta and "Tag: cp3" in meta, meta
 
 
+def test_harness_code_is_not_shipped(dist):
+    """testkit/ (what tests/ and bench/ share, issue 39) and tests/ are in neither artifact."""
+    with zipfile.ZipFile(wheel_path(dist)) as wheel:
+        names = wheel.namelist()
+    with tarfile.open(dist / f"ckptgw-{VERSION}.tar.gz") as sdist:
+        members = {m.split("/", 1)[1] for m in sdist.getnames() if "/" in m}
+    for where, found in (("wheel", names), ("sdist", members)):
+        shipped = sorted(n for n in found if n.startswith(("testkit/", "tests/", "bench/")))
+        assert not shipped, (where, shipped[:10])
+
+
 def test_moto_is_only_in_the_tryout_extra(dist):
     with zipfile.ZipFile(wheel_path(dist)) as wheel:
         metadata = wheel.read(f"ckptgw-{VERSION}.dist-info/METADATA").decode()
