@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 
 from cache.api import ROOT_INO, SetAttr, StoreError
+from testkit.storefiles import mkdirs
 
 PREFIX = "gw/"
 DAY = 86400.0
@@ -67,16 +68,6 @@ class Settings:
     pin_lock_days: int = 0
     schedule: float | None = None
     abort_incomplete_multipart_days: int = 7
-
-
-def mkdirs(store, path: str) -> int:
-    ino = ROOT_INO
-    for part in [p for p in path.split("/") if p]:
-        try:
-            ino = store.lookup(ino, part.encode()).ino
-        except StoreError:
-            ino = store.mkdir(ino, part.encode(), 0o755, 1000, 1000)[0].ino
-    return ino
 
 
 def write_file(store, path: str, data: bytes, *, keep_open: bool = False) -> int:

@@ -3,7 +3,8 @@ its checkpoint incomplete; once closed and uploaded, the rules apply to it like 
 import time
 
 from tests.retention.rhelp import (DAY, PREFIX, Rule, Settings, ckpt, drain, exists, make_uploader,
-                                   mkdirs, objects, run, set_age)
+                                   objects, run, set_age)
+from testkit.storefiles import mkdirs
 from uploader import retention
 
 RULE = Rule(keep_last=1, expire_after=2 * DAY)
@@ -12,7 +13,7 @@ RULE = Rule(keep_last=1, expire_after=2 * DAY)
 def test_checkpoints_written_over_nfs(moto, bucket, store):
     from nfsd.exports import Exports
     from nfsd.server import NfsServer
-    from tests.nfsclient import NfsClient
+    from testkit.nfsclient import NfsClient
     now = time.time()
 
     async def main():
