@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-# tests/ is not a package on sys.path by default; make `tests.support` importable.
+# the checkout root is not on sys.path by default; make `tests` and `testkit` importable.
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
