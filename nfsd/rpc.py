@@ -501,7 +501,7 @@ class RpcConnection:
         return CallReceived(xid, prog, vers, proc, cred, buf[pos:], record)
 
 
-# ---- calling side: tests/nfsclient.py, and the server's callbacks (nfsd/callback.py) ----
+# ---- calling side: testkit/nfsclient.py, and the server's callbacks (nfsd/callback.py) ----
 
 def encode_call(xid: int, prog: int, vers: int, proc: int, cred: Cred | None,
                 args: bytes | bytearray = b"") -> bytes:
