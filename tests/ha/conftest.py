@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -23,7 +24,15 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "ha: gateway pair tests (two qemu VMs, DRBD, the cluster stack)")
 
 
+TIMELINES: list[dict[str, float]] = []
+
+
 def pytest_terminal_summary(terminalreporter):
+    if len(TIMELINES) > 1:
+        steps = [k for k in TIMELINES[0] if all(k in t for t in TIMELINES)]
+        REPORT.append(f"failover timeline over {len(TIMELINES)} runs, median / max s after the kill: " + ", ".join(
+            f"{k} {statistics.median(t[k] for t in TIMELINES):.1f} / {max(t[k] for t in TIMELINES):.1f}"
+            for k in steps))
     if REPORT:
         terminalreporter.section("gateway pair report")
         for line in REPORT:
@@ -67,6 +76,12 @@ def pair(ha_image):
         yield p
     finally:
         p.stop(keep=os.environ.get("CKPTGW_HA_KEEP_VM") == "1")
+
+
+@pytest.fixture
+def timelines():
+    """Each failover's timeline (step -> seconds after the kill), summed up at the end of the run."""
+    return TIMELINES
 
 
 @pytest.fixture

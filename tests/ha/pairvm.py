@@ -17,6 +17,7 @@ test configures in /etc must be written again after a restart.
 from __future__ import annotations
 
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,8 @@ from guestvm import GuestError, GuestVM  # noqa: E402
 
 NODES = ("gw-a", "gw-b")
 MEM_MIB = 1024
+SSH_ATTEMPTS = 4
+_SSH_NO_CONNECTION = re.compile(r"banner exchange|Connection timed out|Connection refused|kex_exchange_identification")
 
 
 class Pair:
@@ -87,8 +90,14 @@ class Pair:
             input: bytes | None = None) -> subprocess.CompletedProcess:
         """Run `command` as root on the node; bytes in and out (stdin from `input`)."""
         vm = self.vms[node]
-        proc = subprocess.run(["ssh", *vm.ssh_options(), "ansible@127.0.0.1", f"sudo sh -c {_quote(command)}"],
-                              input=input if input is not None else b"", capture_output=True, timeout=timeout)
+        for attempt in range(SSH_ATTEMPTS):
+            proc = subprocess.run(["ssh", *vm.ssh_options(), "ansible@127.0.0.1", f"sudo sh -c {_quote(command)}"],
+                                  input=input if input is not None else b"", capture_output=True, timeout=timeout)
+            # ssh's own failure to connect (the command never ran): a guest busy taking over on an
+            # emulated CPU may not answer the SSH banner within ConnectTimeout (20 s); try again.
+            if proc.returncode != 255 or not _SSH_NO_CONNECTION.search(proc.stderr.decode(errors="replace")):
+                break
+            time.sleep(5)
         if check and proc.returncode != 0:
             raise GuestError(f"{node}: command failed ({proc.returncode}): {command}\n"
                              f"{proc.stdout.decode(errors='replace')[-2000:]}{proc.stderr.decode(errors='replace')[-2000:]}")

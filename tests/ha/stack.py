@@ -11,6 +11,8 @@ its OCF 1.1 support is off, Debian's default):
   is stopped before the demotion. resource-stickiness keeps things where they run (no failback
   by itself); a small preference puts the first promotion on gw-a, so a test knows its active node.
 The unit is installed but never enabled: only Pacemaker starts it, on the active node only.
+Every operation's timeout is generous (60 s for a monitor): on an emulated CPU of a loaded host an
+IPaddr2 monitor once took over 20 s, and a monitor timeout restarts the whole group.
 
 ckptgw on the nodes is what the Ansible role installs (its venv /opt/ckptgw/venv, its unit,
 its service account): the image has the venv with the dependencies and the account
@@ -46,8 +48,8 @@ property stonith-enabled=true stonith-timeout={cluster.STONITH_TIMEOUT_S}s
 rsc_defaults resource-stickiness=100
 primitive drbd-r0 ocf:linbit:drbd \\
     params drbd_resource={drbd.RESOURCE} \\
-    op monitor interval=15s role=Master timeout=30s \\
-    op monitor interval=20s role=Slave timeout=30s \\
+    op monitor interval=15s role=Master timeout=60s \\
+    op monitor interval=20s role=Slave timeout=60s \\
     op start interval=0 timeout=240s op stop interval=0 timeout=100s \\
     op promote interval=0 timeout=120s op demote interval=0 timeout=90s \\
     op notify interval=0 timeout=90s
@@ -55,10 +57,10 @@ clone drbd-clone drbd-r0 \\
     meta promotable=true promoted-max=1 promoted-node-max=1 clone-max=2 clone-node-max=1 notify=true
 primitive cache-fs Filesystem \\
     params device={drbd.DEVICE} directory={CACHE} fstype=ext4 options=noatime \\
-    op monitor interval=20s timeout=40s op start interval=0 timeout=120s op stop interval=0 timeout=120s
+    op monitor interval=20s timeout=60s op start interval=0 timeout=120s op stop interval=0 timeout=120s
 primitive gw-ip IPaddr2 \\
     params ip={FLOATING_IP} cidr_netmask=24 nic=eth1 \\
-    op monitor interval=10s timeout=20s
+    op monitor interval=10s timeout=60s
 primitive gateway systemd:ckptgw \\
     op monitor interval=15s timeout=100s op start interval=0 timeout=300s op stop interval=0 timeout=120s
 group gw cache-fs gw-ip gateway
@@ -185,25 +187,34 @@ def journal_marks(pair: Pair, node: str, since: float) -> dict[str, float]:
 
 # The checkpoint save recipe in a loop, as a client runs it: write a tmp file, fsync, rename,
 # fsync the directory; a shard is acknowledged once that returns, and only then is it logged
-# (index, time, sha256) to a local file that is itself fsynced. Stops when STOP exists.
+# (index, time, sha256) to a local file that is itself fsynced. A save that fails (an error from
+# the mount) is not acknowledged: it is logged to FAILED (index, time, error) and the loop goes on
+# with the next shard, as a training job retries its save. Stops when STOP exists.
 WRITER = r"""
 import hashlib, os, sys, time
 d, log, size, stop = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 out = open(log, "a")
+failed = open(log + ".failed", "a")
 i = 0
 while not os.path.exists(stop):
     data = os.urandom(size)
     p = os.path.join(d, "shard-%05d" % i)
-    fd = os.open(p + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-    os.fsync(fd)
-    os.close(fd)
-    os.rename(p + ".tmp", p)
-    dfd = os.open(d, os.O_RDONLY)
-    os.fsync(dfd)
-    os.close(dfd)
+    try:
+        fd = os.open(p + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+        os.close(fd)
+        os.rename(p + ".tmp", p)
+        dfd = os.open(d, os.O_RDONLY)
+        os.fsync(dfd)
+        os.close(dfd)
+    except OSError as e:
+        failed.write("%d %.3f %s\n" % (i, time.time(), repr(e).replace("\n", " ")))
+        failed.flush()
+        i += 1
+        continue
     out.write("%d %.3f %s\n" % (i, time.time(), hashlib.sha256(data).hexdigest()))
     out.flush()
     os.fsync(out.fileno())
@@ -214,7 +225,7 @@ while not os.path.exists(stop):
 def start_writer(pair: Pair, node: str, directory: str, size: int, log: str = "/root/acks.log",
                  stop: str = "/root/writer.stop") -> None:
     pair.ssh(node, f"mkdir -p {directory} && cat > /root/writer.py", input=WRITER.encode())
-    pair.ssh(node, f"rm -f {log} {stop}; setsid nohup python3 /root/writer.py {shlex.quote(directory)} {log} "
+    pair.ssh(node, f"rm -f {log} {log}.failed {stop}; setsid nohup python3 /root/writer.py {shlex.quote(directory)} {log} "
                    f"{size} {stop} > /root/writer.out 2>&1 < /dev/null & echo $! > /root/writer.pid")
 
 
@@ -226,6 +237,10 @@ def acks(pair: Pair, node: str, log: str = "/root/acks.log") -> list[tuple[int, 
         if len(parts) == 3:
             rows.append((int(parts[0]), float(parts[1]), parts[2]))
     return rows
+
+
+def failed_saves(pair: Pair, node: str, log: str = "/root/acks.log") -> list[str]:
+    return pair.out(node, f"cat {log}.failed 2>/dev/null || true").splitlines()
 
 
 def stop_writer(pair: Pair, node: str, timeout: float, stop: str = "/root/writer.stop") -> None:
