@@ -12,20 +12,26 @@ from .keys import U64, U64x2
 
 # A live store can show a data file longer than its size for an instant: a write answered
 # before its index record (store.py I5) is pwritten before it joins _pending, and its record
-# can land (and leave _pending) after this scan's snapshot. A real one is there in every scan.
+# can land (and leave _pending) after this scan's snapshot. And a data file with no inode: the
+# files are listed after the snapshot is taken, so a file created in between has an ino that
+# snapshot had not given out yet; the next scan's snapshot has it. A real one is there in
+# every scan.
 IN_FLIGHT_SCANS = 3
 
 
 def check(store) -> list[str]:
+    unborn: set[int] = set()
     for _ in range(IN_FLIGHT_SCANS):
-        problems, in_flight = _scan(store)
+        problems, in_flight, unborn = _scan(store, unborn)
         if not in_flight:
             break
     return problems
 
 
-def _scan(store) -> tuple[list[str], bool]:
-    """(problems, whether one of them may be a write in flight: scan again to tell)."""
+def _scan(store, unborn_before: set[int]) -> tuple[list[str], bool, set[int]]:
+    """(problems, whether one of them may be a write in flight: scan again to tell, the data
+    files without an inode whose ino this snapshot had not given out). `unborn_before`: the
+    previous scan's: one still unborn now is a stray, not a create in flight."""
     ix, data = store.ix, store.data
     problems: list[str] = []
     p = problems.append
@@ -84,6 +90,7 @@ def _scan(store) -> tuple[list[str], bool]:
         # the data files now, the index as of the snapshot: a file created since (a live
         # gateway's `ckptgw check` while clients save) has an ino the snapshot never gave out
         newest_ino = v.counter(b"next_ino")
+        unborn: set[int] = set()
         data_inos = set(data.all_inos())
         types = {int(t) for t in FileType}
         for ino, rec in inodes.items():
@@ -148,8 +155,13 @@ def _scan(store) -> tuple[list[str], bool]:
                     and rec.flags & F_UNCOMMITTED):
                 p(f"inode {ino}: clean but flagged uncommitted")
         for ino in data_inos - set(inodes):
-            if ino not in orphans and ino <= newest_ino:
-                p(f"data file {ino} has no inode" if ino >= 0 else "stray data file name")
+            if ino in orphans:
+                continue
+            if ino > newest_ino and ino not in unborn_before:
+                unborn.add(ino)            # created after the snapshot, or a stray: scan again
+                in_flight = True
+                continue
+            p(f"data file {ino} has no inode" if ino >= 0 else "stray data file name")
         # the counters of this snapshot, not the live ones: a running gateway (`ckptgw
         # check` over the admin socket) commits while the walk above runs
         used_counter, dirty_counter = v.counter(b"used"), v.counter(b"dirty")
@@ -170,4 +182,4 @@ def _scan(store) -> tuple[list[str], bool]:
             if ino not in inodes:
                 p(f"extents of missing inode {ino}")
                 break
-    return problems, in_flight
+    return problems, in_flight, unborn
