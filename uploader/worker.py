@@ -611,13 +611,12 @@ class Worker:
             # outlive an unlink that recorded the copy; with no identity of ours on them, no later
             # job would find either: they go, by the ETag the job recorded. (An object written
             # here carries its identity: later jobs find it, as below.)
-            gone = []
+            gone = False
             for path in (new, old):
                 info = await self._is_ours(path, ino, etag=recorded[1])
                 if info is not None and not self._written_here(info):
-                    gone.append(path)
-            for path in gone:
-                await self._delete_if(path, recorded[1])
+                    await self._delete_if(path, recorded[1])
+                    gone = True
             if gone:
                 return "file-gone"
         if remote is not None and remote.key == new:
@@ -636,7 +635,7 @@ class Worker:
             if info is None:
                 return "not-ours"
             etag, size = info.etag, info.size
-        if job.get("object") != [old, etag]:
+        if recorded != [old, etag]:
             # what the replay removes if a crash comes between the re-key and the removal:
             # durable with the re-key's sync, which follows it
             job["object"] = [old, etag]
