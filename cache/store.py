@@ -83,7 +83,6 @@ import struct
 import threading
 import time
 from concurrent.futures import Future
-from contextlib import contextmanager
 from dataclasses import replace as _replace
 from typing import Iterator
 
@@ -96,6 +95,7 @@ from .batch import BatchCommitter
 from .commit import GroupCommit
 from .data import DataFiles
 from .check import check
+from .fences import Fences
 from .index import (F_PINNED, F_SENT, F_TRUNCATED, F_UNCOMMITTED, FIRST_COOKIE, SENT_SINCE, Index,
                     Inode, Writer, client_key, pack_client, unpack_client)
 from .keys import U64, U64x2
@@ -104,33 +104,20 @@ from .queuecache import DecodedJobs
 from .readcache import ReadCache
 from .recovery import recover
 from .space import Space
+from .storebase import MAX_FILE_SIZE, _log_failure, _not_local
+from .writepath import WritePath, _Pending
 
 log = structlog.get_logger(__name__)
 
-MAX_FILE_SIZE = (1 << 63) - 1
 LRU_GRANULARITY_NS = 30 * 1_000_000_000   # re-stamp a read file's LRU key at most this often
 READDIR_BATCH = 256
 FILES_TOTAL = 1 << 40
 
 
 CLOSE_COMMIT_CHUNK = 1024   # files committed per index txn by close()
-RECORD_RETRIES = 3          # a lazy write record whose batch failed is retried at once so often
 
 
-class _Pending:
-    """An UNSTABLE write (write_nowait) pwritten and answered, its index record queued (I5)."""
-    __slots__ = ("offset", "end", "t", "growth", "landing", "landed", "failed", "tries", "queued")
-
-    def __init__(self, offset: int, end: int, t: int, growth: int):
-        self.offset, self.end, self.t, self.growth = offset, end, t, growth
-        self.landing: int | None = None    # txnid of the txn that applied the record
-        self.landed = False                # that txn committed
-        self.failed: BaseException | None = None   # the last failure of its batch
-        self.tries = 0
-        self.queued = False                # its record is in the batch queue (or applied)
-
-
-class Store:
+class Store(Fences, WritePath):
     # ---- lifecycle -------------------------------------------------------------
     @classmethod
     def open(cls, path: str, *, capacity: int | None = None, reserve: int = 1 << 30,
@@ -281,36 +268,7 @@ class Store:
     write_verifier: bytes      # 8 bytes, new at every open()
     instance_id: bytes         # 16 bytes, stable for the store's lifetime (server owner/scope)
 
-    # ---- internal helpers ---------------------------------------------------------
-    def _is_open(self, ino: int) -> bool:
-        """Open state, or a write between its pwrite and its index update: either keeps an
-        unlinked inode (and its data file) alive until it ends."""
-        return ino in self._opens or ino in self._inflight
-
-    def _settle(self, *inos: int) -> None:
-        """*Blocking.* Wait until the answered writes of `inos` (I5) have their records in
-        the index: for the rarer byte changes (punch, allocate, copy), which read sizes and
-        extents from the index alone. Not while holding the index lock (the committer
-        needs it): such a caller's writes are its own."""
-        if not self.batch.can_wait():
-            return
-        with self._reg:
-            while any(i in self._pending for i in inos):
-                self.batch.kick()
-                self._landed.wait(1.0)
-
-    def _writing(self, ino: int, w: Writer) -> int:
-        """Registered writes of `ino` (I4) less the lazy records (I5) already applied in
-        `w`'s txn or an earlier one: a decision in the same batch sees those records, and
-        commits or aborts with them."""
-        with self._reg:
-            n = self._inflight.get(ino, 0)
-            if n:
-                txnid = w.txn.id()
-                n -= sum(1 for p in self._pending.get(ino, ())
-                         if p.landing is not None and p.landing <= txnid)
-            return n
-
+    # ---- reclaim of unlinked inodes (I3) -------------------------------------------
     def _reclaim_if_unlinked(self, ino: int) -> None:
         with self.ix.write() as w:
             self._reclaim_unlinked(w, ino)
@@ -321,41 +279,6 @@ class Store:
         if (rec is not None and rec.nlink == 0 and not self._hand_to_writer(ino)
                 and not self._is_open(ino)):
             self._reclaim(w, rec, rec)
-
-    def _hand_to_writer(self, ino: int) -> bool:
-        """Under the index lock, for an unlinked `ino`: if a write of it is registered, that
-        write reclaims it when it unregisters (True). Checked and handed over under _reg, so
-        the write either sees `_deferred` or has already gone."""
-        with self._reg:
-            if ino in self._inflight:
-                self._deferred.add(ino)
-                return True
-        return False
-
-    def _hook(self, point: str, ino: int) -> None:
-        if self.race_hook is not None:
-            self.race_hook(point, ino)
-
-    def _wait_writes(self, ino: int) -> None:
-        """Caller holds the index lock and has fenced `ino`: wait until no write of it is
-        between its registration and its index update (I4). New writes cannot register
-        while the caller holds the lock (they can while wait() gives it up).
-        `_waiting` is raised under _reg with the check, so the write that ends next sees
-        it and notifies, and the notify waits for the index lock that wait() gives up."""
-        while True:
-            with self._reg:
-                if not self._inflight.get(ino):
-                    return
-                self._waiting += 1
-                lazy = ino in self._pending
-            try:
-                self._hook("wait_writes", ino)
-                if lazy:
-                    self.batch.kick()       # its record is a lazy batch op (I5)
-                self._writes_done.wait()
-            finally:
-                with self._reg:
-                    self._waiting -= 1
 
     def _drop_durable(self) -> None:
         """Remove the data files of reclaimed inodes whose purge is durable now (I3)."""
@@ -388,13 +311,6 @@ class Store:
                 self._pending_drops.append((self.ix.txnid, ino))
         w.after_commit.append(drop_when_durable)
 
-    @staticmethod
-    def _regular(rec: Inode) -> None:
-        if rec.type == FileType.DIR:
-            raise StoreError(errno.EISDIR, f"inode {rec.ino} is a directory")
-        if rec.type != FileType.REG:
-            raise StoreError(errno.EINVAL, f"inode {rec.ino} is not a regular file")
-
     # ---- namespace (nfsd) -------------------------------------------------------
     def getattr(self, ino: int) -> Attr:
         """Attributes including unstable writes (live size/mtime). ESTALE if ino is gone.
@@ -425,19 +341,6 @@ class Store:
         if not pend:
             return []
         return [p for p in pend if p.landing is None or p.landing > snap]
-
-    def _live_size(self, ino: int, size: int) -> int:
-        """`size` (the index's) raised to the end of every pending write of `ino` (no
-        truncate is between them and now: a truncate waits for them, I4/I5). Exact only if
-        no record can land between the caller's read and this one (the caller holds the
-        index write lock, or the store is quiet); else at worst too small: for estimates
-        (write_nowait's growth). Exact: _live_size_now."""
-        pend = self._pending.get(ino)
-        if pend:
-            with self._reg:
-                for p in self._pending.get(ino, ()):
-                    size = max(size, p.end)
-        return size
 
     def lookup(self, parent: int, name: bytes) -> Attr:
         """ENOENT, ENOTDIR (parent not a dir), ESTALE (parent gone). Shared Attr as getattr's."""
@@ -933,150 +836,6 @@ class Store:
             new.lru_ns = new.atime_ns = time.time_ns()
             w.put_inode(new, rec)
 
-    def write(self, ino: int, offset: int, data: bytes | memoryview) -> Attr:
-        """pwrite into the page cache; updates live size/mtime/change; marks the range dirty.
-        EAGAIN when dirty data would exceed capacity (caller answers NFS4ERR_DELAY);
-        ENOSPC when the disk is full (nothing already stored is damaged). Returns new attrs."""
-        return self._write(ino, offset, data, stable=False)
-
-    def write_nowait(self, ino: int, offset: int, data: bytes | memoryview) -> bool:
-        """write() for the event loop, in the common case only (I5): the file already holds
-        F_UNCOMMITTED durably in this commit cycle, is not fenced, and the room is there.
-        Then: register (I4), pwrite (os.pwrite releases the GIL), queue the size/extent
-        record as a lazy batch op nobody waits for, and return True; every reader sees the
-        write at once (I5). False, with nothing written: the caller runs write() on a worker
-        thread (the first write of a cycle, a fenced or new file, no room, an error: it
-        answers ENOSPC/EAGAIN/ESTALE there, before the reply)."""
-        n = len(data)
-        if (n == 0 or offset < 0 or offset + n > MAX_FILE_SIZE or self.batch.closing
-                or ino in self._flag_unsynced or self.ix.space_low):
-            return False
-        fresh = self._fresh.get(ino)
-        if fresh is not None and not self.committer.covered(fresh):
-            return False
-        with self.ix.read() as v:
-            rec = v.inode(ino)
-            if rec is None or not (rec.is_dirty and rec.flags & F_UNCOMMITTED):
-                return False
-            size = self._live_size(ino, rec.size)
-            growth = n if offset >= size else n - extents.present_bytes(
-                v.txn, self.ix.extents, ino, offset, offset + n)
-        pending = self._pending_growth
-        try:
-            if self.space.admit(self.ix.used_bytes + pending, self.ix.dirty_bytes + pending,
-                                growth):
-                return False                # clean data to evict first: write() does
-        except StoreError:
-            return False                    # EAGAIN: write() answers it
-        with self._reg:
-            if ino in self._fences:         # a decision on "no write registered" stands
-                return False
-            _count_up(self._inflight, (ino,))
-        queued = False
-        try:
-            # registered: a commit or close can clear the flag no more; one that did before
-            # has committed (its fence is gone), so this read sees it (as _bytes_changing)
-            now = self.ix.read_inode(ino)
-            if not (now.is_dirty and now.flags & F_UNCOMMITTED) or ino in self._flag_unsynced:
-                return False
-            try:
-                self.data.pwrite(ino, offset, data)
-            except StoreError:
-                return False                # write() writes it again, or answers the error
-            self._hook("write.pwritten", ino)
-            p = _Pending(offset, offset + n, time.time_ns(), growth)
-            with self._reg:
-                self._pending.setdefault(ino, []).append(p)
-                self._pending_growth += growth
-                self._wseq[ino] = self._wseq.get(ino, 0) + 1    # after the pwrite (_datasynced)
-            queued = True
-            self.lazy_writes += 1
-            self._queue_record(ino, p, lazy=True)
-            p.queued = True                 # a COMMIT from now on is queued after it
-            if self._waiting:               # a fill or truncate waits for this file's writes
-                self.batch.kick()
-            return True
-        finally:
-            if not queued:
-                self._unregister((ino,))
-
-    def _queue_record(self, ino: int, p: _Pending, lazy: bool) -> None:
-        try:
-            fut = self.batch.submit(self._record_lazy, ino, p, durable=False, lazy=lazy)
-        except StoreError:                  # the store began to close: in a txn of its own
-            fut = Future()
-            try:
-                with self.ix.write() as w:
-                    fut.set_result(self._record_lazy(w, ino, p))
-            except BaseException as e:      # noqa: BLE001 - handed to _record_done
-                fut.set_exception(e)
-        fut.add_done_callback(lambda f: self._record_done(ino, p, f))
-
-    def _record_lazy(self, w: Writer, ino: int, p: _Pending) -> None:
-        """The index record of a write_nowait (I5), as _record_write with the write's time."""
-        self._record_write(w, ino, p.offset, p.end - p.offset, t=p.t, counted=True)
-
-        def landed():
-            p.landed = True
-
-        def aborted():
-            p.landing = None
-        w.after_commit.append(landed)
-        w.on_abort.append(aborted)         # its nested txn: before the batch commits
-        w.on_end.append(lambda: None if p.landed else aborted())
-        p.landing = w.txn.id()             # last: snapshots from this commit on hold it
-
-    def _record_done(self, ino: int, p: _Pending, fut: Future) -> None:
-        """The record's batch committed (drop the pending write, end its registration) or
-        failed (again: a COMMIT fails meanwhile, I5)."""
-        exc = fut.exception()
-        if exc is None and p.landed:
-            with self._reg:
-                self._last_landing = max(self._last_landing, p.landing)
-                pend = self._pending.get(ino)
-                if pend is not None:
-                    pend.remove(p)
-                    if not pend:
-                        del self._pending[ino]
-                self._pending_growth -= p.growth
-                self._landed.notify_all()
-            self._unregister((ino,))
-            return
-        p.landing = None
-        p.failed = exc if exc is not None else StoreError(errno.EIO, "write record not applied")
-        p.tries += 1
-        if self.batch._abandoned:           # tests: a simulated kill -9, nothing is applied
-            return
-        log.warning("store.write_record_retry", ino=ino, tries=p.tries, error=str(p.failed))
-        self._queue_record(ino, p, lazy=p.tries > RECORD_RETRIES)
-
-    def write_stable(self, ino: int, offset: int, data: bytes | memoryview) -> Attr:
-        """*Blocking.* write() and commit() in one: durable when it returns (FILE_SYNC). Its
-        index record and its commit are one op of the namespace batch, so a stream of stable
-        writes costs one index commit each, not three: the file keeps F_UNCOMMITTED (the
-        next write's cycle needs no flag txn), its committed size follows the write, and
-        the uploader's commit_settled clears the flag once the file is closed."""
-        return self._write(ino, offset, data, stable=True)
-
-    def _write(self, ino: int, offset: int, data: bytes | memoryview, stable: bool) -> Attr:
-        n = len(data)
-        if offset < 0 or offset + n > MAX_FILE_SIZE:
-            raise StoreError(errno.EFBIG, f"write at {offset}+{n} out of range")
-        with self.ix.read() as v:
-            rec = v.must_inode(ino)
-            self._regular(rec)
-            growth = n if offset >= rec.size else n - extents.present_bytes(
-                v.txn, self.ix.extents, ino, offset, offset + n)
-        if n == 0:
-            if stable:
-                self.commit(ino)           # FILE_SYNC of nothing still commits what is there
-            return rec.attr()
-        self._make_room(ino, rec, growth)
-        with self._bytes_changing(ino):
-            if stable:
-                return self._write_stable_applied(ino, offset, data)
-            return self._write_applied(ino, offset, data)
-
     def _make_room(self, ino: int, rec: Inode, growth: int) -> None:
         """Admit `growth` new local bytes for `ino` (evicting clean data if allowed)."""
         if self.ix.space_low and not self.ix.ensure_headroom():
@@ -1087,221 +846,6 @@ class Store:
                                 self.ix.dirty_bytes + becoming_dirty + pending, growth)
         if need and self._free_clean(need, exclude=ino) < need:
             raise StoreError(errno.EAGAIN, "cache full of pinned or open clean data")
-
-    @contextmanager
-    def _bytes_changing(self, ino: int, also: tuple[int, ...] = ()):
-        """Around any change of `ino`'s bytes (write, punch, copy): register it (I4) and
-        flag the file DIRTY with F_UNCOMMITTED, its data sequence moved, durably, before
-        the bytes change (I2). `also`: inodes read meanwhile (a copy's source), registered
-        too so no evict, fill or truncate changes them under the copy."""
-        flagged = False
-        fresh = None
-        inos = (ino,) + also
-        self._register(inos)
-        try:
-            # read again, registered: `rec` may predate a COMMIT that cleared the flag (a
-            # commit clears it only while no write is registered, as this one now is, and
-            # the decision and its txn are over: the file was fenced meanwhile or not)
-            now = self.ix.read_inode(ino)
-            if now.is_dirty and now.flags & F_UNCOMMITTED:
-                # flagged by a sync'd flag txn, or by its create (new_inode): that txn
-                # may not be durable yet if this writer found the file by LOOKUP
-                fresh = self._fresh.pop(ino, None)
-                if ino in self._flag_unsynced:   # another writer's flag txn, not synced yet
-                    flagged = "seen"
-            else:
-                # the index says "dirty, uncommitted bytes may exist" BEFORE the bytes
-                # change, so crash recovery visits this file and cuts what was not
-                # committed
-                # visible from the flag txn's commit until its sync: write_nowait must not
-                # take the flag for durable meanwhile (I2, I5)
-                with self._reg:
-                    _count_up(self._flag_unsynced, (ino,))
-                try:
-                    self._flag_txn(ino)
-                except BaseException:
-                    with self._reg:
-                        _count_down(self._flag_unsynced, ino)
-                    raise
-                flagged = True
-        except BaseException:
-            self._unregister(inos)
-            raise
-        try:
-            if flagged:
-                # durable before the bytes change (once per commit cycle): after a power
-                # cut the index must not miss a flag whose bytes did reach the disk
-                self.committer.sync()
-                if flagged is True:
-                    with self._reg:
-                        _count_down(self._flag_unsynced, ino)
-            elif fresh is not None and not self.committer.covered(fresh):
-                try:
-                    self.committer.sync(fresh)
-                except BaseException:
-                    self._fresh.setdefault(ino, fresh)
-                    raise
-            yield
-        finally:
-            self._unregister(inos)
-
-    def _flag_txn(self, ino: int) -> None:
-        """The flag txn of a commit cycle's first byte change (I2)."""
-        with self.ix.write() as w:
-            cur = w.must_inode(ino)
-            new = cur.copy()
-            if not cur.is_dirty:
-                new.state = DataState.DIRTY
-            new.flags |= F_UNCOMMITTED
-            new.bump_data_seq()      # before the bytes change, as the flag
-            w.stamp(new)
-            w.put_inode(new, cur)
-
-    def _register(self, inos: tuple[int, ...]) -> None:
-        """A write of `inos` begins (I4). Without the index lock, unless one of them is
-        fenced: then under it, so after the decision that fenced it is committed."""
-        with self._reg:
-            if not any(i in self._fences for i in inos):
-                _count_up(self._inflight, inos)
-                return
-        self._hook("register.fenced", inos[0])
-        with self.ix.lock, self._reg:
-            _count_up(self._inflight, inos)
-
-    def _fence(self, inos) -> None:
-        with self._reg:
-            _count_up(self._fences, inos)
-
-    def _unfence(self, inos) -> None:
-        with self._reg:
-            for i in inos:
-                _count_down(self._fences, i)
-
-    def _fence_txn(self, w: Writer, ino: int) -> None:
-        """Caller holds the index lock in txn `w` and is about to decide on "no write of
-        `ino` is registered": fence it until `w` ends (I4)."""
-        self._fence((ino,))
-        w.on_end.append(lambda: self._unfence((ino,)))
-
-    @contextmanager
-    def _fenced(self, inos):
-        """Caller holds the index lock: fence `inos` for the block (I4)."""
-        self._fence(inos)
-        try:
-            yield
-        finally:
-            self._unfence(inos)
-
-    def _unregister(self, inos: tuple[int, ...]) -> None:
-        # not under the index lock: a batch commit holds it through its fdatasync, and
-        # every write unregisters (see I4 for why _reg is enough)
-        ended, unlinked = False, []
-        with self._reg:
-            for ino in inos:
-                if _count_down(self._inflight, ino):
-                    ended = True
-                    if ino in self._deferred:      # unlinked while we wrote
-                        self._deferred.discard(ino)
-                        unlinked.append(ino)
-            wake = ended and self._waiting > 0
-        if wake:
-            with self.ix.lock:
-                self._writes_done.notify_all()
-        for ino in unlinked:
-            self._hook("unregister.reclaiming", ino)
-            self._reclaim_if_unlinked(ino)
-
-    def _shrink_to_recorded(self, ino: int) -> None:
-        """Cut the extent file back to the size the index records (after a failed pwrite or
-        copy that may have grown it), under the write lock so no other change interleaves."""
-        with self.ix.write() as w:
-            cur = w.inode(ino)
-            if cur is not None:
-                self.data.shrink_to(ino, self._live_size(ino, cur.size))
-
-    def _pwrite(self, ino: int, offset: int, data) -> None:
-        try:
-            self.data.pwrite(ino, offset, data)
-            self._hook("write.pwritten", ino)
-        except StoreError:
-            self._shrink_to_recorded(ino)   # a partial write may have grown the file
-            raise
-
-    def _write_applied(self, ino: int, offset: int, data) -> Attr:
-        self._pwrite(ino, offset, data)
-        # in the namespace batch: concurrent WRITEs and namespace ops share one index commit
-        # (readable once it returns; not a reason for a sync: unstable until COMMIT)
-        return self._in_batch(self._record_write, ino, offset, len(data), durable=False)
-
-    def _write_stable_applied(self, ino: int, offset: int, data) -> Attr:
-        """A registered (I4) FILE_SYNC write: pwrite, fdatasync, then its record and its
-        commit in one batch op, durable on return."""
-        n = len(data)
-        self._pwrite(ino, offset, data)
-        # on disk now: every byte below `recorded` (pwritten before its record), and ours
-        wseq, tseq, recorded = self._datasynced(ino)
-        if offset > recorded:
-            # the gap below this write may hold another writer's bytes, pwritten after that
-            # datasync: not ours to call committed. Two steps, as WRITE + COMMIT.
-            attr = self._in_batch(self._record_write, ino, offset, n, durable=False)
-            self.commit(ino)
-            return attr
-        return self._in_batch(self._record_stable_write, ino, offset, n, wseq, tseq,
-                              max(recorded, offset + n), durable=True)
-
-    def _record_stable_write(self, w: Writer, ino: int, offset: int, n: int, wseq: int,
-                             tseq: int, size: int) -> Attr:
-        attr = self._record_write(w, ino, offset, n)
-        # this write is still registered, so the commit half keeps F_UNCOMMITTED
-        self._record_commit(w, ino, wseq, tseq, size)
-        # whole, as after a COMMIT, if no other write is registered or recorded since the
-        # datasync (wseq + 1 is this record) and no truncate: the last close may clear it
-        rec = w.inode(ino)
-        if (self._writing(ino, w) == 1 and self._wseq.get(ino, 0) == wseq + 1
-                and self._tseq.get(ino, 0) == tseq and rec.committed_size == rec.size
-                and self.is_open(ino, write=True)):
-            self._settled_at[ino] = (wseq + 1, tseq)
-        return attr
-
-    def _queue_lazy(self, fn, *args) -> Future | None:
-        """fn(writer, *args) as a lazy batch op nobody waits for (bookkeeping: it rides the next
-        batch, BatchCommitter.submit); a failure is logged. None once the store began to close."""
-        if self.batch.closing:
-            return None
-        try:
-            fut = self.batch.submit(fn, *args, lazy=True)
-        except StoreError:                  # the store began to close meanwhile
-            return None
-        fut.add_done_callback(_log_failure)
-        return fut
-
-    def _in_batch(self, fn, *args, durable: bool):
-        """fn(writer, *args) as an op of the namespace batch (one index commit with the ops
-        queued beside it); while the store closes, in a txn of its own. durable: synced
-        before it returns; else readable, and durable with the next sync."""
-        if self.batch.closing:
-            with self.ix.write() as w:
-                result = fn(w, *args)
-            if durable:
-                self.committer.sync()
-            return result
-        return self.batch.submit(fn, *args, durable=durable).result()
-
-    def _record_write(self, w: Writer, ino: int, offset: int, n: int, t: int | None = None,
-                      counted: bool = False) -> Attr:
-        """The index half of a write whose bytes are pwritten: live size, extents, change.
-        t: its mtime (default now); counted: its _wseq was bumped at its pwrite."""
-        cur = w.inode(ino)
-        if cur is None:                    # reclaimed while we wrote
-            self.data.remove(ino)
-            raise StoreError(errno.ESTALE, f"inode {ino} is gone")
-        new = cur.copy()
-        if offset + n > new.size:
-            new.size = offset + n
-        new.local_bytes += extents.set_range(w.txn, self.ix.extents, ino, offset,
-                                             offset + n, DataState.DIRTY)
-        self._bytes_changed(w, new, cur, t, counted)
-        return new.attr()
 
     # ---- sparse files and server-side copy (nfsd NFSv4.2) ---------------------------------
     def content_runs(self, ino: int, offset: int, end: int) -> list[tuple[int, int, bool]]:
@@ -1487,163 +1031,6 @@ class Store:
             missing = extents.absent_ranges(v.txn, self.ix.extents, ino, offset, offset + count)
         if missing:
             raise _not_local(ino, missing)
-
-    def _bytes_changed(self, w: Writer, new: Inode, cur: Inode, t: int | None = None,
-                       counted: bool = False) -> None:
-        """The index half of a change of a file's bytes (write, punch, copy)."""
-        new.mtime_ns = new.ctime_ns = time.time_ns() if t is None else t
-        new.change += 1
-        new.bump_data_seq()
-        if new.state in (DataState.CLEAN, DataState.ABSENT):
-            new.state = DataState.DIRTY
-        new.flags |= F_UNCOMMITTED
-        w.stamp(new)
-        w.put_inode(new, cur)
-        if not counted:
-            self._wseq[new.ino] = self._wseq.get(new.ino, 0) + 1
-
-    def commit(self, ino: int) -> None:
-        """*Blocking.* fdatasync the file's data and durably record its size/extents. The
-        record goes through the batch committer (one txn and one sync with the namespace ops
-        and commits queued beside it); while the store closes, in its own txn."""
-        todo = self._commit_data(ino)
-        if todo is None:
-            self.committer.sync()
-            return
-        record, answered = todo
-        # durable on return: its commit covers every txn before it (the writes' too)
-        at = self._in_batch(self._record_commit_at, *record, durable=True)
-        self._commit_covered(ino, answered, at)
-
-    def commit_async(self, ino: int, loop, start) -> "asyncio.Future":
-        """commit() for a caller on asyncio loop `loop` (called on its thread): an
-        asyncio.Future of that loop, set once the file's data and record are durable.
-        start(fn, *args) runs the blocking half (the data fdatasync) on a worker thread
-        without waiting for it; the worker queues the record and is free again, and the
-        batch committer answers the loop directly: three thread crossings, not four, and
-        no worker blocked on a batch (issue 37 point 4)."""
-        answered: list = []
-        waiter = self.batch.waiter(loop, lambda at: self._commit_covered(ino, answered, at))
-        start(self._commit_into, ino, waiter, answered)
-        return waiter.future
-
-    def _commit_into(self, ino: int, waiter, answered: list) -> None:
-        """The worker's half of commit_async: everything commit() does up to the record,
-        which goes to the batch with `waiter` as its future; every error answers it."""
-        try:
-            todo = self._commit_data(ino)
-            if todo is None:
-                self.committer.sync()
-                waiter.set_result(None)
-                return
-            record, answered[:] = todo
-            if self.batch.closing:
-                waiter.set_result(self._in_batch(self._record_commit_at, *record,
-                                                 durable=True))
-            else:
-                self.batch.submit(self._record_commit_at, *record, into=waiter)
-        except BaseException as e:           # noqa: BLE001 - the caller's answer
-            waiter.set_exception(e)
-
-    def _commit_data(self, ino: int) -> tuple[tuple, list] | None:
-        """commit()'s blocking half: the file's data fdatasynced, and what its index record
-        needs: (the _record_commit_at arguments, the answered writes the record must
-        cover); None if there is nothing to record (the data was durable already)."""
-        with self.ix.read() as v:
-            rec = v.must_inode(ino)
-        with self._reg:     # answered: their records are queued before this commit's (I5)
-            answered = [p for p in self._pending.get(ino, ()) if p.queued]
-        if not (self._needs_commit(rec) or answered):
-            return None
-        return (ino, *self._datasynced(ino)), answered
-
-    @staticmethod
-    def _commit_covered(ino: int, answered: list, at: int) -> None:
-        """Raise unless commit `at` (the record's txnid) covered every answered write."""
-        for p in answered:
-            # its batch failed and its record was applied after this commit's (or not
-            # yet): the committed size did not cover it; the client retries the COMMIT
-            if p.landing is None or p.landing > at:
-                raise StoreError(getattr(p.failed, "errno", None) or errno.EIO,
-                                 f"write record of inode {ino} was not applied before "
-                                 f"its commit: {p.failed}")
-        return None
-
-    def _datasynced(self, ino: int) -> tuple[int, int, int]:
-        """fdatasync the file's data; returns what _record_commit needs: the write and
-        truncate sequences and the recorded size, read before the sync, so every byte
-        below that size was pwritten before it. No lock: a write bumps _wseq in its record
-        txn, after its pwrite, so whatever a racing txn has made visible here (a newer
-        sequence, a larger committed size) describes bytes already pwritten; what it has not
-        made visible yet stops _record_commit from clearing the flag."""
-        wseq, tseq = self._wseq.get(ino, 0), self._tseq.get(ino, 0)
-        # the answered writes (I5) too: pwritten before they were counted in _pending
-        size = self._live_size_now(ino)
-        self.data.datasync(ino)
-        return wseq, tseq, size
-
-    def _live_size_now(self, ino: int) -> int:
-        """The file's size with its answered writes (I5), from one consistent view: an
-        index snapshot, and the pending writes it does not hold. A record that lands and
-        leaves _pending between the two would be in neither (a COMMIT then recorded too
-        small a committed size, and a crash cut acknowledged bytes: found by the kill -9
-        long run, `test_commit_counts_a_record_that_lands_while_it_reads_the_size`), so
-        read again when one left _pending after the snapshot (_last_landing)."""
-        while True:
-            with self.ix.read() as v:
-                snap = v.txn.id()
-                size = v.must_inode(ino).size
-            self._hook("live_size.read", ino)
-            with self._reg:
-                if snap < self._last_landing:
-                    continue
-                for p in self._pending.get(ino, ()):
-                    size = max(size, p.end)
-                return size
-
-    def _record_commit_at(self, w: Writer, *args) -> int:
-        """_record_commit; returns its txnid (commit() compares the answered writes' records)."""
-        self._record_commit(w, *args)
-        return w.txn.id()
-
-    def _record_commit(self, w: Writer, ino: int, wseq: int, tseq: int, size: int,
-                       writers_gone: bool = False) -> None:
-        """The index half of commit(): bytes below `size` are on disk (datasync before).
-        While a writer has the file open the flag stays (its next write then needs no flag
-        txn and two syncs before its bytes: a stream of WRITE+COMMIT cycles costs one index
-        commit per cycle fewer); its last close clears it (_writers_gone). writers_gone:
-        close() of the store, whose open counts no longer matter."""
-        cur = w.inode(ino)
-        if cur is not None:
-            self._fence_txn(w, ino)
-            new = cur.copy()
-            if self._tseq.get(ino, 0) == tseq:   # a truncate sets it by itself
-                new.committed_size = max(new.committed_size, min(size, new.size))
-                new.flags &= ~F_TRUNCATED
-                if (self._wseq.get(ino, 0) == wseq and not self._writing(ino, w)
-                        and new.committed_size == new.size):
-                    if writers_gone or not self.is_open(ino, write=True):
-                        new.flags &= ~F_UNCOMMITTED
-                    else:
-                        self._settled_at[ino] = (wseq, tseq)
-            self._hook("flag.decided", ino)
-            if new != cur:
-                w.stamp(new)
-                w.put_inode(new, cur)
-
-    def commit_settled(self, ino: int) -> None:
-        """*Blocking.* The uploader takes a closed, settled file's current bytes, committed by
-        a client or not (a client that died before COMMIT): commit them first, as a COMMIT
-        would, so S3 never holds bytes a restart would cut from the file."""
-        with self.ix.read() as v:
-            rec = v.must_inode(ino)
-        if self._needs_commit(rec):
-            self.commit(ino)
-
-    @staticmethod
-    def _needs_commit(rec: Inode) -> bool:
-        return rec.type == FileType.REG and bool(rec.flags & (F_UNCOMMITTED | F_TRUNCATED)
-                                                 or rec.committed_size != rec.size)
 
     # ---- uploader ----------------------------------------------------------------
     def path_of(self, ino: int) -> str | None:
@@ -2328,34 +1715,6 @@ def _subtract(ranges: list[tuple[int, int]], cut) -> list[tuple[int, int]]:
             pieces = nxt
         out.extend((x, y - x) for x, y in pieces)
     return out
-
-
-def _count_up(counts: dict[int, int], keys) -> None:
-    for key in keys:
-        counts[key] = counts.get(key, 0) + 1
-
-
-def _count_down(counts: dict[int, int], key: int) -> bool:
-    """One less of `key`; True when none is left (the key is gone then)."""
-    left = counts[key] - 1
-    if left:
-        counts[key] = left
-        return False
-    del counts[key]
-    return True
-
-
-def _not_local(ino: int, missing: list[tuple[int, int]]) -> StoreError:
-    """EAGAIN naming the ABSENT ranges: the caller fetches them (read-through) and retries."""
-    err = StoreError(errno.EAGAIN, f"inode {ino}: range not present locally")
-    err.missing = missing
-    return err
-
-
-def _log_failure(fut) -> None:
-    """Done-callback of a queued op nobody waits for."""
-    if fut.exception() is not None:
-        log.warning("store.queued_op_failed", error=str(fut.exception()))
 
 
 def _keep_replaces(stored: RemoteInfo, new: RemoteInfo, overwritten: str | None = None) -> RemoteInfo:
