@@ -77,7 +77,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import os
 import struct
 import threading
@@ -89,22 +88,24 @@ from typing import Iterator
 import structlog
 
 from . import extents
-from .api import (Attr, ChangeInfo, CopySource, DataState, DirEntry, Extent, FileType, RemoteInfo,
-                  SetAttr, StatFS, StoreError, ROOT_INO)
+from .api import (Attr, ChangeInfo, CopySource, DataState, DirEntry, Extent, FileType, SetAttr,
+                  StatFS, StoreError, ROOT_INO)
 from .batch import BatchCommitter
 from .commit import GroupCommit
 from .data import DataFiles
 from .check import check
 from .fences import Fences
-from .index import (F_PINNED, F_SENT, F_TRUNCATED, F_UNCOMMITTED, FIRST_COOKIE, SENT_SINCE, Index,
+from .index import (F_PINNED, F_TRUNCATED, F_UNCOMMITTED, FIRST_COOKIE, SENT_SINCE, Index,
                     Inode, Writer, client_key, pack_client, unpack_client)
-from .keys import U64, U64x2
+from .keys import U64
 from .namespace import Namespace, validate_name
 from .queuecache import DecodedJobs
 from .readcache import ReadCache
 from .recovery import recover
+from .remote import RemoteRecords
 from .space import Space
 from .storebase import MAX_FILE_SIZE, _log_failure, _not_local
+from .uploadqueue import UploadQueue
 from .writepath import WritePath, _Pending
 
 log = structlog.get_logger(__name__)
@@ -117,7 +118,7 @@ FILES_TOTAL = 1 << 40
 CLOSE_COMMIT_CHUNK = 1024   # files committed per index txn by close()
 
 
-class Store(Fences, WritePath):
+class Store(Fences, WritePath, RemoteRecords, UploadQueue):
     # ---- lifecycle -------------------------------------------------------------
     @classmethod
     def open(cls, path: str, *, capacity: int | None = None, reserve: int = 1 << 30,
@@ -1044,38 +1045,6 @@ class Store(Fences, WritePath):
         wall-clock steps and every client-set time. Settle windows are measured in it."""
         return self.ix.clock.now_ns()
 
-    def ready_for_upload(self, now_ns: int | None = None, settle_ns: int = 0,
-                         limit: int = 100) -> list[int]:
-        """Inodes whose data is dirty, not open for write, and quiet for settle_ns
-        (settle_ns=0: flush, whatever any clock says), longest quiet first. Quiet means no
-        write, truncate, commit or writer's close since, on the store clock (`now_ns`: a
-        `clock_ns()` value, None: now); the client-settable mtime plays no part. Walks
-        the `ready` index from its oldest entry and stops at the first one not quiet long
-        enough: O(result), no scan. Only files in state DIRTY are returned
-        (QUEUED/UPLOADING ones are the uploader's); committed or not: the uploader calls
-        commit_settled before it takes one."""
-        out = []
-        if now_ns is None:
-            now_ns = self.clock_ns()
-        with self.ix.read() as v:
-            for key in v.txn.cursor(db=self.ix.ready).iternext(values=False):
-                stamp, ino = U64x2.unpack(key)
-                if len(out) >= limit or (settle_ns > 0 and now_ns - stamp < settle_ns):
-                    break
-                counts = self._opens.get(ino)
-                if counts is None or counts[1] == 0:
-                    out.append(ino)
-        return out
-
-    def oldest_ready_ns(self) -> int | None:
-        """Store-clock time (see clock_ns) of the last activity of the settled dirty file
-        waiting longest to be picked up, or None: the first key of the `ready` index, so
-        the age of the upload backlog (clock_ns() - this) costs one cursor step."""
-        with self.ix.read() as v:
-            for key in v.txn.cursor(db=self.ix.ready).iternext(values=False):
-                return U64x2.unpack(key)[0]
-        return None
-
     def extents(self, ino: int) -> list[Extent]:
         """The file's extent map in offset order: DIRTY/CLEAN (local) and ABSENT ranges.
         Ranges of [0, size) not listed are local holes (read as zeros)."""
@@ -1089,105 +1058,6 @@ class Store(Fences, WritePath):
         with self.ix.read() as v:
             self._regular(v.must_inode(ino))
         return self.data.open_readonly(ino)
-
-    def set_data_state(self, ino: int, state, change: int | None = None) -> bool:
-        """Move a file to QUEUED/UPLOADING/DIRTY. With `change`, only if the inode's change
-        counter still equals it (returns False otherwise)."""
-        state = DataState(state)
-        if state not in (DataState.QUEUED, DataState.UPLOADING, DataState.DIRTY):
-            raise StoreError(errno.EINVAL, f"set_data_state cannot set {state.name}")
-        return self._in_batch(self._ns_set_data_state, ino, state, change, durable=False)
-
-    def _ns_set_data_state(self, w: Writer, ino: int, state: DataState, change: int | None) -> bool:
-        rec = w.must_inode(ino)
-        self._regular(rec)
-        if change is not None and rec.change != change:
-            return False
-        if rec.state != state:
-            new = rec.copy()
-            new.state = state
-            w.put_inode(new, rec)
-        return True
-
-    def mark_sent(self, ino: int) -> None:
-        """*Blocking.* Flag regular file `ino` F_SENT (S3 may get an object written for it):
-        the uploader calls it before it reads the file's path for an upload, and makes it
-        durable (`sync`) before its first S3 write. A journal job queued before it records
-        `sent: False` (namespace.sent_of), and its rename or unlink is then already visible
-        to that path lookup, so the upload never writes to the job's old name."""
-        with self.ix.read() as v:
-            rec = v.must_inode(ino)
-        if not rec.flags & F_SENT:
-            self._in_batch(self._ns_mark_sent, ino, durable=False)
-
-    def _ns_mark_sent(self, w: Writer, ino: int) -> None:
-        rec = w.must_inode(ino)
-        self._regular(rec)
-        if not rec.flags & F_SENT:
-            new = rec.copy()
-            new.flags |= F_SENT
-            w.put_inode(new, rec)
-
-    def mark_uploaded(self, ino: int, remote: RemoteInfo) -> bool:
-        """*Blocking.* Record the object; the file becomes CLEAN if its change counter still
-        equals remote.uploaded_change and nothing uncommitted may be in it (else stays DIRTY
-        and returns False). Durable on return. A file with ABSENT ranges left becomes ABSENT
-        instead of CLEAN.
-
-        F_UNCOMMITTED set means bytes the upload read may not be on disk (a client opened
-        and wrote the file after the uploader's commit_settled, a commit kept the flag for
-        that open writer): CLEAN would be a lie after a power cut, and recovery does not
-        visit clean files. It stays DIRTY and goes again once committed."""
-        return self._in_batch(self._ns_mark_uploaded, ino, remote, durable=True)
-
-    def _ns_mark_uploaded(self, w: Writer, ino: int, remote: RemoteInfo) -> bool:
-        rec = w.must_inode(ino)
-        self._regular(rec)
-        w.put_remote(ino, _keep_replaces(w.remote(ino), remote, overwritten=remote.key))
-        new = rec.copy()
-        ok = rec.change == remote.uploaded_change and not rec.flags & F_UNCOMMITTED
-        if ok:
-            extents.relabel(w.txn, self.ix.extents, ino, DataState.DIRTY, DataState.CLEAN)
-            absent = extents.absent_ranges(w.txn, self.ix.extents, ino, 0, rec.size)
-            new.state = DataState.ABSENT if absent else DataState.CLEAN
-            new.lru_ns = time.time_ns()
-        elif new.state in (DataState.QUEUED, DataState.UPLOADING):
-            new.state = DataState.DIRTY
-        w.put_inode(new, rec)
-        return ok
-
-    def remote_info(self, ino: int) -> RemoteInfo:
-        with self.ix.read() as v:
-            v.must_inode(ino)
-            return v.remote(ino)
-
-    def set_remote_info(self, ino: int, remote: RemoteInfo) -> None:
-        """*Blocking.* Record progress (upload_id, parts) durably for resume after a crash."""
-        self._in_batch(self._ns_set_remote_info, ino, remote, durable=True)
-
-    def _ns_set_remote_info(self, w: Writer, ino: int, remote: RemoteInfo) -> None:
-        w.must_inode(ino)
-        w.put_remote(ino, _keep_replaces(w.remote(ino), remote))
-
-    def note_parts(self, ino: int, upload_id: str, parts: list) -> None:
-        """Record the parts of multipart upload `upload_id` sent so far, without waiting: a
-        lazy batch op, neither durable on return nor the reason for a commit (it joins the
-        next batch, or forms one LAZY_DELAY later), so the uploader never waits for the
-        index lock or an fdatasync per part. A note lost to a crash costs only the re-upload
-        of its parts: a resume keeps a part only if the record names it and S3 lists it with
-        that ETag, and the upload id itself was recorded durably before the first part
-        (set_remote_info). Applied only while the record still names this upload: a note
-        that lands after the upload completed, was aborted or started over changes nothing.
-        Dropped while the store closes (the uploader has stopped by then)."""
-        self._queue_lazy(self._ns_note_parts, ino, upload_id, list(parts))
-
-    def _ns_note_parts(self, w: Writer, ino: int, upload_id: str, parts: list) -> None:
-        if w.inode(ino) is None:
-            return
-        cur = w.remote(ino)
-        if cur.upload_id == upload_id:
-            cur.parts = parts
-            w.put_remote(ino, cur)
 
     def evict(self, ino: int) -> int:
         """*Blocking.* Drop a CLEAN, unpinned, not-open file's local data (-> ABSENT); bytes
@@ -1304,76 +1174,6 @@ class Store(Fences, WritePath):
                     new.lru_ns = time.time_ns()
                 w.put_inode(new, cur)
 
-    def import_object(self, path: str, size: int, mode: int, uid: int, gid: int,
-                      mtime_ns: int, remote: RemoteInfo) -> Attr | None:
-        """Add an object as an ABSENT file (creating parent dirs, journaled as mkdirs). Never
-        overrides an existing name (returns None then): local data always wins. The file is
-        not journaled (it came from S3)."""
-        if size < 0:
-            raise StoreError(errno.EINVAL, "negative size")
-        parts = _import_parts(path)
-        with self.ix.write() as w:
-            parent = self._import_parent(w, parts, uid, gid)
-            if parent is None:
-                return None
-            rec, _ = self.ns._make(w, w.must_dir(parent), parts[-1], FileType.REG, mode,
-                                   uid, gid)
-            old = rec.copy()
-            rec.size = rec.committed_size = size
-            rec.mtime_ns = mtime_ns
-            rec.state = DataState.ABSENT if size else DataState.CLEAN
-            rec.flags &= ~F_UNCOMMITTED        # its bytes are the object's, nothing written
-            rec.flags |= F_SENT                # an object of it exists
-            extents.set_range(w.txn, self.ix.extents, rec.ino, 0, size, DataState.ABSENT)
-            w.put_inode(rec, old)
-            _own_import(w, rec.ino, remote)
-        return rec.attr()
-
-    def import_symlink(self, path: str, target: bytes, mode: int, uid: int, gid: int,
-                       mtime_ns: int, remote: RemoteInfo | None = None) -> Attr | None:
-        """Add a symbolic link mirrored in S3 (creating parent dirs). Like import_object: never
-        overrides an existing name (returns None then), not journaled. `remote`: the object it
-        came from, owned like an imported file's (its renames move it, its unlink deletes it)."""
-        return self._import_node(path, uid, gid, mtime_ns, remote, lambda w, parent, name: self.ns.symlink(
-            w, parent, name, target, mode, uid, gid, journal=False))
-
-    def import_special(self, path: str, typ: FileType, rdev: tuple[int, int], mode: int,
-                       uid: int, gid: int, mtime_ns: int, remote: RemoteInfo | None = None) -> Attr | None:
-        """Add a special file mirrored in S3 (creating parent dirs). Like import_symlink."""
-        return self._import_node(path, uid, gid, mtime_ns, remote, lambda w, parent, name: self.ns.mknod(
-            w, parent, name, typ, mode, uid, gid, rdev, journal=False))
-
-    def _import_node(self, path: str, uid: int, gid: int, mtime_ns: int, remote: RemoteInfo | None,
-                     make) -> Attr | None:
-        """The one transaction of import_symlink/import_special: the parents, `make(w, parent,
-        name)` (the namespace op, unjournaled), the object's mtime, and its record."""
-        parts = _import_parts(path)
-        with self.ix.write() as w:
-            parent = self._import_parent(w, parts, uid, gid)
-            if parent is None:
-                return None
-            rec, _ = make(w, parent, parts[-1])
-            old = rec.copy()
-            rec.mtime_ns = mtime_ns
-            w.put_inode(rec, old)
-            if remote is not None:
-                _own_import(w, rec.ino, remote)
-        return rec.attr()
-
-    def _import_parent(self, w, parts: list[bytes], uid: int, gid: int) -> int | None:
-        """The directory an imported name goes into (made as needed), or None when a component
-        is a local non-directory or the name itself exists: local data always wins."""
-        parent = ROOT_INO
-        for name in parts[:-1]:
-            ent = w.dirent(parent, name)
-            if ent is None:              # journaled: S3 gets its marker, as for a mkdir
-                parent = self.ns.mkdir(w, parent, name, 0o755, uid, gid)[0].ino
-            elif ent[2] != FileType.DIR:
-                return None
-            else:
-                parent = ent[0]
-        return None if w.dirent(parent, parts[-1]) is not None else parent
-
     def set_pinned(self, ino: int, pinned: bool, reason: str = "") -> None:
         """Pinned files are never evicted; `pinned()` lists them with their reasons."""
         with self.ix.write() as w:
@@ -1387,86 +1187,6 @@ class Store(Fences, WritePath):
         with self.ix.read() as v:
             return {U64.unpack(k)[0]: bytes(r).decode() for k, r in
                     v.txn.cursor(db=self.ix.pins)}
-
-    # durable work queue (the uploader's jobs; opaque dicts to the store).
-    # The store itself appends a change-journal job in the SAME transaction as each namespace
-    # op the uploader must mirror, so nothing is lost between the op and the queue:
-    #   {"kind": "ns", "op": "rename", "ino": I, "type": "reg|dir|lnk|blk|chr|sock|fifo", "old_path": P,
-    #    "new_path": Q, "replaced": T or None}
-    #   {"kind": "ns", "op": "unlink"|"rmdir", "ino": I, "type": ..., "old_path": P,
-    #    "last_link": bool[, "replaced_by": S][, "new_path": Q]}  (a rename's replaced target:
-    #    queued BEFORE the rename job, so deleting it never deletes the renamed file's new
-    #    object; Q: a regular file's first remaining name when other links keep it)
-    #   {"kind": "ns", "op": "mkdir", "ino": I, "type": "dir", "new_path": P}
-    #   {"kind": "ns", "op": "link", "ino": I, "type": ..., "old_path": P, "new_path": Q}
-    #   {"kind": "ns", "op": "symlink", "ino": I, "type": "lnk", "new_path": P, "target": T}
-    #   {"kind": "ns", "op": "mknod", "ino": I, "type": "blk|chr|sock|fifo", "new_path": P}
-    # (paths export-relative). Whether S3 needs work for it is the uploader's business.
-    # Queue calls are not synced by themselves: call sync() when the job must be durable.
-    def queue_put(self, job: dict) -> int:
-        with self.ix.write() as w:
-            return w.queue_put(job)
-
-    def queue_uploads(self, jobs: list[dict]) -> list[int]:
-        """*Blocking.* Queue upload jobs (opaque dicts with the file's "ino" and its "change"
-        when the job was made) and move their files to QUEUED, all in one write txn: a
-        checkpoint's shards settle together, and one commit for all of them holds the index
-        write lock (which the namespace batches need) for one fdatasync, not two per file.
-        A file gone, not regular, or written since (its change moved) is skipped: it settles
-        anew. Returns the inos queued; not synced, as no queue call is."""
-        queued = []
-        with self.ix.write() as w:
-            for job in jobs:
-                rec = w.inode(job["ino"])
-                if rec is None or rec.type != FileType.REG or rec.change != job["change"]:
-                    continue
-                w.queue_put(job)
-                if rec.state != DataState.QUEUED:
-                    new = rec.copy()
-                    new.state = DataState.QUEUED
-                    w.put_inode(new, rec)
-                queued.append(rec.ino)
-        return queued
-
-    def queue_list(self, limit: int = 1000) -> list[tuple[int, dict]]:
-        # copied before the read txn: a job leaves the set only after its delete committed,
-        # so a job missing from the copy is missing from the txn too (see queue_done)
-        leaving = set(self._jobs_leaving)
-        stored = []
-        with self.ix.read() as v:
-            for key, val in v.txn.cursor(db=self.ix.queue):
-                if len(stored) >= limit:
-                    break
-                job_id = U64.unpack(key)[0]
-                if job_id not in leaving:
-                    stored.append((job_id, bytes(val)))
-        return self._decoded_jobs.decode(stored)      # outside the txn: it holds a reader slot
-
-    def queue_update(self, job_id: int, job: dict) -> None:
-        self._in_batch(self._ns_queue_update, job_id, json.dumps(job).encode(), durable=False)
-
-    def _ns_queue_update(self, w: Writer, job_id: int, encoded: bytes) -> None:
-        key = U64.pack(job_id)
-        if job_id in self._jobs_leaving or w.txn.get(key, db=self.ix.queue) is None:
-            raise StoreError(errno.ENOENT, f"no queue job {job_id}")
-        w.txn.put(key, encoded, db=self.ix.queue)
-
-    def queue_done(self, job_id: int) -> None:
-        """Remove a finished job, without waiting: the uploader calls this on the event loop,
-        where a write txn of its own would wait for the index lock a batch commit holds
-        through its fdatasync (every client waiting with it). A lazy batch op: not synced,
-        like every queue call, nor committed by itself (a crash before a commit covers it
-        runs the job again); queue_list hides the job from the moment this returns."""
-        fut = self._queue_lazy(self._ns_queue_done, job_id)
-        if fut is not None:
-            self._jobs_leaving[job_id] = fut
-            fut.add_done_callback(lambda f: self._jobs_leaving.pop(job_id, None))
-            return
-        with self.ix.write() as w:          # closing: its own txn, synced by close()
-            self._ns_queue_done(w, job_id)
-
-    def _ns_queue_done(self, w: Writer, job_id: int) -> None:
-        w.txn.delete(U64.pack(job_id), db=self.ix.queue)
 
     # ---- client records (nfsd's stable storage for reclaim after a restart) ---------------
     # Opaque to the store: `record` bytes keyed by a client owner string. Batch ops, durable
@@ -1503,156 +1223,11 @@ class Store(Fences, WritePath):
         """*Blocking.* submit_client_record of a delete, waited for."""
         self.submit_client_record(owner, None).result()
 
-    # ---- object records (uploader identity bookkeeping, issue 13) ------------------------
-    def remote_records_under(self, prefix: str) -> list[tuple[int, RemoteInfo]]:
-        """(ino, RemoteInfo) of every record whose key, or a key it `replaces`, starts with
-        `prefix` (export-relative): the objects a directory rename in S3 moves. A scan of the
-        object records, not the tree: records follow S3 keys, which lag the namespace. A range
-        scan of their key index (rkeys), then each candidate's record checked."""
-        from .index import rkey_inos
-        out = []
-        with self.ix.read() as v:
-            for ino in rkey_inos(v.txn, self.ix.rkeys, prefix):
-                r = v.remote(ino)
-                if (r.key or "").startswith(prefix) or any(key.startswith(prefix) for key, _ in r.replaces):
-                    out.append((ino, r))
-        return out
-
-    def owned_keys(self) -> set[str]:
-        """Every S3 key (export-relative) the gateway still answers for: the key and the kept
-        (`replaces`) objects of every record, and the old names and objects of queued
-        change-journal jobs (a move or delete not yet done in S3). Import must never bring
-        such an object in as a new file: its move or delete would leave that file with no
-        object (issue 13: imported objects are owned like uploaded ones). One scan of the
-        records and the queue, for a whole import pass."""
-        from .index import remote_from_json
-        out: set[str] = set()
-        with self.ix.read() as v:
-            for _, buf in v.txn.cursor(db=self.ix.remote):
-                r = remote_from_json(buf)
-                if r.key:
-                    out.add(r.key)
-                out.update(k for k, _ in r.replaces)
-            for _, val in v.txn.cursor(db=self.ix.queue):
-                job = json.loads(bytes(val))
-                if job.get("kind") != "ns":
-                    continue
-                old = job.get("old_path")
-                if old:
-                    out.add(old.rstrip("/") + "/" if job.get("type") == "dir" else old)
-                if job.get("object"):
-                    out.add(job["object"][0])
-                out.update(k for k, _ in job.get("replaces", []))
-        return out
-
-    def rekey_remote(self, ino: int, old_key: str, old_etag: str | None, new_key: str,
-                     new_etag: str, version_id: str | None = None) -> bool:
-        """*Blocking, durable.* The object (old_key, old_etag) now lives at new_key with
-        new_etag: update the record that points at it (as its key or in `replaces`) if it
-        still does. Compare-and-set, so a replayed move never re-keys a newer record."""
-        with self.ix.write() as w:
-            if w.inode(ino) is None:
-                return False
-            r = w.remote(ino)
-            hit = False
-            moved = [(new_key, new_etag) if (k, e) == (old_key, old_etag) else (k, e) for k, e in r.replaces]
-            if r.key == old_key and (old_etag is None or r.etag == old_etag):
-                r.key, r.etag, r.version_id, hit = new_key, new_etag, version_id, True
-                # the copy overwrote whatever was at new_key: nothing left there to replace
-                moved = [(k, e) for k, e in moved if k != new_key]
-            if moved != list(r.replaces):
-                r.replaces, hit = moved, True
-            if hit:
-                w.put_remote(ino, r)
-        if hit:
-            self.committer.sync()
-        return hit
-
-    def forget_replaced(self, ino: int, key: str, etag: str) -> None:
-        """*Blocking, durable.* The kept object (key, etag) was deleted or handed on."""
-        with self.ix.write() as w:
-            if w.inode(ino) is None:
-                return
-            r = w.remote(ino)
-            if (key, etag) in r.replaces:
-                r.replaces = [x for x in r.replaces if x != (key, etag)]
-                w.put_remote(ino, r)
-        self.committer.sync()
-
-    def adopt_replaced(self, path: str, key: str, etag: str, exclude_ino: int) -> int | None:
-        """*Blocking, durable.* A file unlinked (or renamed over) at `path` left its object
-        (`key`, `etag`) in S3. If a regular file (not `exclude_ino`) now sits at `path`, its
-        upload or move will replace that object atomically, or land its own object under
-        another of its names first: record it in that file's `replaces` and return its ino;
-        else None (nothing will: the caller deletes). Such a file: a dirty one (its upload
-        goes to its first name, path_of; if that is not `path`, the upload drops the adopted
-        object once its own has landed, so S3 never lacks both versions of the file at
-        `path`), or one a queued rename moves there."""
-        try:
-            parts = _import_parts(path)
-        except StoreError:
-            return None
-        with self.ix.write() as w:
-            ino = ROOT_INO
-            for name in parts:
-                ent = w.dirent(ino, name)
-                if ent is None:
-                    return None
-                ino = ent[0]
-            rec = w.inode(ino)
-            if rec is None or rec.type != FileType.REG or ino == exclude_ino:
-                return None
-            if not rec.is_dirty and not self._move_queued(w, ino, path):
-                # neither an upload nor a queued move will put its object at `path` (e.g. a
-                # clean file hard-linked there, its object at its first name): nothing will
-                # replace it, and the file is in S3 already
-                return None
-            r = w.remote(ino)
-            if (key, etag) not in r.replaces:
-                r.replaces = list(r.replaces) + [(key, etag)]
-                w.put_remote(ino, r)
-        self.committer.sync()
-        return ino
-
-    def _move_queued(self, w: Writer, ino: int, path: str) -> bool:
-        """Whether queued jobs will move `ino`'s object to `path`. Follows the object's key (the
-        record's) through the queue in order: a rename of the name it is at (of the file, or of
-        a directory above it), or the unlink of that name while another link keeps the file
-        (see with_next_name). A rename of another of the file's names moves nothing: a
-        hard-linked file's object stays at the name it was uploaded under."""
-        r = w.remote(ino)
-        key = r.key if r.etag else None
-        for job_id, val in w.txn.cursor(db=self.ix.queue):
-            if key is None:
-                return False
-            job = json.loads(bytes(val))
-            if job.get("kind") != "ns":
-                continue
-            op, old, new = job.get("op"), job.get("old_path"), job.get("new_path")
-            if op == "rename" and job.get("type") == "dir":
-                old_dir = (old or "").rstrip("/") + "/"
-                if key.startswith(old_dir) and U64.unpack(job_id)[0] > r.imported_after_job:
-                    key = new.rstrip("/") + "/" + key[len(old_dir):]
-            elif job.get("ino") != ino or old != key:
-                continue
-            elif op in ("rename", "unlink"):
-                key = new           # unlink: the next name (None: the last went, the object with it)
-            if key == path:
-                return True
-        return False
-
+    # ---- consistency check ---------------------------------------------------------------
     def check(self) -> list[str]:
         """Consistency check: LMDB vs extent files; returns problems (empty list = consistent).
         A full scan: for tests and the admin CLI, not the request path."""
         return check(self)
-
-
-def _own_import(w: Writer, ino: int, remote: RemoteInfo) -> None:
-    """An imported name owns the object it came from, like an uploaded file. Stamped with the
-    last job id: a directory move queued before the import never takes it along (the name was
-    never in the moved subtree; uploader.worker._move_dir)."""
-    remote.imported_after_job = w.counter(b"next_job")
-    w.put_remote(ino, remote)
 
 
 def _overlaid(attr: Attr, pend: list[_Pending]) -> Attr:
@@ -1716,20 +1291,3 @@ def _subtract(ranges: list[tuple[int, int]], cut) -> list[tuple[int, int]]:
         out.extend((x, y - x) for x, y in pieces)
     return out
 
-
-def _keep_replaces(stored: RemoteInfo, new: RemoteInfo, overwritten: str | None = None) -> RemoteInfo:
-    """`replaces` belongs to adopt_replaced / rekey_remote / forget_replaced: a record written
-    from a copy read earlier must not drop entries added meanwhile. An object just written
-    at `overwritten` replaced the entry there."""
-    new.replaces = [x for x in stored.replaces if overwritten is None or x[0] != overwritten]
-    return new
-
-
-def _import_parts(path: str) -> list[bytes]:
-    """The checked name components of an export-relative path from S3."""
-    parts = [p.encode("utf-8", "surrogateescape") for p in path.split("/") if p]
-    if not parts:
-        raise StoreError(errno.EINVAL, f"import of an empty path {path!r}")
-    for p in parts:
-        validate_name(p)
-    return parts
