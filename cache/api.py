@@ -160,7 +160,8 @@ class RemoteInfo:
 # ---- the seams: what nfsd and the uploader call on the store ---------------------------------
 # `cache.store.Store` implements both; tests/cache/test_api_protocol.py holds it (and the test
 # fakes) to these members: same names, same parameter names and kinds. A caller that needs
-# something new adds it here first. Docstrings are the first line of cache/store.py's.
+# something new adds it here first. Docstrings are the first line of `Store`'s (cache/store.py
+# and the modules of its mixins).
 
 class NfsStore(Protocol):
     """What nfsd (the ops, open state, grace, file handles) calls on the store."""

@@ -69,9 +69,16 @@ Invariant between the index and the extent files (this module owns it):
       write. Tests: tests/cache/test_model.py (writes left pending), tests/cache/test_lazy_writes.py.
 
 One process opens a store at a time (an flock on <path>/store.lock; a second open gets
-StoreError(EBUSY)). Layout: index.py (LMDB), data.py (extent files), extents.py (extent
-maps), namespace.py (namespace ops), commit.py (group commit), recovery.py, check.py,
-space.py (capacity and eviction policy).
+StoreError(EBUSY)). Layout: `Store` is one object with one state, set up here in `_open`;
+this module keeps the front (open with recovery, close, reclaim of unlinked inodes, the
+namespace, open and close of files, reads, client records) and its other jobs are mixins,
+each in a module of its own: writepath.py (writes and commits: I2, I5), fences.py (the
+registrations and fences of I4), sparsecopy.py (holes, SEEK, DEALLOCATE, ALLOCATE, COPY),
+eviction.py (room for new bytes, eviction, pins, read-through fill), remote.py (object
+records, import), uploadqueue.py (files ready for upload, the job queue), storebase.py
+(the helpers they share). Below them: index.py (LMDB), data.py (extent files), extents.py
+(extent maps), namespace.py (namespace ops), batch.py (namespace batches), commit.py (group
+commit), recovery.py, check.py, space.py (capacity and eviction policy).
 """
 from __future__ import annotations
 
@@ -88,15 +95,16 @@ from typing import Iterator
 import structlog
 
 from . import extents
-from .api import (Attr, ChangeInfo, CopySource, DataState, DirEntry, Extent, FileType, SetAttr,
-                  StatFS, StoreError, ROOT_INO)
+from .api import (Attr, ChangeInfo, DataState, DirEntry, Extent, FileType, SetAttr, StatFS,
+                  StoreError, ROOT_INO)
 from .batch import BatchCommitter
 from .commit import GroupCommit
 from .data import DataFiles
 from .check import check
+from .eviction import Eviction
 from .fences import Fences
-from .index import (F_PINNED, F_TRUNCATED, F_UNCOMMITTED, FIRST_COOKIE, SENT_SINCE, Index,
-                    Inode, Writer, client_key, pack_client, unpack_client)
+from .index import (F_TRUNCATED, F_UNCOMMITTED, FIRST_COOKIE, SENT_SINCE, Index, Inode, Writer,
+                    client_key, pack_client, unpack_client)
 from .keys import U64
 from .namespace import Namespace, validate_name
 from .queuecache import DecodedJobs
@@ -104,6 +112,7 @@ from .readcache import ReadCache
 from .recovery import recover
 from .remote import RemoteRecords
 from .space import Space
+from .sparsecopy import SparseCopy
 from .storebase import MAX_FILE_SIZE, _log_failure, _not_local
 from .uploadqueue import UploadQueue
 from .writepath import WritePath, _Pending
@@ -118,7 +127,11 @@ FILES_TOTAL = 1 << 40
 CLOSE_COMMIT_CHUNK = 1024   # files committed per index txn by close()
 
 
-class Store(Fences, WritePath, RemoteRecords, UploadQueue):
+class Store(Fences, WritePath, SparseCopy, Eviction, RemoteRecords, UploadQueue):
+    """The store (see the module's docstring); the methods of its bases are its own, on the
+    state this class sets up: cache/fences.py, writepath.py, sparsecopy.py, eviction.py,
+    remote.py, uploadqueue.py."""
+
     # ---- lifecycle -------------------------------------------------------------
     @classmethod
     def open(cls, path: str, *, capacity: int | None = None, reserve: int = 1 << 30,
@@ -837,202 +850,6 @@ class Store(Fences, WritePath, RemoteRecords, UploadQueue):
             new.lru_ns = new.atime_ns = time.time_ns()
             w.put_inode(new, rec)
 
-    def _make_room(self, ino: int, rec: Inode, growth: int) -> None:
-        """Admit `growth` new local bytes for `ino` (evicting clean data if allowed)."""
-        if self.ix.space_low and not self.ix.ensure_headroom():
-            raise StoreError(errno.ENOSPC, "disk full: index headroom is gone")
-        becoming_dirty = 0 if rec.is_dirty else rec.local_bytes
-        pending = self._pending_growth      # answered writes whose records are queued (I5)
-        need = self.space.admit(self.ix.used_bytes + pending,
-                                self.ix.dirty_bytes + becoming_dirty + pending, growth)
-        if need and self._free_clean(need, exclude=ino) < need:
-            raise StoreError(errno.EAGAIN, "cache full of pinned or open clean data")
-
-    # ---- sparse files and server-side copy (nfsd NFSv4.2) ---------------------------------
-    def content_runs(self, ino: int, offset: int, end: int) -> list[tuple[int, int, bool]]:
-        """[offset, min(end, size)) as (start, length, is_data) runs in order, neighbours
-        of one kind merged. Holes: ranges the index maps as local holes, and holes of the
-        extent file inside local extents (SEEK_DATA/SEEK_HOLE); ABSENT (evicted) ranges
-        are data. Advisory: a concurrent write may change it at once."""
-        while True:
-            with self.ix.read() as v:
-                snap = v.txn.id()
-                rec = v.must_inode(ino)
-                self._regular(rec)
-                with self._reg:                 # answered writes (I5): local, maybe data
-                    if snap < self._last_landing:
-                        continue
-                    pend = [(p.offset, p.end) for p in self._pending.get(ino, ())]
-                end = min(end, max([rec.size] + [b for _, b in pend]))
-                pieces = (extents.runs(v.txn, self.ix.extents, ino, offset, end)
-                          if offset < end else [])
-            break
-        if pend:
-            pieces = _with_local(pieces, pend, offset, end)
-        out: list[list] = []
-
-        def add(a: int, b: int, data: bool) -> None:
-            if b <= a:
-                return
-            if out and out[-1][2] == data and out[-1][0] + out[-1][1] == a:
-                out[-1][1] += b - a
-            else:
-                out.append([a, b - a, data])
-        for a, b, st in pieces:
-            if st is None or st == DataState.ABSENT:
-                add(a, b, st is not None)
-                continue
-            pos = a
-            while pos < b:              # the extent file knows finer holes
-                d = self.data.seek(ino, pos, data=True)
-                if d is None or d >= b:
-                    add(pos, b, False)
-                    break
-                add(pos, d, False)
-                h = self.data.seek(ino, d, data=False)
-                h = b if h is None else min(h, b)
-                add(d, h, True)
-                pos = h
-        return [tuple(r) for r in out]
-
-    def seek(self, ino: int, offset: int, data: bool) -> int | None:
-        """Where the next data (data=True) or hole starts at or after `offset`: None when
-        no data follows; a hole is always found (the virtual one at the end of the file).
-        ENXIO when `offset` is at or past the end of the file (lseek's rule)."""
-        size = self.getattr(ino).size
-        if offset < 0 or offset >= size:
-            raise StoreError(errno.ENXIO, f"seek at {offset} past the end ({size})")
-        for start, _length, is_data in self.content_runs(ino, offset, size):
-            if is_data == data:
-                return start
-        return None if data else size
-
-    def deallocate(self, ino: int, offset: int, length: int) -> Attr:
-        """Punch a hole in [offset, offset+length) below the size: reads return zeros, the
-        size stays, the file is DIRTY with a new data sequence (like a write of zeros; the
-        caller commits to make it durable). The hole is punched and fdatasynced before the
-        index maps the range as a hole (I1: the index never calls a range zeros that the
-        file may still hold bytes in); until then the index keeps its old extents with the
-        file durably DIRTY and F_UNCOMMITTED (I2), so after a crash at any point recovery
-        visits it, moves its data sequence and the uploader sends what the file holds."""
-        if offset < 0 or length < 0:
-            raise StoreError(errno.EINVAL, "negative offset or length")
-        self._settle(ino)
-        with self.ix.read() as v:
-            rec = v.must_inode(ino)
-            self._regular(rec)
-        end = min(offset + length, rec.size)
-        if end <= offset:
-            return rec.attr()
-        with self._bytes_changing(ino):
-            self.data.punch_hole(ino, offset, end - offset)
-            self._hook("punch.punched", ino)
-            self.data.datasync(ino)
-            with self.ix.write() as w:
-                cur = w.must_inode(ino)
-                new = cur.copy()
-                new.local_bytes += extents.clear_range(w.txn, self.ix.extents, ino,
-                                                       offset, min(end, cur.size))
-                if new.state == DataState.ABSENT and not extents.absent_ranges(
-                        w.txn, self.ix.extents, ino, 0, new.size):
-                    new.state = DataState.DIRTY
-                self._bytes_changed(w, new, cur)
-        return new.attr()
-
-    def allocate(self, ino: int, offset: int, length: int) -> Attr:
-        """*Blocking.* Reserve disk blocks for [offset, offset+length) (fallocate, bytes
-        unchanged); a range past the end extends the size to offset+length (RFC 7862
-        15.1.3), as a truncate up. ENOSPC when the reservation does not fit the store."""
-        if offset < 0 or length <= 0 or offset + length > MAX_FILE_SIZE:
-            raise StoreError(errno.EINVAL if length <= 0 else errno.EFBIG,
-                             f"allocate {offset}+{length} out of range")
-        self._settle(ino)
-        with self.ix.read() as v:
-            rec = v.must_inode(ino)
-            self._regular(rec)
-            present = extents.present_bytes(v.txn, self.ix.extents, ino, offset,
-                                            offset + length)
-        if length - present > self.space.capacity - self.ix.used_bytes:
-            raise StoreError(errno.ENOSPC, f"allocate of {length} bytes exceeds the cache")
-        self.data.allocate(ino, offset, length)
-        if offset + length > rec.size:
-            return self.setattr(ino, SetAttr(size=offset + length))
-        return rec.attr()
-
-    def copy_range(self, src: int, dst: int, src_off: int, dst_off: int, count: int
-                   ) -> tuple[Attr, bool]:
-        """*Blocking.* dst's [dst_off, +count) becomes src's [src_off, +count), without the
-        bytes passing through this process: a reflink where the file system shares blocks,
-        else copy_file_range. EINVAL when the source range passes its end (or overlaps the
-        destination range in the same file); EAGAIN with `.missing` when part of the
-        source is ABSENT (read-through first, as read). The destination is DIRTY with a
-        new data sequence, so the uploader sends it; the caller commits.
-        Returns (dst attrs, reflinked)."""
-        if min(src_off, dst_off, count) < 0 or dst_off + count > MAX_FILE_SIZE:
-            raise StoreError(errno.EINVAL, "copy range out of range")
-        self._settle(src, dst)
-        with self.ix.read() as v:
-            srec, drec = v.must_inode(src), v.must_inode(dst)
-            self._regular(srec)
-            self._regular(drec)
-            if src_off + count > srec.size:
-                raise StoreError(errno.EINVAL, f"copy source {src_off}+{count} past its end")
-            if src == dst and src_off < dst_off + count and dst_off < src_off + count:
-                raise StoreError(errno.EINVAL, "copy ranges overlap")
-            growth = count - extents.present_bytes(v.txn, self.ix.extents, dst, dst_off,
-                                                   dst_off + count)
-        if count == 0:
-            return drec.attr(), False
-        self._require_local(src, src_off, count)    # before the destination is flagged
-        self._make_room(dst, drec, growth)
-        with self._bytes_changing(dst, also=(src,)):
-            self._require_local(src, src_off, count)    # registered: no evict from here
-            with self.ix.read() as v:      # data sequences before the bytes move (_note_copy)
-                seen = (v.must_inode(src).data_seq, v.must_inode(dst).data_seq)
-            try:
-                reflinked = self.data.copy_range(src, dst, src_off, dst_off, count)
-            except StoreError:
-                self._shrink_to_recorded(dst)  # a partial copy may have grown the file
-                raise
-            self._hook("copy.copied", dst)
-            with self.ix.write() as w:
-                cur = w.must_inode(dst)
-                new = cur.copy()
-                new.size = max(new.size, dst_off + count)
-                new.local_bytes += extents.set_range(w.txn, self.ix.extents, dst, dst_off,
-                                                     dst_off + count, DataState.DIRTY)
-                self._bytes_changed(w, new, cur)
-                self._note_copy(w, src, src_off, dst_off, count, seen, cur, new)
-        return new.attr(), reflinked
-
-    def _note_copy(self, w: Writer, src: int, src_off: int, dst_off: int, count: int,
-                   seen: tuple[int, int], cur: Inode, new: Inode) -> None:
-        """Record in the destination's object record that its bytes from 0 are a copy of
-        the source's (CopySource), so the uploader can copy the source's object in S3 when
-        the copy turns out whole; a copy made in pieces (asynchronous COPY's chunks) extends
-        the record of the pieces before it. Same transaction as the data sequence bump, so
-        a crash leaves both or neither. Nothing is recorded when either file's data sequence
-        moved while the bytes moved (a write raced the copy) or the source holds uncommitted
-        bytes; a later write or truncate of the destination invalidates it by its sequence."""
-        srec = w.must_inode(src)
-        if (src_off != dst_off or (srec.data_seq, cur.data_seq) != seen
-                or srec.flags & F_UNCOMMITTED):
-            return
-        remote = w.remote(new.ino)
-        prev = remote.copied_from
-        if src_off != 0 and (prev is None or (prev.src_ino, prev.src_seq, prev.count, prev.dst_seq)
-                             != (src, srec.data_seq, src_off, cur.data_seq)):
-            return
-        remote.copied_from = CopySource(src, srec.data_seq, src_off + count, new.data_seq)
-        w.put_remote(new.ino, remote)
-
-    def _require_local(self, ino: int, offset: int, count: int) -> None:
-        """EAGAIN with `.missing` when part of the range is ABSENT (the caller fetches)."""
-        with self.ix.read() as v:
-            missing = extents.absent_ranges(v.txn, self.ix.extents, ino, offset, offset + count)
-        if missing:
-            raise _not_local(ino, missing)
-
     # ---- uploader ----------------------------------------------------------------
     def path_of(self, ino: int) -> str | None:
         """Export-relative path ("a/b/c") of a linked inode (first link), or None if unlinked."""
@@ -1058,135 +875,6 @@ class Store(Fences, WritePath, RemoteRecords, UploadQueue):
         with self.ix.read() as v:
             self._regular(v.must_inode(ino))
         return self.data.open_readonly(ino)
-
-    def evict(self, ino: int) -> int:
-        """*Blocking.* Drop a CLEAN, unpinned, not-open file's local data (-> ABSENT); bytes
-        freed (0 when the file is not evictable at this moment)."""
-        with self.ix.read() as v:
-            v.must_inode(ino)
-        return self._evict([ino])
-
-    def _evict(self, inos: list[int]) -> int:
-        """Evict many files with one index txn and one sync. The index lock is held from the
-        check to the unlink, so no write registers and no fill runs in between (I4), and
-        the files go only once the index saying ABSENT is durable; `drops` names them until
-        they are gone, for recovery (I3)."""
-        freed = 0
-        with self.ix.lock, self._fenced(inos):
-            done = []
-            with self.ix.write() as w:
-                for ino in inos:
-                    rec = w.inode(ino)
-                    if (rec is None or rec.type != FileType.REG
-                            or rec.state != DataState.CLEAN or rec.flags & F_PINNED
-                            or self._is_open(ino) or rec.nlink == 0):
-                        continue
-                    new = rec.copy()
-                    extents.replace_all(w.txn, self.ix.extents, ino,
-                                        [(0, rec.size, DataState.ABSENT)])
-                    new.local_bytes = 0
-                    new.state = DataState.ABSENT if rec.size else DataState.CLEAN
-                    w.put_inode(new, rec)
-                    w.set_flag_key(self.ix.drops, ino, True)
-                    done.append((ino, rec.local_bytes))
-            if not done:
-                return 0
-            self._hook("evict.index_done", done[0][0])
-            self.committer.sync()
-            self._hook("evict.synced", done[0][0])
-            for ino, nbytes in done:
-                self._drop_evicted(ino)
-                freed += nbytes
-                log.info("store.evicted", ino=ino, bytes=nbytes)
-            with self.ix.write() as w:
-                for ino, _ in done:
-                    w.set_flag_key(self.ix.drops, ino, False)
-        return freed
-
-    def _drop_evicted(self, ino: int) -> None:
-        # bumped BEFORE the file goes: a reader that raced with us sees the change and
-        # re-checks the extent map instead of returning the zeros of a missing file
-        self._evictions += 1
-        self.data.remove(ino)
-
-    def eviction_candidates(self, want_bytes: int) -> list[int]:
-        """Least-recently-used CLEAN files (not pinned, not open) totalling >= want_bytes
-        (fewer if there are not enough)."""
-        out, total = [], 0
-        with self.ix.read() as v:
-            cur = v.txn.cursor(db=self.ix.lru)
-            for key in cur.iternext(values=False):
-                if total >= want_bytes:
-                    break
-                ino = U64.unpack(key[8:16])[0]
-                rec = v.inode(ino)
-                if rec is None or rec.flags & F_PINNED or self._is_open(ino):
-                    continue
-                out.append(ino)
-                total += rec.local_bytes
-        return out
-
-    def _free_clean(self, want: int, exclude: int = 0) -> int:
-        if not self.evict_on_write:
-            return 0
-        return self._evict([ino for ino in self.eviction_candidates(want) if ino != exclude])
-
-    def maybe_evict(self) -> int:
-        """Evict LRU clean data if usage is above the high watermark, down to the low one.
-        Cheap when nothing is to do; the daemon calls it periodically. Returns bytes freed."""
-        target = self.space.eviction_target(self.ix.used_bytes)
-        return self._free_clean(target) if target else 0
-
-    def set_watermarks(self, high_watermark: float, low_watermark: float) -> None:
-        """New eviction watermarks (fractions of capacity), used from the next maybe_evict."""
-        self.space.set_watermarks(high_watermark, low_watermark)
-
-    def usage(self) -> dict:
-        """Byte accounting for metrics/admin: capacity, used (local), dirty, watermarks."""
-        return {"capacity": self.space.capacity, "used": self.ix.used_bytes,
-                "dirty": self.ix.dirty_bytes, "high": self.space.high, "low": self.space.low}
-
-    def fill(self, ino: int, offset: int, data: bytes | memoryview) -> None:
-        """Store bytes fetched from S3 for an ABSENT range (stays clean). Only the parts
-        still ABSENT are written: bytes a client wrote meanwhile always win."""
-        view = memoryview(data)
-        # no write/evict may interleave between check and store
-        with self.ix.lock, self._fenced((ino,)):
-            self._wait_writes(ino)     # a registered write's bytes may be in the file (I4)
-            with self.ix.read() as v:
-                rec = v.must_inode(ino)
-                self._regular(rec)
-                end = min(offset + len(view), rec.size)
-                holes = extents.absent_ranges(v.txn, self.ix.extents, ino, offset, end)
-            if not holes:
-                return
-            for off, length in holes:
-                self.data.pwrite(ino, off, view[off - offset:off - offset + length])
-            with self.ix.write() as w:
-                cur = w.must_inode(ino)
-                new = cur.copy()
-                for off, length in holes:
-                    new.local_bytes += extents.set_range(w.txn, self.ix.extents, ino, off,
-                                                         off + length, DataState.CLEAN)
-                if new.state == DataState.ABSENT and not extents.absent_ranges(
-                        w.txn, self.ix.extents, ino, 0, new.size):
-                    new.state = DataState.CLEAN
-                    new.lru_ns = time.time_ns()
-                w.put_inode(new, cur)
-
-    def set_pinned(self, ino: int, pinned: bool, reason: str = "") -> None:
-        """Pinned files are never evicted; `pinned()` lists them with their reasons."""
-        with self.ix.write() as w:
-            rec = w.must_inode(ino)
-            new = rec.copy()
-            new.flags = (new.flags | F_PINNED) if pinned else (new.flags & ~F_PINNED)
-            w.put_inode(new, rec)
-            w.set_flag_key(self.ix.pins, ino, pinned, reason.encode())
-
-    def pinned(self) -> dict[int, str]:
-        with self.ix.read() as v:
-            return {U64.unpack(k)[0]: bytes(r).decode() for k, r in
-                    v.txn.cursor(db=self.ix.pins)}
 
     # ---- client records (nfsd's stable storage for reclaim after a restart) ---------------
     # Opaque to the store: `record` bytes keyed by a client owner string. Batch ops, durable
@@ -1241,35 +929,6 @@ def _overlaid(attr: Attr, pend: list[_Pending]) -> Attr:
     return _replace(attr, size=max(attr.size, max(p.end for p in pend)), mtime_ns=t, ctime_ns=t,
                     change=attr.change + k, data_seq=(attr.data_seq + k) & 0xFFFFFFFF,
                     data_state=state)
-
-
-def _with_local(pieces, local, offset: int, end: int):
-    """`pieces` (extents.runs: (a, b, state) covering [offset, end), state None for a local
-    hole) with the ranges of `local` (answered writes, I5) that fall in holes made DIRTY:
-    the extent file tells data from holes there."""
-    merged: list[list[int]] = []
-    for x, y in sorted(local):
-        if merged and x <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], y)
-        else:
-            merged.append([x, y])
-    out = []
-    for a, b, st in pieces:
-        if st is not None:
-            out.append((a, b, st))
-            continue
-        pos = a
-        for x, y in merged:
-            x, y = max(x, a), min(y, b)
-            if x >= y:
-                continue
-            if x > pos:
-                out.append((pos, x, None))
-            out.append((x, y, DataState.DIRTY))
-            pos = y
-        if pos < b:
-            out.append((pos, b, None))
-    return out
 
 
 def _subtract(ranges: list[tuple[int, int]], cut) -> list[tuple[int, int]]:
