@@ -428,3 +428,67 @@ def test_default_wheel_is_the_one_platform_wheel_and_its_tags_must_suit_the_host
             picked_version = picked.split("-")[1]
             assert got["wanted_version"] == picked_version
             assert got["constraints_file"].endswith(f"/ckptgw-{picked_version}-constraints.txt"), got
+
+
+# Pair mode (issue 38) as tests/ha deploys it: two nodes on the pair's segment, SBD on a shared disk.
+PAIR_VARS = {
+    "ckptgw_pair_enabled": True,
+    "ckptgw_pair_nodes": [{"name": "gw-a", "address": "192.168.38.1"}, {"name": "gw-b", "address": "192.168.38.2"}],
+    "ckptgw_pair_drbd_disk": "/dev/vdb", "ckptgw_pair_drbd_device": "/dev/drbd0",
+    "ckptgw_pair_floating_ip": "192.168.38.100", "ckptgw_pair_floating_nic": "eth1",
+    "ckptgw_pair_sbd_device": "/dev/vdc", "ckptgw_pair_corosync_token": 10000, "ckptgw_pair_stonith_timeout": "90s",
+}
+
+
+def uncommented(text: str) -> str:
+    return "".join(line for line in text.splitlines(keepends=True) if not line.startswith("#"))
+
+
+def test_pair_templates_render_what_the_ha_tests_proved(ansible_bin, tmp_path):
+    """The DRBD resource and corosync.conf the role writes in pair mode are, line for line, the ones
+    tests/ha's harness (drbd.py, cluster.py) wrote when the failover was first proven by hand; the
+    CIB has fencing, the promotable DRBD clone and the group, colocated with and ordered after the
+    promotion, first promoted on the first node; config.toml names the DRBD device."""
+    sys.path.insert(0, str(HERE.parent / "ha"))
+    import cluster
+    import drbd
+    run = render(ansible_bin, tmp_path, ckptgw_admin_group="", **PAIR_VARS)
+    assert run.returncode == 0, run.tail()
+    nodes = ("gw-a", "gw-b")
+    assert uncommented((tmp_path / "drbd.res").read_text()) == drbd.resource_file(nodes, cluster=True)
+    assert uncommented((tmp_path / "corosync.conf").read_text()) == cluster.corosync_conf(nodes)
+    crm = uncommented((tmp_path / "pair.crm").read_text())
+    for line in ["property stonith-enabled=true stonith-timeout=90s",
+                 "primitive fence-sbd stonith:fence_sbd \\\n    params devices=/dev/vdc \\",
+                 "primitive drbd-r0 ocf:linbit:drbd \\\n    params drbd_resource=r0 \\",
+                 "clone drbd-clone drbd-r0 \\\n    meta promotable=true promoted-max=1",
+                 "params device=/dev/drbd0 directory=/var/lib/ckptgw/cache fstype=ext4 options=noatime \\",
+                 "params ip=192.168.38.100 cidr_netmask=24 nic=eth1 \\",
+                 "primitive gateway systemd:ckptgw \\",
+                 "group gw cache-fs gw-ip gateway\n",
+                 "colocation gw-on-primary inf: gw drbd-clone:Master\n",
+                 "order gw-after-promote Mandatory: drbd-clone:promote gw:start\n",
+                 "location first-promotion drbd-clone rule $role=Master 50: #uname eq gw-a\n"]:
+        assert line in crm, f"{line!r} not in\n{crm}"
+    config = tomllib.loads((tmp_path / "config.toml").read_text())
+    assert config["pair"] == {"drbd_device": "/dev/drbd0"}
+    assert check_config(tmp_path / "config.toml").returncode == 0
+
+
+def test_pair_with_a_fence_agent_instead_of_sbd_and_corosync_crypto(ansible_bin, tmp_path):
+    fence = ("primitive fence-gw-a stonith:fence_ipmilan params ip=10.0.0.11 username=admin password=x "
+             "pcmk_host_list=gw-a\nlocation fence-gw-a-not-on-a fence-gw-a -inf: gw-a")
+    run = render(ansible_bin, tmp_path, ckptgw_admin_group="",
+                 **dict(PAIR_VARS, ckptgw_pair_sbd_device="", ckptgw_pair_stonith_resources=fence,
+                        ckptgw_pair_floating_nic="", ckptgw_pair_corosync_authkey="k" * 128))
+    assert run.returncode == 0, run.tail()
+    crm = (tmp_path / "pair.crm").read_text()
+    assert fence in crm and "fence_sbd" not in crm and " nic=" not in crm
+    corosync = (tmp_path / "corosync.conf").read_text()
+    assert "crypto_cipher: aes256" in corosync and "crypto_hash: sha256" in corosync
+    assert "k" * 128 not in run.output
+
+
+def test_pair_node_without_an_address_fails_naming_it(ansible_bin, tmp_path):
+    run = render(ansible_bin, tmp_path, **dict(PAIR_VARS, ckptgw_pair_nodes=[{"name": "gw-a"}, {"name": "gw-b"}]))
+    assert run.returncode != 0 and "address" in run.output, run.tail()
