@@ -258,8 +258,11 @@ class NfsStore(Protocol):
         """write() on the caller's thread in the common case (I5); False: nothing written, use write()."""
         ...
 
-    def write_stable(self, ino: int, offset: int, data: bytes | memoryview) -> Attr:
-        """*Blocking.* write() and commit() in one: durable when it returns (FILE_SYNC)."""
+    def write_stable_async(self, ino: int, offset: int, data: bytes | memoryview, loop, start
+                           ) -> asyncio.Future:
+        """write() and commit() in one (FILE_SYNC) for a caller on `loop`: start(fn, *args)
+        runs its blocking half on a worker without waiting; an asyncio.Future of `loop`, set
+        once durable."""
         ...
 
     def content_runs(self, ino: int, offset: int, end: int) -> list[tuple[int, int, bool]]:

@@ -254,27 +254,63 @@ class LoopFuture:
     """A batch op's answer for a caller on an asyncio loop: `future`, an asyncio.Future of
     that loop, settled from the committer thread with a call_soon_threadsafe shared by every
     op of the batch answering that loop (_complete). Stands where a concurrent.futures.Future
-    stands in the queue (set_running_or_notify_cancel, set_result, set_exception)."""
+    stands in the queue (set_running_or_notify_cancel, set_result, set_exception).
+    `release`, when set (see HeldFuture), runs once the op is settled, however it ends."""
 
-    __slots__ = ("loop", "future", "then", "durable")
+    __slots__ = ("loop", "future", "then", "durable", "release")
 
     def __init__(self, loop, then=None):
         self.loop = loop
         self.future = loop.create_future()
         self.then = then
         self.durable = True
+        self.release = None
 
     def set_running_or_notify_cancel(self) -> bool:
         """False if the caller cancelled it while queued (dropped unapplied, as a cancelled
         concurrent future). Read on the committer thread: a cancel after this is a cancel of
-        a running op, which is applied and whose answer _settle drops."""
-        return not self.future.cancelled()
+        a running op, which is applied and whose answer _settle drops. An op that holds
+        something (`release`) is applied even so: what it holds ends with it."""
+        return self.release is not None or not self.future.cancelled()
 
     def set_result(self, value) -> None:
         _answer_loops([(self, True, value)])
 
     def set_exception(self, exc: BaseException) -> None:
         _answer_loops([(self, False, exc)])
+
+
+class HeldFuture(Future):
+    """A batch op's concurrent future for an op that holds something until it is settled
+    (a FILE_SYNC write's registration, I4: handed over by the worker that pwrote the bytes,
+    ended by whoever settles the op: the committer once the record is durable or failed).
+    `release` is set when the hold is handed over; it runs once, before the answer, on
+    every way an op ends (result, its error, the batch's or the sync's error, abandon).
+    LoopFuture does the same in _answer_loops."""
+
+    def __init__(self):
+        super().__init__()
+        self.release = None
+
+    def cancel(self) -> bool:
+        return False                # its op runs whoever waits: what it holds ends with it
+
+    def set_result(self, result) -> None:
+        _run_release(self)
+        super().set_result(result)
+
+    def set_exception(self, exception) -> None:
+        _run_release(self)
+        super().set_exception(exception)
+
+
+def _run_release(fut) -> None:
+    release, fut.release = fut.release, None
+    if release is not None:
+        try:
+            release()
+        except BaseException as e:               # noqa: BLE001 - the answer must still go
+            log.error("batch.release_failed", error=repr(e))
 
 
 def _complete(outcomes: list) -> None:
@@ -299,6 +335,7 @@ def _answer_loops(answers: list) -> None:
                 value = fut.then(value)
             except BaseException as e:           # noqa: BLE001 - the caller's answer
                 ok, value = False, e
+        _run_release(fut)
         calls.setdefault(fut.loop, []).append((fut.future, ok, value))
     for loop, settled in calls.items():
         try:

@@ -15,6 +15,7 @@ import structlog
 
 from . import extents
 from .api import Attr, DataState, FileType, StoreError
+from .batch import HeldFuture
 from .fences import _count_down, _count_up
 from .index import F_TRUNCATED, F_UNCOMMITTED, Inode, Writer
 from .storebase import MAX_FILE_SIZE, StoreBase
@@ -38,6 +39,19 @@ class _Pending:
         self.failed: BaseException | None = None   # the last failure of its batch
         self.tries = 0
         self.queued = False                # its record is in the batch queue (or applied)
+
+
+class _Held:
+    """A write's registration (I4) as _bytes_changing holds it: ended by the block's end,
+    or handed on (hand_off) to end when the op carrying the write's record is settled."""
+    __slots__ = ("store", "inos", "handed")
+
+    def __init__(self, store, inos: tuple[int, ...]):
+        self.store, self.inos, self.handed = store, inos, False
+
+    def hand_off(self):
+        self.handed = True
+        return lambda: self.store._unregister(self.inos)
 
 
 class WritePath(StoreBase):
@@ -191,10 +205,41 @@ class WritePath(StoreBase):
         index record and its commit are one op of the namespace batch, so a stream of stable
         writes costs one index commit each, not three: the file keeps F_UNCOMMITTED (the
         next write's cycle needs no flag txn), its committed size follows the write, and
-        the uploader's commit_settled clears the flag once the file is closed."""
-        return self._write(ino, offset, data, stable=True)
+        the uploader's commit_settled clears the flag once the file is closed. The same
+        steps as write_stable_async, waited for here."""
+        fut = HeldFuture()
+        self._write_stable_into(ino, offset, data, fut)
+        return fut.result()
 
-    def _write(self, ino: int, offset: int, data: bytes | memoryview, stable: bool) -> Attr:
+    def write_stable_async(self, ino: int, offset: int, data: bytes | memoryview, loop, start
+                           ) -> "asyncio.Future":
+        """write_stable() for a caller on asyncio loop `loop` (called on its thread): an
+        asyncio.Future of that loop, set once the bytes and their record are durable.
+        start(fn, *args) runs the blocking half (checks, registration, pwrite, the extent
+        file's fdatasync) on a worker thread without waiting for it; the worker hands the
+        record and the write's registration (I4) to the batch committer and is free again,
+        and the committer ends the registration and answers the loop once the record is
+        durable: three thread crossings, not four, and no worker blocked on a batch (issue 37
+        point 4, as commit_async). `data` must stay valid until the future is done."""
+        waiter = self.batch.waiter(loop)
+        start(self._write_stable_into, ino, offset, data, waiter)
+        return waiter.future
+
+    def _write_stable_into(self, ino: int, offset: int, data, waiter) -> None:
+        """The worker's half of a FILE_SYNC write: answered here when it ends here (an
+        error, nothing to write, a write that needs two steps), else by the committer."""
+        try:
+            attr = self._write(ino, offset, data, stable=True, into=waiter)
+        except BaseException as e:           # noqa: BLE001 - the caller's answer
+            waiter.set_exception(e)
+            return
+        if attr is not None:
+            waiter.set_result(attr)
+
+    def _write(self, ino: int, offset: int, data: bytes | memoryview, stable: bool,
+               into=None) -> Attr | None:
+        """A write's steps; with `into` (a stable write's future) None when its record was
+        handed to the batch committer, which answers `into`."""
         n = len(data)
         if offset < 0 or offset + n > MAX_FILE_SIZE:
             raise StoreError(errno.EFBIG, f"write at {offset}+{n} out of range")
@@ -208,9 +253,9 @@ class WritePath(StoreBase):
                 self.commit(ino)           # FILE_SYNC of nothing still commits what is there
             return rec.attr()
         self._make_room(ino, rec, growth)
-        with self._bytes_changing(ino):
+        with self._bytes_changing(ino) as held:
             if stable:
-                return self._write_stable_applied(ino, offset, data)
+                return self._write_stable_applied(ino, offset, data, into, held)
             return self._write_applied(ino, offset, data)
 
     @contextmanager
@@ -218,10 +263,13 @@ class WritePath(StoreBase):
         """Around any change of `ino`'s bytes (write, punch, copy): register it (I4) and
         flag the file DIRTY with F_UNCOMMITTED, its data sequence moved, durably, before
         the bytes change (I2). `also`: inodes read meanwhile (a copy's source), registered
-        too so no evict, fill or truncate changes them under the copy."""
+        too so no evict, fill or truncate changes them under the copy. The block may hand
+        the registration on (`held.hand_off()`: its release, for whoever settles the op
+        that ends it); else it ends with the block."""
         flagged = False
         fresh = None
         inos = (ino,) + also
+        held = _Held(self, inos)
         self._register(inos)
         try:
             # read again, registered: `rec` may predate a COMMIT that cleared the flag (a
@@ -266,9 +314,10 @@ class WritePath(StoreBase):
                 except BaseException:
                     self._fresh.setdefault(ino, fresh)
                     raise
-            yield
+            yield held
         finally:
-            self._unregister(inos)
+            if not held.handed:
+                self._unregister(inos)
 
     def _flag_txn(self, ino: int) -> None:
         """The flag txn of a commit cycle's first byte change (I2)."""
@@ -304,9 +353,12 @@ class WritePath(StoreBase):
         # (readable once it returns; not a reason for a sync: unstable until COMMIT)
         return self._in_batch(self._record_write, ino, offset, len(data), durable=False)
 
-    def _write_stable_applied(self, ino: int, offset: int, data) -> Attr:
+    def _write_stable_applied(self, ino: int, offset: int, data, into, held: "_Held"
+                              ) -> Attr | None:
         """A registered (I4) FILE_SYNC write: pwrite, fdatasync, then its record and its
-        commit in one batch op, durable on return."""
+        commit in one batch op, durable when `into` is answered. That op and the write's
+        registration go to the committer (None returned), which ends the registration once
+        the op is settled, before the answer; while the store closes, done here."""
         n = len(data)
         self._pwrite(ino, offset, data)
         # on disk now: every byte below `recorded` (pwritten before its record), and ours
@@ -317,8 +369,13 @@ class WritePath(StoreBase):
             attr = self._in_batch(self._record_write, ino, offset, n, durable=False)
             self.commit(ino)
             return attr
-        return self._in_batch(self._record_stable_write, ino, offset, n, wseq, tseq,
-                              max(recorded, offset + n), durable=True)
+        args = (ino, offset, n, wseq, tseq, max(recorded, offset + n))
+        if self.batch.closing:
+            return self._in_batch(self._record_stable_write, *args, durable=True)
+        # whoever settles `into` releases it: the committer, or our caller if submit raises
+        into.release = held.hand_off()
+        self.batch.submit(self._record_stable_write, *args, into=into)
+        return None
 
     def _record_stable_write(self, w: Writer, ino: int, offset: int, n: int, wseq: int,
                              tseq: int, size: int) -> Attr:

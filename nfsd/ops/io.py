@@ -142,8 +142,9 @@ async def op_write(ctx, args) -> WRITE4res:
             if not store.write_nowait(obj.ino, args.offset, data):
                 await blocking(ctx, store.write, obj.ino, args.offset, data)
             committed = UNSTABLE4
-        else:                   # one thread hop and one index commit, durable on return
-            await blocking(ctx, store.write_stable, obj.ino, args.offset, data)
+        else:   # pwrite and fdatasync on a worker, the record answered by the batch committer
+            await store.write_stable_async(obj.ino, args.offset, data,
+                                           asyncio.get_running_loop(), ctx.server.start_blocking)
             committed = FILE_SYNC4
     return WRITE4res(NFS4_OK, WRITE4resok(count=len(data), committed=committed,
                                           writeverf=ctx.server.write_verifier))

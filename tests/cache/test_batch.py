@@ -37,6 +37,16 @@ def _hold_writer(store: Store):
     return fut, go
 
 
+def _starter(workers: list):
+    """A `start(fn, *args)` as NfsServer.start_blocking: fn on a thread of its own, not waited
+    for; the threads go in `workers`."""
+    def start(fn, *args):
+        t = threading.Thread(target=fn, args=args, daemon=True)
+        workers.append(t)
+        t.start()
+    return start
+
+
 def test_a_failing_op_in_a_batch_leaves_the_others_applied_and_itself_absent(store):
     d = store.mkdir(ROOT_INO, b"d", 0o755, 0, 0)[0].ino
     store.create(d, b"victim", 0o644, 0, 0)
@@ -371,11 +381,7 @@ def test_commit_async_answers_from_the_committer_and_errors_reach_the_loop(store
     store.open_file(ino, write=True)
     store.write(ino, 0, b"x" * 5000)
     workers = []
-
-    def start(fn, *args):
-        t = threading.Thread(target=fn, args=args, daemon=True)
-        workers.append(t)
-        t.start()
+    start = _starter(workers)
 
     async def main():
         loop = asyncio.get_running_loop()
@@ -390,4 +396,140 @@ def test_commit_async_answers_from_the_committer_and_errors_reach_the_loop(store
     for t in workers:
         t.join(10)
         assert not t.is_alive()                      # no worker waits on the committer
+    store.close_file(ino, write=True)
+
+
+def test_a_held_future_releases_once_on_every_way_its_op_ends(store):
+    """HeldFuture / LoopFuture.release: what an op holds (a FILE_SYNC write's registration,
+    I4) ends when the op is settled, once, before its answer, whether it succeeded, raised,
+    its batch's commit failed, or the store was abandoned with it queued; an op whose loop
+    gave up waiting is still applied, so its release still runs."""
+    import asyncio
+    from cache.batch import HeldFuture
+    released = []
+
+    def held(name):
+        fut = HeldFuture()
+        fut.release = lambda: released.append((name, fut.done()))
+        return fut
+
+    ok = held("ok")
+    store.batch.submit(lambda w: "value", into=ok)
+    assert ok.result(10) == "value" and not ok.cancel()
+
+    def boom(w):
+        raise StoreError(errno.EIO, "injected")
+    failed = held("raised")
+    store.batch.submit(boom, into=failed)
+    with pytest.raises(StoreError):
+        failed.result(10)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        hold, go = _hold_writer(store)
+        waiter = store.batch.waiter(loop)
+        waiter.release = lambda: released.append(("cancelled loop op", waiter.future.cancelled()))
+        fut = store.batch.submit(lambda w: store.ns.mkdir(w, ROOT_INO, b"kept", 0o755, 0, 0),
+                                 into=waiter)
+        fut.cancel()                                 # its caller gave up while it was queued
+        go.set()
+        await asyncio.wrap_future(hold)
+        store.batch.applied()
+    asyncio.run(main())
+    assert store.lookup(ROOT_INO, b"kept")          # applied all the same
+
+    hold, go = _hold_writer(store)
+    queued = held("abandoned")
+    store.batch.submit(lambda w: "never", into=queued)
+    abandoning = threading.Thread(target=store.batch.abandon)   # waits for the held batch
+    abandoning.start()
+    while not store.batch.closing:
+        time.sleep(0.001)
+    go.set()
+    abandoning.join(10)
+    hold.result(10)
+    with pytest.raises(StoreError) as e:
+        queued.result(10)
+    assert e.value.errno == errno.ESHUTDOWN
+    # each once, before its answer was set
+    assert released == [("ok", False), ("raised", False), ("cancelled loop op", True),
+                        ("abandoned", False)]
+
+
+def test_a_file_sync_write_hands_its_registration_to_the_committer(store):
+    """write_stable_async (FILE_SYNC WRITE, issue 37 point 4): the worker pwrites, syncs the
+    extent file, queues the record and leaves; the write stays registered (I4: no truncate,
+    evict or fill decides on the file meanwhile) until the committer has made the record
+    durable, then the committer ends the registration and answers the loop."""
+    import asyncio
+    ino = store.create(ROOT_INO, b"f", 0o644, 0, 0)[0].ino
+    store.open_file(ino, write=True)
+    store.write_stable(ino, 0, b"a" * 4096)         # the cycle's flag is in place
+    workers = []
+    start = _starter(workers)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        hold, go = _hold_writer(store)
+        fut = store.write_stable_async(ino, 4096, b"b" * 4096, loop, start)
+        workers[0].join(10)
+        assert not workers[0].is_alive()             # the worker did not wait for the batch
+        assert store._inflight.get(ino) == 1          # registered until the record is durable
+        assert not fut.done()
+        go.set()
+        attr = await fut
+        assert attr.size == 8192
+        assert not store._inflight.get(ino)          # ended by the committer, before the answer
+        rec = store.ix.read_inode(ino)
+        assert rec.committed_size == rec.size == 8192
+        assert store.committer.covered(store.ix.txnid)
+        with pytest.raises(StoreError):               # an error of the worker's half answers it
+            await store.write_stable_async(10_000_000, 0, b"x", loop, start)
+    asyncio.run(main())
+    assert store.read(ino, 0, 8192) == (b"a" * 4096 + b"b" * 4096, True)
+    store.close_file(ino, write=True)
+
+
+def test_a_truncate_waits_for_a_file_sync_write_the_committer_holds(store):
+    """I4 across the hand-off: a truncate decided while a FILE_SYNC write's record waits in the
+    committer's queue waits for that write (still registered), then cuts after it: the write is
+    answered durable and the file ends truncated, its index and extent file in agreement."""
+    import asyncio
+    from cache.api import SetAttr
+    ino = store.create(ROOT_INO, b"f", 0o644, 0, 0)[0].ino
+    store.open_file(ino, write=True)
+    store.write_stable(ino, 0, b"a" * 4096)
+    waiting = threading.Event()
+    store._hook = lambda point, *a: waiting.set() if point == "wait_writes" else None
+    # hold the committer in a group sync, outside the index lock: queued ops stay queued
+    in_sync, go = threading.Event(), threading.Event()
+    flush = store.committer._flush
+
+    def held_flush():
+        in_sync.set()
+        assert go.wait(10)
+        flush()
+    start = _starter([])
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        store.committer._flush = held_flush
+        other = store.submit("mkdir", ROOT_INO, b"d", 0o755, 0, 0, loop=loop)
+        assert in_sync.wait(10)
+        store.committer._flush = flush
+        fut = store.write_stable_async(ino, 4096, b"b" * 4096, loop, start)
+        while not store.batch._queue:                 # handed over (registered) and queued
+            await asyncio.sleep(0.001)
+        assert store._inflight.get(ino) == 1
+        truncating = loop.run_in_executor(None, store.setattr, ino, SetAttr(size=100))
+        assert await loop.run_in_executor(None, waiting.wait, 10)   # found the write registered
+        go.set()
+        await other
+        assert (await fut).size == 8192
+        assert (await truncating).size == 100
+    asyncio.run(main())
+    rec = store.ix.read_inode(ino)
+    assert rec.size == rec.committed_size == 100
+    assert store.read(ino, 0, 8192) == (b"a" * 100, True)
+    assert os.path.getsize(store.data.path(ino)) == 100
     store.close_file(ino, write=True)

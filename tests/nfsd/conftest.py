@@ -87,7 +87,7 @@ class FakeStore:
     def read_into_cached(self, ino, offset, buf): raise _no_files()
     def write(self, ino, offset, data): raise _no_files()
     def write_nowait(self, ino, offset, data): raise _no_files()
-    def write_stable(self, ino, offset, data): raise _no_files()
+    def write_stable_async(self, ino, offset, data, loop, start): raise _no_files()
     def content_runs(self, ino, offset, end): raise _no_files()
     def seek(self, ino, offset, data): raise _no_files()
     def deallocate(self, ino, offset, length): raise _no_files()

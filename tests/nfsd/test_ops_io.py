@@ -37,8 +37,9 @@ def test_write_stability_is_reported_truthfully(fs):
         for how in (DATA_SYNC4, FILE_SYNC4):
             ok = await fs.write(f, sid, 4096, b"b" * 10, how)
             assert ok.committed == FILE_SYNC4
-            # one store call: the write and its commit in one index commit
-            assert fs.server.blocking_calls == ["write_stable"]
+            # started on a worker, the write's record and commit in one index commit, and
+            # the batch committer answers
+            assert fs.server.blocking_calls == ["_write_stable_into"]
             fs.server.blocking_calls.clear()
             store = fs.server.store
             rec = store.ix.read_inode(store.lookup(ROOT_INO, b"f").ino)
