@@ -7,7 +7,6 @@ collected in playbook.REPORT and printed at the end of the run.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -20,11 +19,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))          # guestimage, guestvm, playbook
 
 from guestimage import REPO, ensure_image  # noqa: E402
-from playbook import REPORT, report  # noqa: E402
+from playbook import REPORT, ToolsError, ensure_tools, report  # noqa: E402
 
 # The wheel tags the guest's python3 installs (Debian 12: CPython 3.11.2, x86-64, glibc 2.36).
 GUEST_WHEEL_TAGS = "-cp311-cp311-linux_x86_64.whl"
-TOOLS_CACHE = Path(os.environ.get("CKPTGW_ANSIBLE_TOOLS_CACHE", "/var/cache/ckptgw-ansible-tools"))
 
 
 def pytest_configure(config):
@@ -41,19 +39,10 @@ def pytest_terminal_summary(terminalreporter):
 @pytest.fixture(scope="session")
 def ansible_bin() -> Path:
     """bin/ of a venv holding requirements.txt (ansible-core, ansible-lint), made when missing."""
-    reqs = HERE / "requirements.txt"
-    venv = TOOLS_CACHE / hashlib.sha256(reqs.read_bytes()).hexdigest()[:16]
-    done = venv / ".complete"
-    if not done.exists():
-        t0 = time.monotonic()
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-        proc = subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", "-r", str(reqs)],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            pytest.fail(f"pip install -r {reqs} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-        done.write_text("ok\n")
-        report(f"controller tools installed into {venv} in {time.monotonic() - t0:.0f}s")
-    return venv / "bin"
+    try:
+        return ensure_tools()
+    except ToolsError as e:
+        pytest.fail(str(e))
 
 
 @pytest.fixture(scope="session")

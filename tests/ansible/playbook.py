@@ -1,9 +1,11 @@
 """Run ansible-playbook against the repository's playbook and read its PLAY RECAP."""
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +13,7 @@ from pathlib import Path
 from guestimage import REPO
 
 ANSIBLE_DIR = REPO / "ansible"
+TOOLS_CACHE = Path(os.environ.get("CKPTGW_ANSIBLE_TOOLS_CACHE", "/var/cache/ckptgw-ansible-tools"))
 # Lines for the end-of-run summary (conftest prints them): timings and PLAY RECAP lines.
 REPORT: list[str] = []
 
@@ -69,3 +72,25 @@ def run_playbook(ansible_bin: Path, inventory: Path, *args: str, playbook: Path 
     proc = subprocess.run(cmd, cwd=ANSIBLE_DIR, env=ansible_env(ansible_bin), stdin=subprocess.DEVNULL,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
     return PlaybookRun(proc.returncode, proc.stdout, time.monotonic() - t0)
+
+
+class ToolsError(RuntimeError):
+    pass
+
+
+def ensure_tools() -> Path:
+    """bin/ of a venv holding requirements.txt (ansible-core, ansible-lint), made when missing
+    (cached in TOOLS_CACHE under the file's hash); tests/ansible and tests/ha both drive the role with it."""
+    reqs = Path(__file__).resolve().parent / "requirements.txt"
+    venv = TOOLS_CACHE / hashlib.sha256(reqs.read_bytes()).hexdigest()[:16]
+    done = venv / ".complete"
+    if not done.exists():
+        t0 = time.monotonic()
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        proc = subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", "-r", str(reqs)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise ToolsError(f"pip install -r {reqs} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        done.write_text("ok\n")
+        report(f"controller tools installed into {venv} in {time.monotonic() - t0:.0f}s")
+    return venv / "bin"
