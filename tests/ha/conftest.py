@@ -16,6 +16,8 @@ sys.path.insert(0, str(HERE.parent / "ansible"))    # guestimage, guestvm: the o
 
 from guestimage import ensure_ha_image  # noqa: E402
 from pairvm import Pair  # noqa: E402
+from playbook import REPORT as PLAYBOOK_REPORT  # noqa: E402
+from playbook import ToolsError, ensure_tools  # noqa: E402
 
 REPORT: list[str] = []
 
@@ -33,9 +35,9 @@ def pytest_terminal_summary(terminalreporter):
         REPORT.append(f"failover timeline over {len(TIMELINES)} runs, median / max s after the kill: " + ", ".join(
             f"{k} {statistics.median(t[k] for t in TIMELINES):.1f} / {max(t[k] for t in TIMELINES):.1f}"
             for k in steps))
-    if REPORT:
+    if REPORT or PLAYBOOK_REPORT:
         terminalreporter.section("gateway pair report")
-        for line in REPORT:
+        for line in PLAYBOOK_REPORT + REPORT:
             terminalreporter.write_line(line)
 
 
@@ -48,8 +50,17 @@ def ha_image():
 
 
 @pytest.fixture(scope="session")
+def ansible_bin() -> Path:
+    """bin/ of the controller tools (ansible-core), tests/ansible's cached venv."""
+    try:
+        return ensure_tools()
+    except ToolsError as e:
+        pytest.fail(str(e))
+
+
+@pytest.fixture(scope="session")
 def ckptgw_wheel(tmp_path_factory) -> Path:
-    """ckptgw's wheel of this checkout (packaging/build-dist.sh, ~70 s), what the role installs;
+    """ckptgw's wheel of this checkout (packaging/build-dist.sh, ~70 s), which the role installs;
     CKPTGW_HA_DIST=DIR takes an already built one from DIR instead."""
     given = os.environ.get("CKPTGW_HA_DIST")
     out = Path(given) if given else tmp_path_factory.mktemp("dist")

@@ -1,108 +1,34 @@
-"""The gateway stack on a Pair under Pacemaker (issue 38): ckptgw installed on both nodes, the cache
-volume on DRBD, and the cluster resources that move them together.
+"""The gateway stack on a Pair under Pacemaker (issue 38), as the Ansible role deploys it (deploy.py):
+ckptgw installed on both nodes, the cache volume on DRBD, and the cluster resources that move them
+together. This module reads and drives that stack; the role writes it.
 
-Resources (crmsh; Pacemaker 2.1.5 reads the Master/Slave role names, crmsh 4.4 writes them while
-its OCF 1.1 support is off, Debian's default):
+Resources (the role's templates/pair.crm.j2; Pacemaker 2.1.5 reads the Master/Slave role names, crmsh
+4.4 writes them while its OCF 1.1 support is off, Debian's default):
+  fence-sbd              stonith:fence_sbd on the shared SBD disk
   drbd-r0 / drbd-clone   ocf:linbit:drbd, a promotable clone: one Primary, one Secondary
   gw (a group, in order) cache-fs   ocf:heartbeat:Filesystem, /dev/drbd0 on /var/lib/ckptgw/cache
                          gw-ip      ocf:heartbeat:IPaddr2, the floating address on eth1 (the segment)
                          gateway    systemd:ckptgw, the role's unit (Type=notify: started = READY=1)
   gw runs only where drbd-clone is promoted, and starts only after the promotion; a stopping gw
   is stopped before the demotion. resource-stickiness keeps things where they run (no failback
-  by itself); a small preference puts the first promotion on gw-a, so a test knows its active node.
-The unit is installed but never enabled: only Pacemaker starts it, on the active node only.
-Every operation's timeout is generous (60 s for a monitor): on an emulated CPU of a loaded host an
-IPaddr2 monitor once took over 20 s, and a monitor timeout restarts the whole group.
-
-ckptgw on the nodes is what the Ansible role installs (its venv /opt/ckptgw/venv, its unit,
-its service account): the image has the venv with the dependencies and the account
-(guestimage._ha_layer); the wheel of this checkout (packaging/build-dist.sh) is added per test.
+  by itself); a small preference puts the first promotion on the first node, gw-a, so a test knows
+  its active node. The unit is installed but never enabled: only Pacemaker starts it, on the active
+  node only. Every operation's timeout is generous (60 s for a monitor): on an emulated CPU of a
+  loaded host an IPaddr2 monitor once took over 20 s, and a monitor timeout restarts the whole group.
 """
 from __future__ import annotations
 
 import re
 import shlex
 import time
-from pathlib import Path
 
-import cluster
-import drbd
 from pairvm import Pair
 
-REPO = Path(__file__).resolve().parents[2]
 FLOATING_IP = "192.168.38.100"
 CACHE = "/var/lib/ckptgw/cache"
 VENV = "/opt/ckptgw/venv"
 CKPTGW = f"{VENV}/bin/ckptgw"
 EXPORT = "/checkpoints"
-UNIT = REPO / "packaging/systemd/ckptgw.service"     # the role's unit, rendered with its defaults
-# Listens on every address, so it serves the floating one wherever that is. No S3 endpoint: the
-# embedded try-out store (the guests reach nothing); the cache and its upload queue are what move.
-# The reserve (1 GiB by default) is cut to fit the tests' 512 MiB volume.
-CONFIG = (f'[server]\nlisten = "0.0.0.0:2049"\ncache_dir = "{CACHE}"\nreserve = "64MiB"\n\n'
-          f'[[exports]]\npath = "{EXPORT}"\nnetworks = ["192.168.38.0/24", "127.0.0.0/8"]\n'
-          'access = "rw"\nsquash = "none"\n')
-
-CIB = f"""\
-property stonith-enabled=true stonith-timeout={cluster.STONITH_TIMEOUT_S}s
-rsc_defaults resource-stickiness=100
-primitive drbd-r0 ocf:linbit:drbd \\
-    params drbd_resource={drbd.RESOURCE} \\
-    op monitor interval=15s role=Master timeout=60s \\
-    op monitor interval=20s role=Slave timeout=60s \\
-    op start interval=0 timeout=240s op stop interval=0 timeout=100s \\
-    op promote interval=0 timeout=120s op demote interval=0 timeout=90s \\
-    op notify interval=0 timeout=90s
-clone drbd-clone drbd-r0 \\
-    meta promotable=true promoted-max=1 promoted-node-max=1 clone-max=2 clone-node-max=1 notify=true
-primitive cache-fs Filesystem \\
-    params device={drbd.DEVICE} directory={CACHE} fstype=ext4 options=noatime \\
-    op monitor interval=20s timeout=60s op start interval=0 timeout=120s op stop interval=0 timeout=120s
-primitive gw-ip IPaddr2 \\
-    params ip={FLOATING_IP} cidr_netmask=24 nic=eth1 \\
-    op monitor interval=10s timeout=60s
-primitive gateway systemd:ckptgw \\
-    op monitor interval=15s timeout=100s op start interval=0 timeout=300s op stop interval=0 timeout=120s
-group gw cache-fs gw-ip gateway
-colocation gw-on-primary inf: gw drbd-clone:Master
-order gw-after-promote Mandatory: drbd-clone:promote gw:start
-location first-on-a drbd-clone rule $role=Master 50: #uname eq gw-a
-"""
-
-
-def install_gateway(pair: Pair, node: str, wheel: Path) -> None:
-    """ckptgw's wheel into the image's venv, the role's unit (not enabled) and a config."""
-    pair.ssh(node, f"mkdir -p /opt/ckptgw/dist && cat > /opt/ckptgw/dist/{wheel.name}", input=wheel.read_bytes())
-    pair.ssh(node, f"{VENV}/bin/pip install --quiet --no-index --no-deps /opt/ckptgw/dist/{wheel.name}", timeout=600)
-    pair.ssh(node, "cat > /etc/systemd/system/ckptgw.service", input=UNIT.read_bytes())
-    # /var/lib/ckptgw as the unit's StateDirectory= wants it: owned by the service account already,
-    # or systemd's start would chown it recursively, into the mounted volume.
-    pair.ssh(node, "install -d -o ckptgw -g ckptgw -m 0750 /var/lib/ckptgw && install -d -m 0755 "
-                   f"{CACHE} && mkdir -p /etc/ckptgw && cat > /etc/ckptgw/config.toml && systemctl daemon-reload "
-                   f"&& {CKPTGW} check-config /etc/ckptgw/config.toml", input=CONFIG.encode())
-
-
-def prepare_volume(pair: Pair, active: str = "gw-a") -> float:
-    """DRBD up on both nodes (fencing on), the initial sync from `active`, ext4 with the service
-    account's root, then Secondary again: Pacemaker takes it from there. Returns the sync seconds."""
-    for node in pair.vms:
-        drbd.configure(pair, node, create_md=True, cluster=True)
-    drbd.wait_state(pair, active, 120, cs="Connected")
-    t0 = time.monotonic()
-    pair.ssh(active, f"drbdadm primary --force {drbd.RESOURCE}")
-    # mkfs may run while the sync goes on (DRBD serves the blocks it has not copied yet from here)
-    pair.ssh(active, f"mkfs.ext4 -q {drbd.DEVICE} && mount {drbd.DEVICE} {CACHE} && chown ckptgw:ckptgw {CACHE}"
-                     f" && chmod 0750 {CACHE} && umount {CACHE}")
-    drbd.wait_state(pair, active, 900, cs="Connected", ds="UpToDate/UpToDate")
-    synced = time.monotonic() - t0
-    pair.ssh(active, f"drbdadm secondary {drbd.RESOURCE}")
-    return synced
-
-
-def configure_resources(pair: Pair, node: str) -> None:
-    """The fence device and the stack, loaded into the CIB through one node."""
-    cluster.configure_fencing(pair, node)
-    pair.ssh(node, "cat > /tmp/ckptgw.crm && crm configure load update /tmp/ckptgw.crm", input=CIB.encode())
 
 
 def resources(status: str) -> dict[str, str]:

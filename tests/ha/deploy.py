@@ -1,0 +1,79 @@
+"""The gateway pair deployed by the Ansible role (issue 38): ansible/site.yml in pair mode against
+both nodes of a Pair at once, over their forwarded SSH ports, as an operator deploys a real pair.
+
+The role does what the harness once did by hand (drbd.py, cluster.py, the CIB of the stack): ckptgw's
+wheel of this checkout into the venv (offline, from the image's wheelhouse), the config, the unit
+(installed, never enabled), the DRBD resource with its metadata, the first file system on gw-a, the
+SBD header on the shared disk, corosync.conf, and the Pacemaker resources loaded through gw-a.
+What stays test code: the inventory below (the test's choices of addresses and disks), each node's
+watchdog device (the i6300esb, found by its identity: q35 also has an iTCO watchdog, probed in either
+order) and the timers stretched for emulation (token 10 s, SBD watchdog 20 s / msgwait 40 s,
+stonith-timeout 90 s).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ansible"))   # playbook, guestimage
+import cluster  # noqa: E402
+import drbd  # noqa: E402
+import stack  # noqa: E402
+from guestimage import DEPLOY_USER, GUEST_WHEELHOUSE  # noqa: E402
+from pairvm import Pair, address  # noqa: E402
+from playbook import PlaybookRun, run_playbook  # noqa: E402
+
+
+def group_vars(pair: Pair, wheel: Path) -> dict:
+    return {
+        # ckptgw: this checkout's wheel, pinned to the image's wheelhouse (the guests have no index)
+        "ckptgw_wheel": str(wheel),
+        "ckptgw_constraints": str(pair.image.constraints),
+        "ckptgw_extras": ["tryout"],
+        "ckptgw_wheelhouse": GUEST_WHEELHOUSE,
+        "ckptgw_s3_endpoint": "",                   # the embedded try-out S3: the guests reach nothing
+        "ckptgw_cache_dir": stack.CACHE,
+        "ckptgw_reserve": "64MiB",                  # the tests' volume is 512 MiB
+        "ckptgw_exports": [{"path": stack.EXPORT, "networks": ["192.168.38.0/24", "127.0.0.0/8"],
+                            "access": "rw", "squash": "none"}],
+        # the pair
+        "ckptgw_pair_enabled": True,
+        "ckptgw_pair_nodes": [{"name": node, "address": address(node)} for node in pair.vms],
+        "ckptgw_pair_drbd_disk": drbd.BACKING,
+        "ckptgw_pair_drbd_device": drbd.DEVICE,
+        "ckptgw_pair_drbd_resource": drbd.RESOURCE,
+        "ckptgw_pair_floating_ip": stack.FLOATING_IP,
+        "ckptgw_pair_floating_nic": "eth1",
+        "ckptgw_pair_sbd_device": cluster.SBD_DISK,
+        # stretched for emulated CPUs (cluster.py)
+        "ckptgw_pair_corosync_token": cluster.TOKEN_MS,
+        "ckptgw_pair_sbd_watchdog_timeout": cluster.SBD_WATCHDOG_S,
+        "ckptgw_pair_sbd_msgwait": cluster.SBD_MSGWAIT_S,
+        "ckptgw_pair_stonith_timeout": f"{cluster.STONITH_TIMEOUT_S}s",
+    }
+
+
+def inventory(path: Path, pair: Pair, wheel: Path) -> Path:
+    hosts = {}
+    for node, vm in pair.vms.items():
+        hosts[node] = {
+            "ansible_host": "127.0.0.1",
+            "ansible_port": vm.ssh_port,
+            "ansible_user": DEPLOY_USER,
+            "ansible_ssh_private_key_file": str(pair.image.ssh_key),
+            "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
+            "ansible_python_interpreter": "/usr/bin/python3",
+            "ckptgw_pair_sbd_watchdog_device": cluster.watchdog_device(pair, node),
+        }
+    path.write_text(yaml.safe_dump({"ckptgw_gateways": {"hosts": hosts, "vars": group_vars(pair, wheel)}}))
+    return path
+
+
+def deploy(ansible_bin: Path, inv: Path, *args: str, **extra) -> PlaybookRun:
+    """ansible/site.yml on both nodes; keyword arguments become -e variables."""
+    if extra:
+        args = (*args, "-e", json.dumps(extra))
+    return run_playbook(ansible_bin, inv, *args, timeout=2400)
