@@ -1,5 +1,5 @@
 """Profiles for the report: py-spy samples a running gateway, and the collapsed stacks become a
-per-thread busy share, a table of the functions the samples sit in, and a flame graph (PNG).
+per-thread busy share, a table of the functions the samples sit in, and a flame graph (SVG: its frame names stay text, searchable and sharp at any zoom).
 
 py-spy (the `bench` extra) attaches to the process by pid with `--nonblocking` (it reads the
 target's memory without pausing it, so the profile does not slow what it measures) and writes
@@ -141,5 +141,5 @@ def plot(stacks: dict[tuple[str, ...], int], title: str, out: Path) -> None:
     ax.set_xlabel("share of samples (all threads; frames under %.1f%% not drawn)" % (100 * MIN_SHARE))
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(out, dpi=90)
+    fig.savefig(out)                     # the format from out's suffix: .svg in the report
     plt.close(fig)

@@ -32,11 +32,20 @@ def _inverse_ratio(a, b):
 
 
 def _at_least(x):
-    return lambda v: v >= x
+    met = lambda v: v >= x              # noqa: E731
+    met.threshold = x                   # drawn as the goal's line in its plot
+    return met
 
 
 def _at_most(x):
-    return lambda v: v <= x
+    met = lambda v: v <= x              # noqa: E731
+    met.threshold = x
+    return met
+
+
+def threshold(gid: str) -> float:
+    """The number of a goal's bar (≥ x or ≤ x), for the line the plots draw."""
+    return BY_ID[gid].met.threshold
 
 
 def _g(id, scenario, title, unit, reference, bar, met, figure=_ratio, figure_name="ratio"):

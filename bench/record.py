@@ -2,6 +2,7 @@
 series for the plots, CPU seconds per process, and what could not run and why."""
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -118,9 +119,24 @@ class Run:
         return [gid for gid in BY_ID if gid.startswith(scenario_goal_prefix)]
 
     def bar(self, plot: str, unit: str, group: str, label: str, value: float) -> None:
-        """One repetition's value of bar `label` within `group` (plotted as median, min-max)."""
+        """One repetition's value of bar `label` within `group` (plotted as median, min-max);
+        `unit` is the group's (its y axis)."""
         p = self.series.setdefault(plot, {"kind": "bars", "unit": unit, "data": {}})
+        p.setdefault("units", {})[group] = unit
         p["data"].setdefault(group, {}).setdefault(label, []).append(value)
+
+    def median(self, plot: str, label: str, group: str | None = None) -> float | None:
+        """The median of bar `label` in `group` (bars) or of the samples of `label` (CDF)."""
+        data = self.series.get(plot, {}).get("data", {})
+        values = (data.get(group, {}) if group is not None else data).get(label)
+        return statistics.median(values) if values else None
+
+    def goal_line(self, plot: str, value: float | None, text: str, group: str | None = None) -> None:
+        """A goal drawn into a plot as a dashed line at `value`: across bar group `group`, or
+        across a CDF's x axis or a timeline's y axis (group None). Nothing when value is None
+        (its reference was not measured)."""
+        if value is not None and plot in self.series:
+            self.series[plot].setdefault("goals", []).append({"group": group, "value": value, "text": text})
 
     def samples(self, plot: str, unit: str, label: str, values) -> None:
         """Latency samples of `label` (plotted as a CDF)."""

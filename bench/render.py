@@ -119,7 +119,20 @@ def _profiles(run: Run) -> list[str]:
     return out
 
 
+GOAL_STYLES = ({"color": "black", "ls": "--"}, {"color": "dimgrey", "ls": "-."}, {"color": "black", "ls": ":"})
+DPI = 110
+
+
+def _goal_lines(ax, spec: dict, group: str | None, vertical: bool = False) -> None:
+    """The plot's goal lines (Run.goal_line) for `group`, each its own style, in the legend."""
+    mine = [g for g in spec.get("goals", []) if g["group"] == group]
+    for g, style in zip(mine, GOAL_STYLES * len(mine)):
+        (ax.axvline if vertical else ax.axhline)(g["value"], label=g["text"], lw=1.3, **style)
+
+
 def plot_all(run: Run, outdir: Path) -> list[str]:
+    """Every series as a PNG: bars (one panel per group, its own unit on the y axis), CDFs and
+    timelines (one line per repetition), each with its goal drawn as a dashed line."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -131,43 +144,49 @@ def plot_all(run: Run, outdir: Path) -> list[str]:
             continue
         if kind == "bars":
             groups = list(data)
-            fig, axes = plt.subplots(1, len(groups), figsize=(max(4.0, 3.2 * len(groups)), 3.8), squeeze=False)
+            fig, axes = plt.subplots(1, len(groups), figsize=(max(5.0, 4.2 * len(groups)), 4.8),
+                                     squeeze=False)
             for ax, group in zip(axes[0], groups):
                 labels = list(data[group])
                 spreads = [Spread.of(data[group][lb]) for lb in labels]
                 med = [s.median for s in spreads]
                 err = [[s.median - s.min for s in spreads], [s.max - s.median for s in spreads]]
                 ax.bar(range(len(labels)), med, yerr=err, capsize=4, color=[f"C{i}" for i in range(len(labels))])
-                ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=7)
-                ax.set_title(group, fontsize=8)
-                ax.set_ylabel(unit, fontsize=8)
-            fig.suptitle(f"{name} (median, bars: min-max over repetitions)", fontsize=9)
+                ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=9)
+                ax.set_title(group, fontsize=10)
+                ax.set_ylabel(spec.get("units", {}).get(group, unit), fontsize=10)
+                _goal_lines(ax, spec, group)
+                if any(g["group"] == group for g in spec.get("goals", [])):
+                    ax.legend(fontsize=8, loc="best", framealpha=0.9)
+            fig.suptitle(f"{name} (median, bars: min-max over repetitions)", fontsize=11)
         elif kind == "cdf":
-            fig, ax = plt.subplots(figsize=(6.4, 4.0))
+            fig, ax = plt.subplots(figsize=(8.0, 5.0))
             for label, xs in data.items():
                 if not xs:
                     continue
                 xs = sorted(xs)
                 ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=f"{label} (n={len(xs)})")
             ax.set_xscale("log")
-            ax.set_xlabel(unit)
-            ax.set_ylabel("fraction of operations")
-            ax.axhline(0.99, color="grey", lw=0.5, ls="--")
-            ax.legend(fontsize=7)
-            ax.set_title(f"{name}: CDF", fontsize=9)
+            ax.set_xlabel(f"{unit} (log scale)", fontsize=10)
+            ax.set_ylabel("fraction of operations", fontsize=10)
+            ax.axhline(0.99, color="grey", lw=0.5, ls=":", label="p99")
+            _goal_lines(ax, spec, None, vertical=True)
+            ax.legend(fontsize=8)
+            ax.set_title(f"{name}: CDF", fontsize=11)
         else:
-            fig, ax = plt.subplots(figsize=(6.4, 4.0))
+            fig, ax = plt.subplots(figsize=(8.0, 5.0))
             for i, (label, runs) in enumerate(data.items()):
                 for j, pts in enumerate(runs):
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], color=f"C{i}", alpha=0.8,
                             label=label if j == 0 else None)
-            ax.set_xlabel("seconds")
-            ax.set_ylabel(unit)
-            ax.legend(fontsize=7)
-            ax.set_title(f"{name} (one line per repetition)", fontsize=9)
+            ax.set_xlabel("seconds", fontsize=10)
+            ax.set_ylabel(unit, fontsize=10)
+            _goal_lines(ax, spec, None)
+            ax.legend(fontsize=8)
+            ax.set_title(f"{name} (one line per repetition)", fontsize=11)
         fig.tight_layout()
         fname = f"{slug(name)}.png"
-        fig.savefig(outdir / fname, dpi=90)
+        fig.savefig(outdir / fname, dpi=DPI)
         plt.close(fig)
         files.append(fname)
     return files

@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     mode_name = args.mode or "full"
     args.out.mkdir(parents=True, exist_ok=True)
-    for stale in [*args.out.glob("*.png"), args.out / "REPORT.md", args.out / "results.json"]:
+    for stale in [*args.out.glob("*.png"), *args.out.glob("*.svg"), args.out / "REPORT.md",
+                  args.out / "results.json"]:
         stale.unlink(missing_ok=True)
     work = Path(tempfile.mkdtemp(prefix="ckptgw-report-", dir=args.workdir))
     run = Run(mode_name, MODES[mode_name], work, args.out)

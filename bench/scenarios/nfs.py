@@ -15,6 +15,7 @@ import os
 from .. import nfsrs_throughput as tp
 from ..latency import LocalSyncWrites, file_sync_writes
 from ..procs import CpuMeter, RssSampler, quiesce_disk
+from ..goals import BY_ID, threshold
 from ..record import MiB, Run, in_turn
 from ..stack import BUCKET, ganesha, ganesha_missing, gateway, s3_client, s3_server
 from ..stats import percentile
@@ -121,15 +122,32 @@ def run(run: Run) -> None:
         for fig, gid in GOAL_OF.items():
             ref = got.get("ganesha", {}).get(fig)
             run.add(gid, got["gw"][fig], ref)
-            run.bar("nfs-rs throughput", "MB/s or files/s", fig, "ckptgw", got["gw"][fig])
+            run.bar("nfs-rs throughput", BY_ID[gid].unit, fig, "ckptgw", got["gw"][fig])
             if ref is not None:
-                run.bar("nfs-rs throughput", "MB/s or files/s", fig, "NFS-Ganesha", ref)
+                run.bar("nfs-rs throughput", BY_ID[gid].unit, fig, "NFS-Ganesha", ref)
         for fig, gid in CORES_OF.items():
             if "gw1" in got:
                 run.add(gid, got["gw"][fig], got["gw1"][fig])
-                run.bar("cores", "MB/s or files/s", fig, "ckptgw, all CPUs", got["gw"][fig])
-                run.bar("cores", "MB/s or files/s", fig, "ckptgw, 1 CPU", got["gw1"][fig])
+                run.bar("cores", BY_ID[gid].unit, fig, "ckptgw, all CPUs", got["gw"][fig])
+                run.bar("cores", BY_ID[gid].unit, fig, "ckptgw, 1 CPU", got["gw1"][fig])
         for fig, gid in BOUND_OF.items():
             if "gw2" in got and "gw1" in got:
                 run.add(gid, got["gw2"][fig], got["gw1"][fig])
-                run.bar("cores", "MB/s or files/s", fig, "two gateways, one per CPU", got["gw2"][fig])
+                run.bar("cores", BY_ID[gid].unit, fig, "two gateways, one per CPU", got["gw2"][fig])
+    _goal_lines(run)
+
+
+def _goal_lines(run: Run) -> None:
+    """Each goal's bar drawn into its plot, from the medians of its reference."""
+    for fig, gid in GOAL_OF.items():
+        x = threshold(gid)
+        ref = run.median("nfs-rs throughput", "NFS-Ganesha", fig)
+        run.goal_line("nfs-rs throughput", ref and ref * x, f"goal: ≥ {x:g}x NFS-Ganesha", fig)
+    for fig, gid in CORES_OF.items():
+        x = threshold(gid)
+        one = run.median("cores", "ckptgw, 1 CPU", fig)
+        run.goal_line("cores", one and one * x, f"goal: ≥ {x:g}x one CPU", fig)
+    local = run.series.get("ack latency", {}).get("data", {}).get("local write+fdatasync 256 KiB")
+    if local:
+        x = threshold("acklat.p99")
+        run.goal_line("ack latency", percentile(local, 99) + x, f"goal: p99 ≤ local p99 + {x:g} ms")

@@ -28,6 +28,6 @@ def run(run: Run) -> None:
             with flame.sampling(gw.pid, raw) as watched:
                 load()
             stacks = flame.read_stacks(raw)
-            png = f"flame-{slug(name)}.png"
-            flame.plot(stacks, f"ckptgw serve, {name} (py-spy, {watched['seconds']:.1f} s)", run.outdir / png)
-            run.profiles.append({"load": name, "flame": png, **flame.summary(stacks, watched["seconds"])})
+            svg = f"flame-{slug(name)}.svg"
+            flame.plot(stacks, f"ckptgw serve, {name} (py-spy, {watched['seconds']:.1f} s)", run.outdir / svg)
+            run.profiles.append({"load": name, "flame": svg, **flame.summary(stacks, watched["seconds"])})

@@ -16,6 +16,7 @@ from testkit.faultproxy import ThreadedFaultProxy
 
 from .. import nfsrs_throughput as tp
 from .. import upload_drain
+from ..goals import threshold
 from ..procs import CpuMeter, quiesce_disk
 from ..record import MiB, Run, in_turn
 from ..stack import gateway, s3_client, s3_server
@@ -41,6 +42,7 @@ def save_vs_faults(run: Run) -> None:
         paths[-1].write_bytes(b)
     cfg = TransferConfig(multipart_threshold=PART_MIB * MiB, multipart_chunksize=PART_MIB * MiB,
                          max_concurrency=CONCURRENCY)
+    group = f"{STEPS} saves of {s.save_shards} x {s.save_shard_mib} MiB"
     for rep in range(s.reps):
         with s3_server() as s3:
             proxy = ThreadedFaultProxy(s3.port, seed=rep)
@@ -68,10 +70,17 @@ def save_vs_faults(run: Run) -> None:
                 proxy.stop()
         run.add("s3indep.faulty_over_clean", secs["faulty"], secs["clean"])
         run.add("s3indep.boto3_over_gateway", secs["faulty"], secs["boto3"])
-        group = f"{STEPS} saves of {s.save_shards} x {s.save_shard_mib} MiB"
         for label, key in (("ckptgw, clean S3", "clean"), ("ckptgw, faulty S3", "faulty"),
                            ("boto3 direct, faulty S3", "boto3")):
             run.bar("save vs S3 faults", "s", group, label, secs[key])
+    x = threshold("s3indep.faulty_over_clean")
+    clean = run.median("save vs S3 faults", "ckptgw, clean S3", group)
+    run.goal_line("save vs S3 faults", clean and clean * x,
+                  f"goal: ckptgw with faulty S3 ≤ {x:g}x clean", group)
+    x = threshold("s3indep.boto3_over_gateway")
+    faulty = run.median("save vs S3 faults", "ckptgw, faulty S3", group)
+    run.goal_line("save vs S3 faults", faulty and faulty * x,
+                  f"goal: boto3 direct ≥ {x:g}x ckptgw, faulty S3", group)
 
 
 def drain(run: Run) -> None:

@@ -9,6 +9,7 @@ import random
 import structlog
 
 from .. import nfsrs_throughput as tp
+from ..goals import threshold
 from ..latency import lookup_getattr
 from ..procs import RssSampler
 from ..record import SCALE_BASE_FILES, MiB, Run, in_turn
@@ -40,8 +41,8 @@ def startup_and_lookup(run: Run) -> None:
         run.add("scale.startup", many[0], base[0])
         run.add("scale.lookup_p99", many[1], base[1])
         for label, v in ((f"{SCALE_BASE_FILES:,} files", base), (f"{s.scale_files:,} files", many)):
-            run.bar("scale", "s / ms", "start-up (s)", label, v[0])
-            run.bar("scale", "s / ms", "LOOKUP+GETATTR p99 (ms)", label, v[1])
+            run.bar("scale", "s", "start-up (s)", label, v[0])
+            run.bar("scale", "ms", "LOOKUP+GETATTR p99 (ms)", label, v[1])
 
 
 def rss_while_saving(run: Run) -> None:
@@ -56,3 +57,5 @@ def rss_while_saving(run: Run) -> None:
             run.add("scale.rss", rss.peak / MiB, 256.0)
             run.timeline("RSS while saving", "MiB", f"ckptgw saving {tp.STREAMS * per // MiB} MiB",
                          [(t, b / MiB) for t, b in rss.samples])
+    x = threshold("scale.rss")
+    run.goal_line("RSS while saving", x, f"goal: peak RSS ≤ {x:g} MiB")

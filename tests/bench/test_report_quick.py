@@ -97,7 +97,7 @@ def test_ganesha_column_is_filled_when_ganesha_is_installed(report):
 
 def test_profiles_have_a_flame_graph_and_name_where_the_samples_are(report):
     """The profile scenario (py-spy, the `bench` extra that scripts/bench installs): per load, a
-    busy share per thread, the innermost frames by samples, and a flame graph PNG."""
+    busy share per thread, the innermost frames by samples, and a flame graph SVG."""
     out, _ = report
     results = json.loads((out / "results.json").read_text())
     text = (out / "REPORT.md").read_text()
@@ -107,7 +107,7 @@ def test_profiles_have_a_flame_graph_and_name_where_the_samples_are(report):
     for p in profiles:
         assert p["samples"] > 0 and p["top"] and "MainThread" in p["threads"], p
         assert sum(share for _, share in p["top"]) <= 1.0001
-        data = (out / p["flame"]).read_bytes()
-        assert data[:8] == PNG_MAGIC and len(data) > 1000, p["flame"]
+        data = (out / p["flame"]).read_text()
+        assert p["flame"].endswith(".svg") and "<svg" in data[:1000] and len(data) > 1000, p["flame"]
         assert f"]({p['flame']})" in text
 
