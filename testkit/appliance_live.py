@@ -13,6 +13,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from appliance.cli import main as cli_main
+from testkit.logjson import json_lines
 
 START_TIMEOUT = 60.0
 
@@ -105,14 +106,7 @@ class LiveDaemon:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def log_events(self) -> list[dict]:
-        out = []
-        for line in self.read_log().splitlines():
-            if line.startswith("{"):
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    pass
-        return out
+        return json_lines(self.read_log())
 
     def signal(self, sig: int) -> None:
         self.proc.send_signal(sig)

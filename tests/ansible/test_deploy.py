@@ -27,6 +27,7 @@ import yaml
 from guestimage import DEPLOY_USER, GUEST_WHEELHOUSE, REPO
 from guestvm import GuestVM
 from playbook import report, run_playbook
+from testkit.logjson import json_lines
 
 pytestmark = [pytest.mark.ansible, pytest.mark.slow]
 
@@ -137,14 +138,7 @@ def journal(vm: GuestVM, lines: int = 60) -> str:
 
 def journal_events(vm: GuestVM) -> list[dict]:
     """The service's structured log records in its journal (JSON lines: [log] format auto, no TTY)."""
-    events = []
-    for line in vm.ssh("sudo journalctl --no-pager -o cat -u ckptgw.service", check=False).stdout.splitlines():
-        if line.startswith("{"):
-            try:
-                events.append(json.loads(line))
-            except ValueError:
-                pass
-    return events
+    return json_lines(vm.ssh("sudo journalctl --no-pager -o cat -u ckptgw.service", check=False).stdout)
 
 
 def test_check_mode_on_a_fresh_host_previews_and_changes_nothing(fresh_check, first_run):
