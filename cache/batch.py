@@ -237,7 +237,7 @@ class BatchCommitter:
                 if self.hook is not None:
                     self.hook("batch.applied")
         except BaseException as e:                   # noqa: BLE001 - the batch's answer
-            log.error("batch.commit_failed", ops=len(batch), error=str(e))
+            log.error("batch_commit_failed", ops=len(batch), error=str(e))
             for entry in batch:
                 entry[0].set_exception(e)
             return None
@@ -310,7 +310,7 @@ def _run_release(fut) -> None:
         try:
             release()
         except BaseException as e:               # noqa: BLE001 - the answer must still go
-            log.error("batch.release_failed", error=repr(e))
+            log.error("batch_release_failed", error=repr(e))
 
 
 def _complete(outcomes: list) -> None:

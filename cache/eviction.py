@@ -73,7 +73,7 @@ class Eviction(StoreBase):
             for ino, nbytes in done:
                 self._drop_evicted(ino)
                 freed += nbytes
-                log.info("store.evicted", ino=ino, bytes=nbytes)
+                log.info("store_evicted", ino=ino, bytes=nbytes)
             with self.ix.write() as w:
                 for ino, _ in done:
                     w.set_flag_key(self.ix.drops, ino, False)

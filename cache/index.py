@@ -575,7 +575,7 @@ class Index:
             keyed = self._build_rkeys(w)
             w.txn.put(b"format", FORMAT, db=self.meta)
         self.env.sync(True)
-        log.info("store.upgraded", path=self.path, frm=frm.decode(), to=FORMAT.decode(),
+        log.info("store_upgraded", path=self.path, frm=frm.decode(), to=FORMAT.decode(),
                  restamped_dirty_files=restamped, keyed_records=keyed)
 
     def _restamp_dirty(self, w: "Writer") -> int:
@@ -613,7 +613,7 @@ class Index:
                 txn.put(b"format", FORMAT, db=meta)
                 txn.put(b"instance", os.urandom(16), db=meta)
             self.env.sync(True)
-            log.info("store.created", path=self.path)
+            log.info("store_created", path=self.path)
             return
         if b"meta" not in names:
             raise StoreError(errno.EINVAL, f"{self.path}: LMDB without a ckptgw meta record "
@@ -675,9 +675,9 @@ class Index:
             except lmdb.Error as e:
                 txn.abort()
                 if "No space left" in str(e) or self._disk_nearly_full():
-                    log.error("index.nospace", path=self.path)
+                    log.error("index_nospace", path=self.path)
                     raise StoreError(errno.ENOSPC, f"store index: {e}") from None
-                log.error("index.error", path=self.path, error=str(e))
+                log.error("index_error", path=self.path, error=str(e))
                 raise StoreError(errno.EIO, f"store index: {e}") from None
             except BaseException:
                 txn.abort()
@@ -725,7 +725,7 @@ class Index:
             raise StoreError(errno.EAGAIN, "store index map full; grown after this batch, retry") from None
         except lmdb.Error as e:
             txn.abort()
-            log.error("index.error", path=self.path, error=str(e))
+            log.error("index_error", path=self.path, error=str(e))
             raise StoreError(errno.EIO, f"store index: {e}") from None
         except BaseException:
             txn.abort()
@@ -759,9 +759,9 @@ class Index:
         try:
             self.env.set_mapsize(size * 2)
         except lmdb.Error as e:
-            log.error("index.map_full", path=self.path, map_size=size, error=str(e))
+            log.error("index_map_full", path=self.path, map_size=size, error=str(e))
             return False
-        log.warning("index.map_grown", path=self.path, map_size=size * 2)
+        log.warning("index_map_grown", path=self.path, map_size=size * 2)
         return True
 
     def ensure_headroom(self) -> bool:
@@ -777,15 +777,15 @@ class Index:
         except OSError as e:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                 # the filesystem cannot preallocate: manage without headroom
-                log.warning("index.no_preallocation", path=self.path, error=str(e))
+                log.warning("index_no_preallocation", path=self.path, error=str(e))
                 self._allocated = 1 << 62
                 return True
             if not self.space_low:
-                log.error("index.headroom_low", path=self.path, error=str(e))
+                log.error("index_headroom_low", path=self.path, error=str(e))
             self.space_low = True
             return False
         if self.space_low:
-            log.info("index.headroom_restored", path=self.path)
+            log.info("index_headroom_restored", path=self.path)
         self._allocated = end + self.headroom
         self.space_low = False
         return True

@@ -70,5 +70,5 @@ def recover(ix: Index, data: DataFiles) -> dict:
                 stats["requeued"] += 1
             w.put_inode(new, rec)
     stats["truncated"] = len(cut)
-    log.info("store.recovered", **stats)
+    log.info("store_recovered", **stats)
     return stats

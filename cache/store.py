@@ -162,7 +162,7 @@ class Store(Fences, WritePath, SparseCopy, Eviction, RemoteRecords, UploadQueue)
                 self.ix.close()
             os.close(self._lockfd)
             raise
-        log.info("store.opened", path=path, capacity=self.space.capacity,
+        log.info("store_opened", path=path, capacity=self.space.capacity,
                  used=self.ix.used_bytes, dirty=self.ix.dirty_bytes)
 
     def _open(self, path, capacity, reserve, high_watermark, low_watermark, evict):
@@ -257,14 +257,14 @@ class Store(Fences, WritePath, SparseCopy, Eviction, RemoteRecords, UploadQueue)
                 try:
                     synced.append((ino, *self._datasynced(ino)))
                 except StoreError as e:
-                    log.error("store.close_commit_failed", ino=ino, error=str(e))
+                    log.error("store_close_commit_failed", ino=ino, error=str(e))
             self._record_commits(synced)
         self.committer.sync()
         self._closed = True
         self.data.close()
         self.ix.close()
         os.close(self._lockfd)
-        log.info("store.closed", path=self.path)
+        log.info("store_closed", path=self.path)
 
     def _record_commits(self, synced: list[tuple[int, int, int, int]], tries: int = 3) -> None:
         """close(): the index half of many commits in one txn; again if the map had to grow."""
@@ -276,7 +276,7 @@ class Store(Fences, WritePath, SparseCopy, Eviction, RemoteRecords, UploadQueue)
                 return
             except StoreError as e:
                 if e.errno != errno.EAGAIN or attempt == tries - 1:
-                    log.error("store.close_commit_failed", files=len(synced), error=str(e))
+                    log.error("store_close_commit_failed", files=len(synced), error=str(e))
                     return
 
     write_verifier: bytes      # 8 bytes, new at every open()
@@ -712,7 +712,7 @@ class Store(Fences, WritePath, SparseCopy, Eviction, RemoteRecords, UploadQueue)
         with self._olock:
             counts = self._opens.get(ino)
             if counts is None or counts[1 if write else 0] == 0:
-                log.warning("store.close_without_open", ino=ino, write=write)
+                log.warning("store_close_without_open", ino=ino, write=write)
                 return
             counts[1 if write else 0] -= 1
             last = counts == [0, 0]

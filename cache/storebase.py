@@ -72,4 +72,4 @@ def _not_local(ino: int, missing: list[tuple[int, int]]) -> StoreError:
 def _log_failure(fut) -> None:
     """Done-callback of a queued op nobody waits for."""
     if fut.exception() is not None:
-        log.warning("store.queued_op_failed", error=str(fut.exception()))
+        log.warning("store_queued_op_failed", error=str(fut.exception()))

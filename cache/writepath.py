@@ -197,7 +197,7 @@ class WritePath(StoreBase):
         p.tries += 1
         if self.batch._abandoned:           # tests: a simulated kill -9, nothing is applied
             return
-        log.warning("store.write_record_retry", ino=ino, tries=p.tries, error=str(p.failed))
+        log.warning("store_write_record_retry", ino=ino, tries=p.tries, error=str(p.failed))
         self._queue_record(ino, p, lazy=p.tries > RECORD_RETRIES)
 
     def write_stable(self, ino: int, offset: int, data: bytes | memoryview) -> Attr:

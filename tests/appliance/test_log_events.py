@@ -12,15 +12,6 @@ ROOMS = ("appliance", "uploader", "nfsd", "cache")
 # (a name built at run time, "backchannel_" + state, is not matched)
 CALL = re.compile(r"""\b\w*log\w*\.(?:debug|info|warning|error|exception|critical)\(\s*"([^"]*)"\s*[,)]""")
 SNAKE = re.compile(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)*")
-# dotted names still in files other work is rewriting now (the store's split, issue 39):
-# each is to become its snake_case twin (store.opened -> store_opened) there
-PENDING_DOTTED = {
-    "store.opened", "store.closed", "store.close_commit_failed", "store.close_without_open",
-    "store.write_record_retry", "store.evicted", "store.queued_op_failed", "store.recovered",
-    "store.upgraded", "store.created", "batch.commit_failed", "index.nospace", "index.error",
-    "index.map_full", "index.map_grown", "index.no_preallocation", "index.headroom_low",
-    "index.headroom_restored",
-}
 # one name, one event, reported from two rooms: eviction by `ckptgw evict` and by the watermarks
 SHARED = {"evicted"}
 
@@ -41,7 +32,7 @@ def events() -> dict[str, set[str]]:
 def test_event_names_are_snake_case():
     found = events()
     assert len(found) > 100, sorted(found)          # the pattern still finds the calls
-    odd = sorted(n for n in found if not SNAKE.fullmatch(n) and n not in PENDING_DOTTED)
+    odd = sorted(n for n in found if not SNAKE.fullmatch(n))
     assert not odd, {n: sorted(found[n]) for n in odd}
 
 

@@ -161,7 +161,7 @@ def test_dev_entry_point_stops_cleanly_on_sigterm(tmp_path):
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)
         assert proc.returncode == 0, out
-        assert "nfsd_stopped" in out and "store.closed" in out
+        assert "nfsd_stopped" in out and "store_closed" in out
     finally:
         if proc.poll() is None:
             proc.kill()
