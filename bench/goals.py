@@ -33,19 +33,24 @@ def _inverse_ratio(a, b):
 
 def _at_least(x):
     met = lambda v: v >= x              # noqa: E731
-    met.threshold = x                   # drawn as the goal's line in its plot
+    met.threshold, met.sign = x, "≥"    # drawn as the goal's line in its plot
     return met
 
 
 def _at_most(x):
     met = lambda v: v <= x              # noqa: E731
-    met.threshold = x
+    met.threshold, met.sign = x, "≤"
     return met
 
 
 def threshold(gid: str) -> float:
     """The number of a goal's bar (≥ x or ≤ x), for the line the plots draw."""
     return BY_ID[gid].met.threshold
+
+
+def sign(gid: str) -> str:
+    """"≥" or "≤": which side of threshold(gid) the goal wants."""
+    return BY_ID[gid].met.sign
 
 
 def _g(id, scenario, title, unit, reference, bar, met, figure=_ratio, figure_name="ratio"):

@@ -6,7 +6,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .goals import BY_ID, GOALS, Goal
+from .goals import BY_ID, GOALS, Goal, sign, threshold
 from .stats import Spread
 
 MiB = 1 << 20
@@ -137,6 +137,14 @@ class Run:
         (its reference was not measured)."""
         if value is not None and plot in self.series:
             self.series[plot].setdefault("goals", []).append({"group": group, "value": value, "text": text})
+
+    def ratio_goal_line(self, plot: str, gid: str, of_label: str, group: str | None = None,
+                        subject: str = "") -> None:
+        """Goal `gid`'s bar drawn as a line: its ratio times the median of `of_label` (in bar
+        group `group`), labelled "goal: [subject] ≥ x times of_label"."""
+        x, ref = threshold(gid), self.median(plot, of_label, group)
+        lead = f"{subject} " if subject else ""
+        self.goal_line(plot, ref and ref * x, f"goal: {lead}{sign(gid)} {x:g}x {of_label}", group)
 
     def samples(self, plot: str, unit: str, label: str, values) -> None:
         """Latency samples of `label` (plotted as a CDF)."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 
-from ..goals import threshold
 from ..procs import quiesce_disk
 from ..record import Run, in_turn
 from ..stack import ganesha_missing
@@ -44,6 +43,4 @@ def run(run: Run) -> None:
             if ref is not None:
                 run.bar("kernel client", "MB/s", key.replace("_MBps", ""), "NFS-Ganesha", ref)
     for key, gid in GOALS.items():
-        group, x = key.replace("_MBps", ""), threshold(gid)
-        ref = run.median("kernel client", "NFS-Ganesha", group)
-        run.goal_line("kernel client", ref and ref * x, f"goal: ≥ {x:g}x NFS-Ganesha", group)
+        run.ratio_goal_line("kernel client", gid, "NFS-Ganesha", key.replace("_MBps", ""))

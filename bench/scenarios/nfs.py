@@ -140,13 +140,9 @@ def run(run: Run) -> None:
 def _goal_lines(run: Run) -> None:
     """Each goal's bar drawn into its plot, from the medians of its reference."""
     for fig, gid in GOAL_OF.items():
-        x = threshold(gid)
-        ref = run.median("nfs-rs throughput", "NFS-Ganesha", fig)
-        run.goal_line("nfs-rs throughput", ref and ref * x, f"goal: ≥ {x:g}x NFS-Ganesha", fig)
+        run.ratio_goal_line("nfs-rs throughput", gid, "NFS-Ganesha", fig)
     for fig, gid in CORES_OF.items():
-        x = threshold(gid)
-        one = run.median("cores", "ckptgw, 1 CPU", fig)
-        run.goal_line("cores", one and one * x, f"goal: ≥ {x:g}x one CPU", fig)
+        run.ratio_goal_line("cores", gid, "ckptgw, 1 CPU", fig)
     local = run.series.get("ack latency", {}).get("data", {}).get("local write+fdatasync 256 KiB")
     if local:
         x = threshold("acklat.p99")

@@ -16,7 +16,6 @@ from testkit.faultproxy import ThreadedFaultProxy
 
 from .. import nfsrs_throughput as tp
 from .. import upload_drain
-from ..goals import threshold
 from ..procs import CpuMeter, quiesce_disk
 from ..record import MiB, Run, in_turn
 from ..stack import gateway, s3_client, s3_server
@@ -73,14 +72,10 @@ def save_vs_faults(run: Run) -> None:
         for label, key in (("ckptgw, clean S3", "clean"), ("ckptgw, faulty S3", "faulty"),
                            ("boto3 direct, faulty S3", "boto3")):
             run.bar("save vs S3 faults", "s", group, label, secs[key])
-    x = threshold("s3indep.faulty_over_clean")
-    clean = run.median("save vs S3 faults", "ckptgw, clean S3", group)
-    run.goal_line("save vs S3 faults", clean and clean * x,
-                  f"goal: ckptgw with faulty S3 ≤ {x:g}x clean", group)
-    x = threshold("s3indep.boto3_over_gateway")
-    faulty = run.median("save vs S3 faults", "ckptgw, faulty S3", group)
-    run.goal_line("save vs S3 faults", faulty and faulty * x,
-                  f"goal: boto3 direct ≥ {x:g}x ckptgw, faulty S3", group)
+    run.ratio_goal_line("save vs S3 faults", "s3indep.faulty_over_clean", "ckptgw, clean S3", group,
+                        subject="ckptgw, faulty S3")
+    run.ratio_goal_line("save vs S3 faults", "s3indep.boto3_over_gateway", "ckptgw, faulty S3", group,
+                        subject="boto3 direct")
 
 
 def drain(run: Run) -> None:
