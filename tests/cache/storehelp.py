@@ -37,3 +37,20 @@ def index_lock_held(store):
     finally:
         release.set()
         holder.join(10)
+
+
+def hold_next_group_sync(store, timeout: float = 30):
+    """Hold the store's next group sync (GroupCommit._flush, outside the index lock) until
+    released: what was committed before it stays not durable, and ops queued meanwhile stay
+    queued. Returns (in_sync, go): in_sync is set once the sync is held, go.set() lets it run.
+    Only that one sync is held; the ones after it run as usual."""
+    in_sync, go = threading.Event(), threading.Event()
+    flush = store.committer._flush
+
+    def held_flush():
+        store.committer._flush = flush
+        in_sync.set()
+        assert go.wait(timeout)
+        flush()
+    store.committer._flush = held_flush
+    return in_sync, go

@@ -14,6 +14,7 @@ import pytest
 
 from cache.api import ROOT_INO, StoreError
 from cache.store import Store
+from tests.cache.storehelp import hold_next_group_sync
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -501,22 +502,14 @@ def test_a_truncate_waits_for_a_file_sync_write_the_committer_holds(store):
     store.write_stable(ino, 0, b"a" * 4096)
     waiting = threading.Event()
     store._hook = lambda point, *a: waiting.set() if point == "wait_writes" else None
-    # hold the committer in a group sync, outside the index lock: queued ops stay queued
-    in_sync, go = threading.Event(), threading.Event()
-    flush = store.committer._flush
-
-    def held_flush():
-        in_sync.set()
-        assert go.wait(10)
-        flush()
     start = _starter([])
 
     async def main():
         loop = asyncio.get_running_loop()
-        store.committer._flush = held_flush
+        # the committer held in a group sync, outside the index lock: queued ops stay queued
+        in_sync, go = hold_next_group_sync(store, timeout=10)
         other = store.submit("mkdir", ROOT_INO, b"d", 0o755, 0, 0, loop=loop)
         assert in_sync.wait(10)
-        store.committer._flush = flush
         fut = store.write_stable_async(ino, 4096, b"b" * 4096, loop, start)
         while not store.batch._queue:                 # handed over (registered) and queued
             await asyncio.sleep(0.001)

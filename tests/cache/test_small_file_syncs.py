@@ -11,6 +11,7 @@ import pytest
 
 from cache.api import ROOT_INO, SetAttr, StoreError
 from cache.index import F_UNCOMMITTED
+from tests.cache.storehelp import hold_next_group_sync
 
 
 def _fresh(store):
@@ -116,14 +117,7 @@ def test_first_write_to_a_file_whose_create_is_not_yet_durable_waits_for_it(stor
     import threading
     import time
 
-    gate, flushing = threading.Event(), threading.Event()
-    real_flush = store.committer._flush
-
-    def held_flush():
-        flushing.set()
-        assert gate.wait(30)
-        real_flush()
-    store.committer._flush = held_flush
+    flushing, gate = hold_next_group_sync(store)
     fut = store.submit("create", ROOT_INO, b"g", 0o644, 0, 0, False)
     assert flushing.wait(30)                       # committed, its sync held
     ino = store.lookup(ROOT_INO, b"g").ino         # visible to another client
