@@ -19,7 +19,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))          # guestimage, guestvm, playbook
 
 from guestimage import REPO, ensure_image  # noqa: E402
-from playbook import REPORT, ToolsError, ensure_tools, report  # noqa: E402
+from playbook import REPORT, ansible_bin, report  # noqa: E402,F401 (ansible_bin: a fixture)
 
 # The wheel tags the guest's python3 installs (Debian 12: CPython 3.11.2, x86-64, glibc 2.36).
 GUEST_WHEEL_TAGS = "-cp311-cp311-linux_x86_64.whl"
@@ -35,14 +35,6 @@ def pytest_terminal_summary(terminalreporter):
         for line in REPORT:
             terminalreporter.write_line(line)
 
-
-@pytest.fixture(scope="session")
-def ansible_bin() -> Path:
-    """bin/ of a venv holding requirements.txt (ansible-core, ansible-lint), made when missing."""
-    try:
-        return ensure_tools()
-    except ToolsError as e:
-        pytest.fail(str(e))
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from guestimage import REPO
 
 ANSIBLE_DIR = REPO / "ansible"
@@ -94,3 +96,14 @@ def ensure_tools() -> Path:
         done.write_text("ok\n")
         report(f"controller tools installed into {venv} in {time.monotonic() - t0:.0f}s")
     return venv / "bin"
+
+
+
+@pytest.fixture(scope="session")
+def ansible_bin() -> Path:
+    """bin/ of the controller tools (ansible-core, ansible-lint: ensure_tools' cached venv),
+    for tests/ansible and tests/ha alike (each conftest imports this fixture)."""
+    try:
+        return ensure_tools()
+    except ToolsError as e:
+        pytest.fail(str(e))

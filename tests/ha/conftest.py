@@ -17,7 +17,7 @@ sys.path.insert(0, str(HERE.parent / "ansible"))    # guestimage, guestvm: the o
 from guestimage import ensure_ha_image  # noqa: E402
 from pairvm import Pair  # noqa: E402
 from playbook import REPORT as PLAYBOOK_REPORT  # noqa: E402
-from playbook import ToolsError, ensure_tools  # noqa: E402
+from playbook import ansible_bin  # noqa: E402,F401 (a fixture)
 
 REPORT: list[str] = []
 
@@ -48,14 +48,6 @@ def ha_image():
     REPORT.append(f"HA image {image.root.name}: {'built' if built else 'cached'}, {time.monotonic() - t0:.0f}s")
     return image
 
-
-@pytest.fixture(scope="session")
-def ansible_bin() -> Path:
-    """bin/ of the controller tools (ansible-core), tests/ansible's cached venv."""
-    try:
-        return ensure_tools()
-    except ToolsError as e:
-        pytest.fail(str(e))
 
 
 @pytest.fixture(scope="session")
