@@ -47,8 +47,8 @@ counts = {"run_blocking": 0, "batch_waited": 0, "lazy_ops": 0, "eager_ops": 0}
 counting = [False]
 
 real_submit = batch_mod.BatchCommitter.submit
-def submit(self, fn, *args, durable=True, lazy=False):
-    fut = real_submit(self, fn, *args, durable=durable, lazy=lazy)
+def submit(self, fn, *args, durable=True, lazy=False, **handoff):     # loop=, into=: passed on
+    fut = real_submit(self, fn, *args, durable=durable, lazy=lazy, **handoff)
     fut._from_batch = True
     if counting[0]:
         counts["lazy_ops" if lazy else "eager_ops"] += 1
