@@ -40,7 +40,11 @@ class BatchCommitter:
         self.ix = index
         self.committer = committer
         self.after_durable = after_durable  # run after each durable group (drops of I3)
-        self._cv = threading.Condition(threading.Lock())
+        # the queue's state under _lock (a C-level context manager, as every submit takes
+        # it); _cv, on the same lock, only for the thread's sleeps and their wake-ups
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
+        self._sleeping = False              # the thread waits in _cv: only then notify
         self._queue: collections.deque = collections.deque()   # (future, fn, args, lazy, queued at)
         self._eager = 0                     # queued ops that are not lazy
         self._kicked = False                # kick(): the queued lazy ops are wanted now
@@ -78,7 +82,7 @@ class BatchCommitter:
         return fut.future if type(fut) is LoopFuture else fut
 
     def _queue_op(self, fut, fn, args, lazy: bool) -> None:
-        with self._cv:
+        with self._lock:
             if self._closing:
                 raise StoreError(errno.ESHUTDOWN, "store is closing")
             wake = not lazy or not self._queue
@@ -92,7 +96,7 @@ class BatchCommitter:
             # a lazy op behind others changes nothing the thread waits for (the oldest's
             # time): waking it for each (an UNSTABLE WRITE's record, store.py I5) would cost
             # a context switch per op
-            if wake:
+            if wake and self._sleeping:
                 self._cv.notify()
 
     @staticmethod
@@ -163,17 +167,17 @@ class BatchCommitter:
     def _run(self) -> None:
         pending: list[tuple[int, list]] = []     # (txnid, outcomes): committed, not yet durable
         while True:
-            with self._cv:
+            with self._lock:
                 while not pending and not self._closing:
                     if self._eager or self._kicked:
                         break
                     if not self._queue:
-                        self._cv.wait()
+                        self._sleep(None)
                         continue
                     due = self._queue[0][4] + LAZY_DELAY - time.monotonic()   # the oldest
                     if due <= 0:
                         break
-                    self._cv.wait(due)
+                    self._sleep(due)
                 if self._abandoned:
                     dropped = [entry[0] for entry in self._queue
                                if entry[0].set_running_or_notify_cancel()]
@@ -199,7 +203,7 @@ class BatchCommitter:
                     waiting = [o for o in outcomes if o[0].durable]
                     if waiting:
                         pending.append((self.ix.txnid, waiting))
-            with self._cv:
+            with self._lock:
                 more = bool(self._queue)
             if pending and not more:
                 try:
@@ -218,6 +222,14 @@ class BatchCommitter:
             _complete([out for _, outs in covered for out in outs])
             if covered and self.after_durable is not None:
                 self.after_durable()        # file removals nobody waits for: after the replies
+
+    def _sleep(self, timeout: float | None) -> None:
+        """Wait in _cv (its lock held) until notified or timeout."""
+        self._sleeping = True
+        try:
+            self._cv.wait(timeout)
+        finally:
+            self._sleeping = False
 
     def _apply(self, batch: list) -> list | None:
         """One write txn, one nested txn per op; commit. Returns (future, ok, value) per op,

@@ -98,6 +98,7 @@ F_SENT = 8
 SENT_SINCE = b"sent_since"           # meta: the first ino whose F_SENT is kept (older: unknown)
 FIRST_COOKIE = 3                     # 0, 1, 2 are reserved by NFS (RFC 8881 section 18.23.3)
 DIRTY_STATES = (DataState.DIRTY, DataState.QUEUED, DataState.UPLOADING)
+_DIRTY_VALUES = frozenset(map(int, DIRTY_STATES))
 
 #: type, state, flags, mode, nlink, uid, gid, size, committed_size, local_bytes,
 #: atime, mtime, ctime, change, parent, gen, data_seq, next_cookie, lru_ns
@@ -108,6 +109,10 @@ INODE_V2 = struct.Struct(INODE_V1.format + "Q")
 #: format 3 appends rdev major, minor; shorter records (until rewritten) read as 0, 0
 INODE = struct.Struct(INODE_V2.format + "II")
 _DATA_SEQ_FIELD = 16
+# the enum members by value: a dict lookup, not an Enum call, per Inode.attr()
+_FILE_TYPES = {int(t): t for t in FileType}
+_DATA_STATES = {int(s): s for s in DataState}
+_REG, _DIRTY, _CLEAN = int(FileType.REG), int(DataState.DIRTY), int(DataState.CLEAN)
 
 
 @dataclass(slots=True)
@@ -149,18 +154,15 @@ class Inode:
 
     @classmethod
     def unpack(cls, ino: int, buf) -> "Inode":
-        if len(buf) == INODE_V1.size:
-            fields = list(INODE_V1.unpack(buf)) + [0, 0, 0]
+        # every store read decodes one of these (34 per small-file save): the current
+        # format positionally, in the field order above; shorter, older records padded
+        if len(buf) == INODE.size:
+            t = INODE.unpack(buf)
         elif len(buf) == INODE_V2.size:
-            fields = list(INODE_V2.unpack(buf)) + [0, 0]
+            t = INODE_V2.unpack(buf) + (0, 0)
         else:
-            fields = list(INODE.unpack(buf))
-        minor = fields.pop()
-        major = fields.pop()
-        activity = fields.pop()
-        data_seq = fields.pop(_DATA_SEQ_FIELD)
-        return cls(*fields, ino=ino, data_seq=data_seq, activity_ns=activity,
-                   rdev_major=major, rdev_minor=minor)
+            t = INODE_V1.unpack(buf) + (0, 0, 0)
+        return cls(*t[:_DATA_SEQ_FIELD], t[17], t[18], ino, t[_DATA_SEQ_FIELD], t[19], t[20], t[21])
 
     def copy(self) -> "Inode":
         return Inode(self.type, self.state, self.flags, self.mode, self.nlink, self.uid,
@@ -172,31 +174,34 @@ class Inode:
     def bump_data_seq(self) -> None:
         self.data_seq = (self.data_seq + 1) & 0xFFFFFFFF
 
+    # the predicates below run several times per index write (put_inode): plain ints,
+    # not IntEnum members, on both sides of each comparison
     @property
     def is_dirty(self) -> bool:
-        return self.type == FileType.REG and self.state in DIRTY_STATES
+        return self.type == _REG and self.state in _DIRTY_VALUES
 
     @property
     def unsettled(self) -> bool:
         return self.is_dirty and bool(
             self.flags & (F_UNCOMMITTED | F_TRUNCATED) or self.size != self.committed_size
-            or self.state != DataState.DIRTY)
+            or self.state != _DIRTY)
 
     @property
     def ready(self) -> bool:
         # committed or not: a closed, quiet file's current bytes are uploaded (the uploader
         # commits them first: Store.commit_settled)
-        return self.is_dirty and self.nlink > 0 and self.state == DataState.DIRTY
+        return self.is_dirty and self.nlink > 0 and self.state == _DIRTY
 
     @property
     def in_lru(self) -> bool:
-        return (self.type == FileType.REG and self.state == DataState.CLEAN
+        return (self.type == _REG and self.state == _CLEAN
                 and self.local_bytes > 0 and self.nlink > 0)
 
     def attr(self) -> Attr:
-        return Attr(self.ino, self.gen, FileType(self.type), self.mode, self.nlink, self.uid,
-                    self.gid, self.size, self.local_bytes, self.atime_ns, self.mtime_ns,
-                    self.ctime_ns, self.change, self.parent, DataState(self.state),
+        return Attr(self.ino, self.gen, _FILE_TYPES.get(self.type) or FileType(self.type),
+                    self.mode, self.nlink, self.uid, self.gid, self.size, self.local_bytes,
+                    self.atime_ns, self.mtime_ns, self.ctime_ns, self.change, self.parent,
+                    _DATA_STATES.get(self.state) or DataState(self.state),
                     bool(self.flags & F_PINNED), self.data_seq,
                     (self.rdev_major, self.rdev_minor))
 
@@ -526,7 +531,11 @@ class Index:
         self.writing = False             # a write txn is open (its commit will sync)
         self.wanting = 0                 # threads waiting to open one
         self.txns_ended = 0
-        self._txn_ended = threading.Condition(threading.Lock())
+        # writing/wanting/txns_ended under _txn_state (C-level `with`: twice per write txn);
+        # the Condition on it only for wait_txn_end, notified only when someone waits
+        self._txn_state = threading.Lock()
+        self._txn_ended = threading.Condition(self._txn_state)
+        self._end_waiters = 0
         os.makedirs(path, exist_ok=True)
         existing = os.path.exists(os.path.join(path, "data.mdb"))
         map_size = int(os.environ.get(MAP_SIZE_ENV) or MAP_SIZE)
@@ -641,12 +650,12 @@ class Index:
     @contextmanager
     def write(self):
         """One write transaction; counters and write_seq are updated only if it commits."""
-        with self._txn_ended:
+        with self._txn_state:
             self.wanting += 1
         try:
             self._wlock.acquire()
         finally:
-            with self._txn_ended:
+            with self._txn_state:
                 self.wanting -= 1
         w = None
         try:
@@ -733,10 +742,11 @@ class Index:
         outer.absorb(w)
 
     def _end_txn(self) -> None:
-        with self._txn_ended:
+        with self._txn_state:
             self.writing = False
             self.txns_ended += 1
-            self._txn_ended.notify_all()
+            if self._end_waiters:
+                self._txn_ended.notify_all()
 
     def busy(self) -> bool:
         """A write txn is open or about to be (and not by the calling thread, which could
@@ -748,9 +758,13 @@ class Index:
         synced its data pages and every earlier meta page, or aborted)."""
         with self._txn_ended:
             seen = self.txns_ended
-            # the timeout is only a safety net: after it the caller syncs by itself
-            self._txn_ended.wait_for(lambda: self.txns_ended != seen or not self.busy(),
-                                     timeout=1.0)
+            self._end_waiters += 1
+            try:
+                # the timeout is only a safety net: after it the caller syncs by itself
+                self._txn_ended.wait_for(lambda: self.txns_ended != seen or not self.busy(),
+                                         timeout=1.0)
+            finally:
+                self._end_waiters -= 1
 
     def _grow_map(self) -> bool:
         """Double the map after MapFullError (LMDB allows it only with no txn active in
