@@ -629,6 +629,15 @@ class Worker:
                 return "stale-deleted"
             return "nothing-to-move"
         if remote is not None and remote.key == old:
+            if self._object_is_stale(ino, remote):
+                # the file was written again after its object was: a copy would put its old bytes
+                # under the new name, where a reader of the bucket takes them for the file's (a
+                # failover's reclaimed tmp file, renamed over a shard's name, was once an empty
+                # object there). Its pending upload writes the new name and drops this object
+                # (_upload: the record's key is not the path); an object the rename replaced
+                # stays until then (RemoteInfo.replaces). A replay decides the same way.
+                log.info("move_not_copied_stale", ino=ino, src=old, dst=new, data_seq=remote.data_seq)
+                return "stale-not-copied"
             etag, size = remote.etag, remote.size
         else:
             info = await self._is_ours(old, ino)
@@ -646,6 +655,18 @@ class Worker:
         await self._delete_if(old, etag)
         log.info("moved", ino=ino, src=old, dst=new, size=size)
         return "moved"
+
+    def _object_is_stale(self, ino: int, remote: RemoteInfo) -> bool:
+        """Whether the file's bytes moved on since its object was written (its data sequence;
+        unknown for records of older versions: not stale)."""
+        if remote.data_seq is None:
+            return False
+        try:
+            return not _same_data(self.store.getattr(ino), remote.data_seq)
+        except StoreError as e:
+            if e.errno in (errno.ESTALE, errno.ENOENT):
+                return False             # gone: the other branches of the move decide
+            raise
 
     async def _copy_rekey(self, ino: int, old: str, new: str, etag: str, size: int, rekey: bool) -> str:
         """The first half of a move: copy exactly the object `etag` from `old` to `new`, then

@@ -174,6 +174,7 @@ class Sim:
         self.stats = Stats()
         self.root = MDir(ROOT_INO)
         self.contents: dict[bytes, set] = {}     # sha256 of a whole file content -> {(ino, data_seq)}
+        self.names: dict[tuple, set] = {}        # (ino, data_seq) -> every path it was seen under
         self.held: dict[str, int] = {}           # paths S3 must keep an object at -> the file (see check)
         self.unimported: set[str] = set()        # external objects an import failed to bring in
         self.flush_windows: list[tuple[int, int]] = []   # version seqs stored during drains
@@ -340,6 +341,14 @@ class Sim:
     def _register(self, f: MFile) -> None:
         seq = self.store.getattr(f.ino).data_seq
         self.contents.setdefault(hashlib.sha256(f.data).digest(), set()).add((f.ino, seq))
+        self._note_names()
+
+    def _note_names(self) -> None:
+        """Every file version's current paths (invariant 6): after each op that changes a file's
+        bytes or names, so a state between two checks counts too."""
+        for p, n in self.walk():
+            if isinstance(n, MFile):
+                self.names.setdefault((n.ino, self.store.getattr(n.ino).data_seq), set()).add(p)
 
     def _origin_of(self, body: bytes, metadata: dict) -> frozenset:
         return frozenset(self.contents.get(hashlib.sha256(body).digest(), ()))
@@ -464,6 +473,7 @@ class Sim:
         self._drop_held_under(src)
         if isinstance(s, MDir):
             self._drop_held_under(dst)
+        self._note_names()
 
     def link(self, src: str, dst: str) -> None:
         f = self.node(src)
@@ -474,6 +484,7 @@ class Sim:
         self.store.link(f.ino, dd.ino, dname.encode())
         dd.entries[dname] = f
         f.nlink += 1
+        self._note_names()
 
     def remove(self, path: str) -> None:
         parent, name = self._parent(path)
@@ -717,11 +728,19 @@ class Sim:
                 raise Violation(f"{st.name} file ino {f.ino} ({len(f.data)} bytes) has no object with its "
                                 f"bytes at any of {sorted(keys)}; bucket: "
                                 f"{ {k: len(self.fake.current(k).data) for k in self.fake.keys()} }")
-        # 3. no object version ever held bytes of two file versions (nor any bytes no file held)
+        # 3. no object version ever held bytes of two file versions (nor any bytes no file held),
+        # 6. nor bytes its file never held under that name (a rename's copy of an object the
+        #    file had since written again put old bytes under the new name: tests/ha, issue 38)
+        self._note_names()
         for v in self.fake.versions(self._seen_seq):
             if not v.deleted and self._is_file_object(v) and not v.origin:
                 raise Violation(f"object {v.key!r} version {v.version_id} ({v.op}, {len(v.data)} bytes) "
                                 f"holds bytes no file version ever held (torn)")
+            if (not v.deleted and self._is_file_object(v) and v.origin
+                    and not any(v.key in self.names.get(o, ()) for o in v.origin)):
+                raise Violation(f"object {v.key!r} version {v.version_id} ({v.op}, {len(v.data)} bytes) "
+                                f"holds bytes its file never held under that name (only under "
+                                f"{sorted(set().union(*(self.names.get(o, set()) for o in v.origin)))})")
         self._seen_seq = max(self._seen_seq, self.fake.last_seq)
         # 4. once S3 held a good object at a path, it keeps one while that path names a file
         #    (a rename over it must leave the old or the new object, never neither)

@@ -101,6 +101,22 @@ def test_tmp_renamed_over_uploaded_latest_keeps_old_or_new(sim):
     sim.check_drained()
 
 
+def test_tmp_written_again_after_its_upload_then_renamed_never_puts_old_bytes_at_the_new_name(sim):
+    """Found by tests/ha (issue 38): a tmp file uploaded, written again, renamed to its final name;
+    the rename's move copied the old object there (invariant 6), until the re-upload replaced it."""
+    sim.save("latest.pt.tmp", sim.payload(2000))
+    sim.drain()
+    sim.check()
+    sim.save("latest.pt.tmp", sim.payload(2500))
+    sim.rename("latest.pt.tmp", "latest.pt")
+    sim.enqueue(flush=False)                 # the move, not the upload (inside its settle window)
+    sim.dispatch()
+    step_all(sim)
+    sim.check()
+    sim.drain()
+    sim.check_drained()
+
+
 def test_mtime_an_hour_ahead_is_uploaded(sim):
     sim.save("f", sim.payload(1000))
     sim.set_mtime("f", time.time_ns() + HOUR_NS)

@@ -58,6 +58,40 @@ def test_rename_after_upload_is_a_server_side_move(moto, proxy, bucket, store):
     assert fstate["etag"] == up.client.head_object("gw/b.bin").etag
 
 
+def test_rename_of_a_file_written_again_after_its_upload_never_puts_old_bytes_under_the_new_name(
+        moto, proxy, bucket, store):
+    """Found by tests/ha (issue 38): after a failover the survivor uploaded a client's tmp file
+    before the client reclaimed it (empty: its unstable writes died with the old node); the client
+    wrote it again, committed and renamed it to the shard's name, and the move copied the empty
+    object there: the bucket held an empty object under an acknowledged shard's name until the
+    re-upload. The move now copies only an object that holds the file's current bytes."""
+    old, new = payload(2 * SMALL_PART, 16), payload(2 * SMALL_PART, 17)
+
+    async def main():
+        up = make_uploader(store, proxy.endpoint, bucket)
+        up.client._s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+        await up.start()
+        try:
+            ino = write_file(store, "ck/shard.tmp", old)
+            assert await up.flush(timeout=60)
+            write_file(store, "ck/shard.tmp", new)           # written again after its upload
+            rename(store, "ck/shard.tmp", "ck/shard")
+            assert await up.flush(timeout=60)
+            return up, up.file_state(ino)
+        finally:
+            await up.stop()
+
+    up, fstate = asyncio.run(main())
+    assert objects(up.client, "gw/") == {"gw/ck/": 0, "gw/ck/shard": len(new)}
+    versions = up.client._s3.list_object_versions(Bucket=bucket, Prefix="gw/ck/shard")
+    bodies = {v["Key"]: [] for v in versions.get("Versions", [])}
+    for v in versions.get("Versions", []):
+        body = up.client._s3.get_object(Bucket=bucket, Key=v["Key"], VersionId=v["VersionId"])["Body"].read()
+        bodies[v["Key"]].append(sha(body))
+    assert bodies["gw/ck/shard"] == [sha(new)], "old bytes were written under the new name"
+    assert fstate["key"] == "ck/shard" and fstate["state"] == "clean"
+
+
 def test_rename_during_multipart_upload_finishes_then_moves(moto, proxy, bucket, store):
     data = payload(8 * SMALL_PART, 5)
 
