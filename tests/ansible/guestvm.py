@@ -40,11 +40,13 @@ def free_port() -> int:
 
 class GuestVM:
     def __init__(self, image: GuestImage, *, smp: int = 1, mem_mib: int = 2048, cache_disk: str = "2G",
-                 cache_image: Path | None = None, qemu_args: list[str] = (), kernel_args: str = ""):
+                 cache_image: Path | None = None, qemu_args: list[str] = (), kernel_args: str = "",
+                 user_net: str = ""):
         self.image = image
         self.smp, self.mem_mib, self.cache_disk = smp, mem_mib, cache_disk
         self.cache_image = cache_image     # a raw file kept across boots (power-cut test), else a fresh one
         self.qemu_args, self.kernel_args = list(qemu_args), kernel_args    # extra devices (tests/ha)
+        self.user_net = user_net           # more user-net options, e.g. a guestfwd (tests/ha's S3)
         self.rundir = Path(tempfile.mkdtemp(prefix="ckptgw-ansible-vm."))
         self.ssh_port = 0
         self.proc: subprocess.Popen | None = None
@@ -71,7 +73,8 @@ class GuestVM:
                "-append", f"root=/dev/vda rw console=ttyS0 net.ifnames=0 quiet {self.kernel_args}".rstrip(),
                "-drive", f"file={overlay},if=virtio,format=qcow2,cache=unsafe",
                "-drive", f"file={cache},if=virtio,format=raw,cache=unsafe",
-               "-netdev", f"user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:{self.ssh_port}-:22",
+               "-netdev", f"user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:{self.ssh_port}-:22"
+               + (f",{self.user_net}" if self.user_net else ""),
                "-device", "virtio-net-pci,netdev=n0", "-device", "virtio-rng-pci",
                "-serial", f"file:{self.rundir / 'console.log'}", *self.qemu_args]
         self._launched = time.monotonic()

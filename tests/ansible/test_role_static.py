@@ -437,6 +437,7 @@ PAIR_VARS = {
     "ckptgw_pair_drbd_disk": "/dev/vdb", "ckptgw_pair_drbd_device": "/dev/drbd0",
     "ckptgw_pair_floating_ip": "192.168.38.100", "ckptgw_pair_floating_nic": "eth1",
     "ckptgw_pair_sbd_device": "/dev/vdc", "ckptgw_pair_corosync_token": 10000, "ckptgw_pair_stonith_timeout": "90s",
+    "ckptgw_s3_endpoint": "http://10.0.2.100:9000",      # S3 outside the pair (tasks/assert.yml)
 }
 
 

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import boto3
 import pytest
 
 HERE = Path(__file__).resolve().parent
@@ -18,6 +19,8 @@ from guestimage import ensure_ha_image  # noqa: E402
 from pairvm import Pair  # noqa: E402
 from playbook import REPORT as PLAYBOOK_REPORT  # noqa: E402
 from playbook import ansible_bin  # noqa: E402,F401 (a fixture)
+from deploy import S3_BUCKET  # noqa: E402
+from testkit.motoserver import MotoServer  # noqa: E402
 
 REPORT: list[str] = []
 
@@ -71,10 +74,27 @@ def ckptgw_wheel(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def pair(ha_image):
-    """Two gateway VMs of the HA image (not started); killed after the test, their files
-    removed unless CKPTGW_HA_KEEP_VM=1."""
-    p = Pair(ha_image)
+def s3():
+    """The pair's S3, outside both nodes: moto in server mode on the host's loopback, which each
+    node reaches through its guestfwd (pairvm.S3_ADDRESS), with the gateway's bucket made and
+    versioned, so a test can count how many times each key was written."""
+    server = MotoServer()
+    client = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    client.create_bucket(Bucket=S3_BUCKET)
+    client.put_bucket_versioning(Bucket=S3_BUCKET, VersioningConfiguration={"Status": "Enabled"})
+    server.client = client
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pair(ha_image, s3):
+    """Two gateway VMs of the HA image (not started), reaching the `s3` fixture's server; killed
+    after the test, their files removed unless CKPTGW_HA_KEEP_VM=1."""
+    p = Pair(ha_image, s3_port=s3.port)
     try:
         yield p
     finally:

@@ -5,7 +5,8 @@ The role does what the harness once did by hand (drbd.py, cluster.py, the CIB of
 wheel of this checkout into the venv (offline, from the image's wheelhouse), the config, the unit
 (installed, never enabled), the DRBD resource with its metadata, the first file system on gw-a, the
 SBD header on the shared disk, corosync.conf, and the Pacemaker resources loaded through gw-a.
-What stays test code: the inventory below (the test's choices of addresses and disks), each node's
+What stays test code: the inventory below (the test's choices of addresses and disks, the S3
+endpoint: moto on the host, outside the pair, reached through pairvm's guestfwd), each node's
 watchdog device (the i6300esb, found by its identity: q35 also has an iTCO watchdog, probed in either
 order) and the timers stretched for emulation (token 10 s, SBD watchdog 20 s / msgwait 40 s,
 stonith-timeout 90 s).
@@ -23,8 +24,10 @@ import cluster  # noqa: E402
 import drbd  # noqa: E402
 import stack  # noqa: E402
 from guestimage import DEPLOY_USER, GUEST_WHEELHOUSE  # noqa: E402
-from pairvm import Pair, address  # noqa: E402
+from pairvm import S3_ADDRESS, S3_GUEST_PORT, Pair, address  # noqa: E402
 from playbook import PlaybookRun, run_playbook  # noqa: E402
+
+S3_BUCKET = "ckptgw"
 
 
 def group_vars(pair: Pair, wheel: Path) -> dict:
@@ -32,9 +35,13 @@ def group_vars(pair: Pair, wheel: Path) -> dict:
         # ckptgw: this checkout's wheel, pinned to the image's wheelhouse (the guests have no index)
         "ckptgw_wheel": str(wheel),
         "ckptgw_constraints": str(pair.image.constraints),
-        "ckptgw_extras": ["tryout"],
         "ckptgw_wheelhouse": GUEST_WHEELHOUSE,
-        "ckptgw_s3_endpoint": "",                   # the embedded try-out S3: the guests reach nothing
+        # S3 outside the pair (the test's moto on the host, through each node's guestfwd): the
+        # bucket outlives either node, and the test reads it after the failover
+        "ckptgw_s3_endpoint": f"http://{S3_ADDRESS}:{S3_GUEST_PORT}",
+        "ckptgw_s3_bucket": S3_BUCKET,
+        "ckptgw_s3_access_key": "testing",
+        "ckptgw_s3_secret_key": "testing",
         "ckptgw_cache_dir": stack.CACHE,
         "ckptgw_reserve": "64MiB",                  # the tests' volume is 512 MiB
         "ckptgw_exports": [{"path": stack.EXPORT, "networks": ["192.168.38.0/24", "127.0.0.0/8"],

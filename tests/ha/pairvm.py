@@ -8,7 +8,10 @@ hostfwd) with, beside that:
   - eth1 on the pair's own L2 segment (replication and cluster traffic) with a fixed MAC, which
     the image maps to a static address (guestimage.ha_address: gw-a 192.168.38.1, gw-b .2);
   - an i6300esb watchdog (SBD's), with qemu's action: reset the guest;
-  - the hostname (`systemd.hostname=`), which DRBD's `on` sections and corosync go by.
+  - the hostname (`systemd.hostname=`), which DRBD's `on` sections and corosync go by;
+  - with `s3_port`, the pair's S3, outside both nodes: a user-net guestfwd that makes
+    S3_ADDRESS:S3_GUEST_PORT in each guest a connection (socat, one per connection) to the host's
+    127.0.0.1:s3_port, where the test runs moto; it outlives either node, as a real bucket does.
 
 The segment is qemu's `-netdev socket,mcast=`: every qemu on the group sees every frame, like a
 hub. A node's root overlay is made afresh at each boot (only the data disks persist), so what a
@@ -29,6 +32,8 @@ from guestimage import GuestImage, ha_address, ha_mac  # noqa: E402
 from guestvm import GuestError, GuestVM  # noqa: E402
 
 NODES = ("gw-a", "gw-b")
+S3_ADDRESS = "10.0.2.100"      # in each guest: the host's S3 (guestfwd), the only thing it reaches
+S3_GUEST_PORT = 9000
 MEM_MIB = 1024
 SSH_ATTEMPTS = 4
 _SSH_NO_CONNECTION = re.compile(r"banner exchange|Connection timed out|Connection refused|kex_exchange_identification")
@@ -36,8 +41,9 @@ _SSH_NO_CONNECTION = re.compile(r"banner exchange|Connection timed out|Connectio
 
 class Pair:
     def __init__(self, image: GuestImage, *, data_disk: str = "512M", sbd_disk: str = "16M",
-                 workdir: Path | None = None):
+                 workdir: Path | None = None, s3_port: int | None = None):
         self.image = image
+        self.s3_port = s3_port
         self.dir = workdir or Path(tempfile.mkdtemp(prefix="ckptgw-ha-pair."))
         # One multicast group per pair, so pairs of concurrent runs never hear each other.
         self.segment = f"230.0.38.{random.randint(1, 254)}:{random.randint(20000, 60000)}"
@@ -61,8 +67,12 @@ class Pair:
             "-device", "virtio-blk-pci,drive=sbd,share-rw=on,addr=0x11",
             "-device", "i6300esb,addr=0x12", "-action", "watchdog=reset",
         ]
+        user_net = ""
+        if self.s3_port is not None:     # ",," is a comma inside a qemu option value
+            user_net = (f"guestfwd=tcp:{S3_ADDRESS}:{S3_GUEST_PORT}-"
+                        f"cmd:socat STDIO TCP4:127.0.0.1:{self.s3_port},,nodelay")
         return GuestVM(self.image, mem_mib=MEM_MIB, cache_image=self.data[node], qemu_args=qemu_args,
-                       kernel_args=f"systemd.hostname={node}")
+                       kernel_args=f"systemd.hostname={node}", user_net=user_net)
 
     def start(self, *nodes: str, timeout: float = 600) -> None:
         """Boot the nodes at once (launched from this thread, which must outlive them)."""

@@ -61,12 +61,33 @@ def check(pair: Pair, node: str) -> str:
     return pair.out(node, f"{CKPTGW} check")
 
 
-def mount_client(pair: Pair, node: str, mountpoint: str = "/mnt/ckpt") -> None:
+def mount_client(pair: Pair, node: str, mountpoint: str = "/mnt/ckpt", vers: str = "4.1") -> None:
     """The stock kernel client, a hard NFSv4.1 mount of the floating address. timeo=100,retrans=2
     bounds the client's reconnect backoff (its maximum is timeo*(retrans+1), 30 s) while the
-    address has no server behind it; the default timeo=600 would let it grow to 3 min."""
-    pair.ssh(node, f"mkdir -p {mountpoint} && mount -t nfs4 -o vers=4.1,hard,timeo=100,retrans=2 "
+    address has no server behind it; the default timeo=600 would let it grow to 3 min. 4.2 offers
+    the user.ckptgw.* attributes that `ckptgw wait` reads."""
+    pair.ssh(node, f"mkdir -p {mountpoint} && mount -t nfs4 -o vers={vers},hard,timeo=100,retrans=2 "
                    f"{FLOATING_IP}:{EXPORT} {mountpoint}", timeout=300)
+
+
+def wait_uploaded(pair: Pair, node: str, path: str, timeout: float) -> None:
+    """`ckptgw wait PATH` on the node (a 4.2 mount): every file under PATH is in S3."""
+    pair.ssh(node, f"{CKPTGW} wait --timeout {timeout:.0f} {shlex.quote(path)}", timeout=timeout + 120)
+
+
+def bucket_objects(client, bucket: str, prefix: str) -> tuple[dict[str, list[dict]], set[str]]:
+    """Every version of every key under `prefix` (key -> versions, newest first, delete markers
+    left out) and the keys whose newest version is an object (not deleted)."""
+    versions: dict[str, list[dict]] = {}
+    deleted: set[str] = set()
+    for page in client.get_paginator("list_object_versions").paginate(Bucket=bucket, Prefix=prefix):
+        for v in page.get("Versions", []):
+            versions.setdefault(v["Key"], []).append(v)
+        for m in page.get("DeleteMarkers", []):
+            if m["IsLatest"]:
+                deleted.add(m["Key"])
+    current = {key for key, vs in versions.items() if key not in deleted}
+    return versions, current
 
 
 def clock_offset(pair: Pair, node: str) -> tuple[float, float]:
@@ -93,10 +114,15 @@ JOURNAL_MARKS = [
 ]
 
 
-def journal_marks(pair: Pair, node: str, since: float) -> dict[str, float]:
-    """Guest-clock times of JOURNAL_MARKS in the node's journal since `since` (guest clock)."""
+def journal_marks(pair: Pair, node: str, since: float, marks=JOURNAL_MARKS) -> dict[str, float]:
+    """Guest-clock times of `marks` (name, pattern) in the node's journal since `since` (guest clock)."""
+    return {name: t for name, (t, _) in journal_matches(pair, node, since, marks).items()}
+
+
+def journal_matches(pair: Pair, node: str, since: float, marks) -> dict[str, tuple[float, re.Match]]:
+    """The first line of the node's journal since `since` matching each of `marks`: (time, match)."""
     text = pair.out(node, f"journalctl --no-pager -o short-unix --since @{int(since) - 1}", timeout=120)
-    found: dict[str, float] = {}
+    found: dict[str, tuple[float, re.Match]] = {}
     for line in text.splitlines():
         stamp, _, msg = line.partition(" ")
         try:
@@ -105,10 +131,20 @@ def journal_marks(pair: Pair, node: str, since: float) -> dict[str, float]:
             continue
         if t < since:
             continue
-        for name, pattern in JOURNAL_MARKS:
-            if name not in found and re.search(pattern, msg):
-                found[name] = t
+        for name, pattern in marks:
+            m = re.search(pattern, msg) if name not in found else None
+            if m:
+                found[name] = (t, m)
     return found
+
+
+# A switchover's steps on the node taking over (failback), and the DRBD resync on the source.
+SWITCHOVER_MARKS = [(name, pattern) for name, pattern in JOURNAL_MARKS
+                    if name not in ("peer lost (corosync)", "fenced")]
+RESYNC_MARKS = [
+    ("resync began", r"Began resync as SyncSource \(will sync (\d+) KB"),
+    ("resync done", r"Resync done \(total (\d+) sec"),
+]
 
 
 # The checkpoint save recipe in a loop, as a client runs it: write a tmp file, fsync, rename,
@@ -121,7 +157,7 @@ import hashlib, os, sys, time
 d, log, size, stop = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 out = open(log, "a")
 failed = open(log + ".failed", "a")
-i = 0
+i = int(sys.argv[5]) if len(sys.argv) > 5 else 0
 while not os.path.exists(stop):
     data = os.urandom(size)
     p = os.path.join(d, "shard-%05d" % i)
@@ -149,10 +185,13 @@ while not os.path.exists(stop):
 
 
 def start_writer(pair: Pair, node: str, directory: str, size: int, log: str = "/root/acks.log",
-                 stop: str = "/root/writer.stop") -> None:
+                 stop: str = "/root/writer.stop", first: int = 0) -> None:
+    """The save loop in the background; `first` > 0 goes on with the log of an earlier loop (its
+    saves from shard `first` on), else the log starts afresh."""
+    fresh = f"{log} {log}.failed " if first == 0 else ""
     pair.ssh(node, f"mkdir -p {directory} && cat > /root/writer.py", input=WRITER.encode())
-    pair.ssh(node, f"rm -f {log} {log}.failed {stop}; setsid nohup python3 /root/writer.py {shlex.quote(directory)} {log} "
-                   f"{size} {stop} > /root/writer.out 2>&1 < /dev/null & echo $! > /root/writer.pid")
+    pair.ssh(node, f"rm -f {fresh}{stop}; setsid nohup python3 /root/writer.py {shlex.quote(directory)} {log} "
+                   f"{size} {stop} {first} > /root/writer.out 2>&1 < /dev/null & echo $! > /root/writer.pid")
 
 
 def acks(pair: Pair, node: str, log: str = "/root/acks.log") -> list[tuple[int, float, str]]:

@@ -10,7 +10,13 @@ then on gw-b, with nothing done by hand:
   - the client's next save returns through the same mount (never remounted);
   - every save acknowledged before or after the kill is on gw-b's gateway byte for byte (read
     after a remount, so from the server, not the client's page cache);
-  - `ckptgw check` is clean, and ckptgw ran on one node at a time (never on the passive one).
+  - `ckptgw check` is clean, and ckptgw ran on one node at a time (never on the passive one);
+  - after the drain (`ckptgw wait` on a 4.2 mount), the bucket, outside the pair (moto on the
+    host), holds exactly what the namespace holds: every acknowledged shard under its final key
+    with its bytes, no other object, and no key ever written with two different contents.
+With CKPTGW_HA_FAILBACK=1 (and in the long mode) the pair is then repaired and failed back (proof 3):
+gw-a rebuilt from the image and the playbook run on the pair while gw-b serves, DRBD resynced (its
+time per GiB changed from gw-b's kernel log), a planned switchover to gw-a, and the same checks.
 The failover timeline (kill -> corosync notices -> fenced -> promoted -> mounted -> IP -> READY ->
 grace ended -> first acknowledged save) is read from gw-b's journal and the client's own log, on
 gw-b's clock, and printed in the run's "gateway pair report".
@@ -25,6 +31,7 @@ fraction of one save's time); CI runs one failover with the default seed, CKPTGW
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import time
@@ -46,10 +53,13 @@ SEED = int(os.environ.get("CKPTGW_HA_SEED", "38"))
 # (~10 min each here); the run's report closes with each step's median and max.
 LONG = os.environ.get("CKPTGW_LONG") == "1"
 SEEDS = [SEED + i for i in range(int(os.environ.get("CKPTGW_HA_FAILOVERS", "5")) if LONG else 1)]
+# The failback to the repaired node (proof 3), after each failover: in the long mode, or alone
+# with CKPTGW_HA_FAILBACK=1 (it adds a boot, a playbook run and a switchover: ~10 min here).
+FAILBACK = LONG or os.environ.get("CKPTGW_HA_FAILBACK") == "1"
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_gateway_fails_over_to_the_survivor_with_every_acknowledged_save(pair, ansible_bin, ckptgw_wheel, report,
+def test_gateway_fails_over_to_the_survivor_with_every_acknowledged_save(pair, s3, ansible_bin, ckptgw_wheel, report,
                                                                         timelines, tmp_path, seed):
     rng = random.Random(seed)
     t = time.monotonic()
@@ -112,16 +122,7 @@ def test_gateway_fails_over_to_the_survivor_with_every_acknowledged_save(pair, a
     first_after = next(r for r in rows if r[1] > kill_b)
     marks = stack.journal_marks(pair, "gw-b", kill_b)
 
-    # Every acknowledged save, read back from the server (a remount drops the client's cache).
-    pair.ssh("gw-b", f"umount {MNT}", timeout=300)
-    stack.mount_client(pair, "gw-b", MNT)
-    sums = dict(line.split()[::-1] for line in
-                pair.out("gw-b", f"cd {RUN_DIR} && sha256sum shard-*", timeout=600).splitlines())
-    lost = [i for i, _, h in rows if f"shard-{i:05d}" not in sums]
-    torn = [i for i, _, h in rows if f"shard-{i:05d}" in sums and sums[f"shard-{i:05d}"] != h]
-    assert not lost and not torn, f"acknowledged saves lost {lost}, torn {torn} (of {len(rows)})"
-    out = stack.check(pair, "gw-b")
-    assert "store is consistent" in out, out
+    drained, objects, versions, repeated = _every_acknowledged_save_is_there(pair, "gw-b", "gw-b", s3, rows)
 
     timeline = {"kill": 0.0, **{k: v - kill_b for k, v in sorted(marks.items(), key=lambda kv: kv[1])},
                 "first acknowledged save": first_after[1] - kill_b}
@@ -135,9 +136,127 @@ def test_gateway_fails_over_to_the_survivor_with_every_acknowledged_save(pair, a
     report(f"  saves of {SHARD >> 10} KiB acknowledged: {acked_before} before the kill, {len(rows)} in all, "
            f"every one byte for byte on gw-b; lost 0, torn 0; ckptgw check clean; crm_mon saw the stack on gw-b "
            f"after {took:.0f}s of polling")
+    _report_s3(report, drained, objects, versions, repeated)
     # A save that failed was never acknowledged, so nothing is owed for it; but each is an error a
     # client saw (e.g. a RENAME the old server had done, re-sent to the new one in a new session:
     # ENOENT), and is reported.
     for line in failed:
         report(f"  save failed (not acknowledged): {line}")
+    if FAILBACK:
+        _failback(pair, s3, ansible_bin, ckptgw_wheel, report, tmp_path, rows, failed)
     report(f"test total {time.monotonic() - t:.0f}s")
+
+
+def _every_acknowledged_save_is_there(pair, client: str, server: str, s3, rows) -> tuple:
+    """Every acknowledged save read back on `client` from the gateway (active on `server`),
+    `ckptgw check` clean on `server`, and after the drain the bucket holding what the namespace
+    holds. The client's save loop must be stopped. Returns (drain seconds, the objects, their
+    versions, keys PUT more than once)."""
+    node = client
+    # A remount drops the client's cache, so the bytes come from the server; 4.2 for `ckptgw wait`.
+    pair.ssh(node, f"umount {MNT}", timeout=300)
+    stack.mount_client(pair, node, MNT, vers="4.2")
+    sums = dict(line.split()[::-1] for line in
+                pair.out(node, f"cd {RUN_DIR} && sha256sum shard-*", timeout=600).splitlines())
+    lost = [i for i, _, h in rows if f"shard-{i:05d}" not in sums]
+    torn = [i for i, _, h in rows if f"shard-{i:05d}" in sums and sums[f"shard-{i:05d}"] != h]
+    assert not lost and not torn, f"acknowledged saves lost {lost}, torn {torn} (of {len(rows)})"
+    out = stack.check(pair, server)
+    assert "store is consistent" in out, out
+
+    # After the drain, S3 (outside the pair) holds what the namespace holds. A key may have more
+    # than one version only with the same bytes: the survivor PUT again an upload the dead node
+    # had finished but not yet recorded (at least once, never a different or torn object).
+    t_drain = time.monotonic()
+    stack.wait_uploaded(pair, node, RUN_DIR, 900)
+    drained = time.monotonic() - t_drain
+    prefix = os.path.relpath(RUN_DIR, MNT) + "/"            # key = export-relative path (no bucket prefix)
+    files = {prefix + name for name in pair.out(node, f"ls -A {RUN_DIR}").split()}
+    versions, current = stack.bucket_objects(s3.client, deploy.S3_BUCKET, prefix)
+    objects = {key for key in current if not key.endswith("/")}          # not the directory marker
+    assert objects == files, (f"in S3, not in the namespace: {sorted(objects - files)}; "
+                              f"in the namespace, not in S3: {sorted(files - objects)}")
+    wrong = [i for i, _, h in rows if hashlib.sha256(s3.client.get_object(
+        Bucket=deploy.S3_BUCKET, Key=f"{prefix}shard-{i:05d}")["Body"].read()).hexdigest() != h]
+    assert not wrong, f"acknowledged shards with other bytes in S3: {wrong}"
+    differing = {key: [v["ETag"] for v in vs] for key, vs in versions.items() if len({v["ETag"] for v in vs}) > 1}
+    assert not differing, f"keys written with different contents: {differing}"
+    repeated = sorted(key for key in objects if len(versions[key]) > 1)
+    return drained, objects, versions, repeated
+
+
+def _report_s3(report, drained, objects, versions, repeated) -> None:
+    report(f"  S3 outside the pair after the drain (`ckptgw wait`, {drained:.0f}s after the read-back): "
+           f"{len(objects)} objects = the files of the namespace, each acknowledged shard's bytes; "
+           f"{sum(len(versions[k]) for k in objects)} versions, keys PUT more than once (same bytes): "
+           f"{', '.join(repeated) or 'none'}")
+
+
+def _failback(pair, s3, ansible_bin, ckptgw_wheel, report, tmp_path, rows, failed) -> None:
+    """Issue 38's proof 3: the dead node repaired and the stack moved back to it, with the same checks.
+
+    The repair is what an operator does with a node rebuilt from its image: boot it (its DRBD disk
+    is the one it had; its root is the image's again) and run the playbook on the pair, while the
+    survivor serves and the client saves. DRBD resyncs what changed meanwhile (the survivor's bitmap;
+    the figure from its kernel log). Then a planned switchover, the way a
+    pair is failed back (`crm_resource --move`): Pacemaker stops the gateway on gw-b, moves the volume and the address,
+    and starts it on gw-a; the client's saves go on through the same mount."""
+    t0 = time.monotonic()
+    old = pair.vms.pop("gw-a")
+    old.stop()                                   # the killed VM's folder
+    pair.start("gw-a")
+    report(f"failback: gw-a rebuilt from the image, boot to SSH {pair.boot_seconds['gw-a']:.0f}s")
+    done = max([i for i, _, _ in rows] + [int(line.split()[0]) for line in failed]) + 1
+    pair.ssh("gw-b", f"umount {MNT}", timeout=300)          # the 4.2 mount of the checks above
+    stack.mount_client(pair, "gw-b", MNT)
+    stack.start_writer(pair, "gw-b", RUN_DIR, SHARD, first=done)
+    b_since = float(pair.out("gw-b", "date +%s.%N"))
+
+    inventory = deploy.inventory(tmp_path / "hosts-repaired.yml", pair, ckptgw_wheel)
+    run = deploy.deploy(ansible_bin, inventory)
+    report(f"  ansible-playbook site.yml on the pair, gw-a new, gw-b serving: {run.seconds:.0f}s, exit "
+           f"{run.returncode}; " + "; ".join(run.recap_lines))
+    assert run.returncode == 0, run.tail()
+    waited = drbd.wait_state(pair, "gw-b", 900, cs="Connected", ds="UpToDate/UpToDate")
+    resync = stack.journal_matches(pair, "gw-b", b_since, stack.RESYNC_MARKS)
+    _, status = cluster.wait_mon(pair, "gw-b", 600, "gw-a online, the stack still on gw-b",
+                                 lambda s: cluster.online(s) == {"gw-a", "gw-b"} and stack.stack_on(s, "gw-b"))
+    assert stack.unit_state(pair, "gw-a") == "inactive", "ckptgw runs on the passive node"
+    if "resync began" in resync and "resync done" in resync:
+        kib, secs = int(resync["resync began"][1].group(1)), int(resync["resync done"][1].group(1))
+        report(f"  DRBD resync of what changed while gw-a was down: {kib / 1024:.1f} MiB in {secs} s "
+               f"({secs / max(kib / 2**20, 1e-9):.0f} s per GiB changed; in sync {waited:.0f}s after the playbook)")
+    else:
+        report(f"  DRBD in sync {waited:.0f}s after the playbook; resync lines not found in gw-b's kernel log")
+    before = len(stack.acks(pair, "gw-b"))
+    pair.wait_for("gw-b", f"test $(wc -l < /root/acks.log) -ge {before + 3}", 600, "3 more saves acknowledged")
+
+    a_since = float(pair.out("gw-a", "date +%s.%N"))
+    move_b = float(pair.out("gw-b", "date +%s.%N"))
+    pair.ssh("gw-a", "crm_resource --move --resource gw --node gw-a")
+    took, status = cluster.wait_mon(pair, "gw-a", 900, "the stack active on gw-a after the move",
+                                    lambda s: stack.stack_on(s, "gw-a"))
+    pair.ssh("gw-a", "crm_resource --clear --resource gw")
+    assert cluster.online(status) == {"gw-a", "gw-b"}, status
+    assert stack.unit_state(pair, "gw-a") == "active"
+    assert stack.unit_state(pair, "gw-b") == "inactive", "ckptgw still runs on gw-b"
+    pair.wait_for("gw-b", f"awk '$2 > {move_b:.3f} {{ found = 1 }} END {{ exit !found }}' /root/acks.log", 600,
+                  "a save acknowledged after the failback")
+    stack.stop_writer(pair, "gw-b", 600)
+    rows = stack.acks(pair, "gw-b")
+    first_after = next(r for r in rows if r[1] > move_b)
+    offset_a, _ = stack.clock_offset(pair, "gw-a")
+    offset_b, _ = stack.clock_offset(pair, "gw-b")
+    marks = stack.journal_marks(pair, "gw-a", a_since, stack.SWITCHOVER_MARKS)
+    drained, objects, versions, repeated = _every_acknowledged_save_is_there(pair, "gw-b", "gw-a", s3, rows)
+    # gw-a's marks onto gw-b's clock (the move's and the client's)
+    steps = {k: v - offset_a + offset_b - move_b for k, v in sorted(marks.items(), key=lambda kv: kv[1])}
+    report("  failback (crm_resource --move gw to gw-a; s after the move, gw-b's clock): " + " -> ".join(
+        f"{k} {v:.1f}s" for k, v in {**steps, "first acknowledged save": first_after[1] - move_b}.items())
+        + f"; crm_mon saw the stack on gw-a after {took:.0f}s of polling")
+    report(f"  saves acknowledged: {len(rows)} in all, every one byte for byte on gw-a; lost 0, torn 0; "
+           f"ckptgw check clean on gw-a")
+    _report_s3(report, drained, objects, versions, repeated)
+    for line in stack.failed_saves(pair, "gw-b")[len(failed):]:
+        report(f"  save failed (not acknowledged): {line}")
+    report(f"  failback total {time.monotonic() - t0:.0f}s")
