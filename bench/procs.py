@@ -48,6 +48,18 @@ def cpu_seconds(pid: int) -> float:
     return _tree_sum(pid, _own_cpu)
 
 
+def _own_user(pid: int) -> float:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    fields = stat[stat.rindex(b")") + 2:].split()
+    return (int(fields[11]) + int(fields[13])) / _TICKS      # #14 utime, #16 cutime
+
+
+def user_seconds(pid: int) -> float:
+    """User CPU seconds of pid, its live descendants and its reaped children."""
+    return _tree_sum(pid, _own_user)
+
+
 def _own_rss(pid: int) -> int:
     with open(f"/proc/{pid}/status", "rb") as f:
         for line in f:

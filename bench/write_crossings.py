@@ -1,15 +1,18 @@
-"""Thread crossings and CPU per UNSTABLE WRITE, for two source trees side by side (issue 37
-point 4: "a data path with no per-request thread crossing").
+"""Thread crossings and CPU per UNSTABLE WRITE and per READ, for two source trees side by side
+(issue 37 point 4: "a data path with no per-request thread crossing"); `measure(tree)` gives one
+tree's figures to the report (bench/scenarios/request.py).
 
 Each tree runs in a subprocess of its own (its directory first on sys.path): a real Store
 under the real op handlers (testkit/ops_harness.py: no RPC, the handlers' own
 `run_blocking` through a thread pool), one file opened and written once (the commit cycle's
 first write, which flags the file), then N UNSTABLE WRITEs of --kib KiB at increasing
-offsets, then one COMMIT. Counted during the N WRITEs (the COMMIT is outside):
+offsets, then one COMMIT, then N READs of the same ranges (in the page cache: just written).
+Counted during the N WRITEs (the COMMIT is outside) and apart during the N READs:
 
   crossings    a hand-off to another thread that the request then waits for, each way:
                2 per `run_blocking` (loop -> pool -> loop) plus 2 per batch-committer future
-               some thread waits on (`Future.result()` / awaited: -> committer -> back).
+               some thread waits on (`Future.result()` / awaited: -> committer -> back), plus
+               1 per `start_blocking` (loop -> pool, answered from there).
                A lazy batch op nobody waits for is not one (the committer forms one batch
                for many; counted apart as "lazy ops" and "batches").
   ctxsw        voluntary context switches of every thread of the process (/proc), per WRITE:
@@ -43,7 +46,7 @@ from testkit.ops_harness import FakeServer, Fs
 from testkit import ops_harness
 
 N, KIB = int(sys.argv[1]), int(sys.argv[2])
-counts = {"run_blocking": 0, "batch_waited": 0, "lazy_ops": 0, "eager_ops": 0}
+counts = {"run_blocking": 0, "start_blocking": 0, "batch_waited": 0, "lazy_ops": 0, "eager_ops": 0}
 counting = [False]
 
 real_submit = batch_mod.BatchCommitter.submit
@@ -89,6 +92,14 @@ async def main():
             counts["run_blocking"] += 1
         return await real_rb(fn, *args)
     server.run_blocking = run_blocking
+    real_sb = server.start_blocking
+    def start_blocking(fn, *args):
+        if counting[0]:
+            counts["start_blocking"] += 1
+        return real_sb(fn, *args)
+    server.start_blocking = start_blocking
+    def crossings():
+        return 2 * counts["run_blocking"] + 2 * counts["batch_waited"] + counts["start_blocking"]
     root = await fs.root_fh()
     fh, stateid, _ = await fs.open(root, "f")
     data = os.urandom(KIB * 1024)
@@ -107,18 +118,36 @@ async def main():
     cpu, sw = time.process_time() - cpu0, ctxsw() - sw0
     await fs.run([(OP_PUTFH, PUTFH4args(fh)), (OP_COMMIT, COMMIT4args(0, 0))])
     batches = store.batch.batches - batches0
-    res = await fs.run([(OP_PUTFH, PUTFH4args(fh)), (OP_GETATTR, GETATTR4args([1 << FATTR4_SIZE]))])
+    write_crossings = crossings()
+    write_counts = dict(counts)
+    for k in counts:
+        counts[k] = 0
+    sw0, cpu0 = ctxsw(), time.process_time()
+    counting[0] = True
+    for i in range(1, N + 1):
+        res = await fs.run([(OP_PUTFH, PUTFH4args(fh)), (OP_READ, READ4args(stateid, i * len(data), len(data)))])
+        assert len(res[-1].value.data) == len(data), "a short read"
+    counting[0] = False
+    read_cpu, read_sw = time.process_time() - cpu0, ctxsw() - sw0
+    read = {"read crossings": crossings() / N, "read run_blocking": counts["run_blocking"] / N,
+            "read ctxsw": read_sw / N, "read cpu_us": read_cpu / N * 1e6}
     store.close()
     per = lambda x: x / N
-    print(json.dumps({"crossings": per(2 * counts["run_blocking"] + 2 * counts["batch_waited"]),
-                      "run_blocking": per(counts["run_blocking"]),
-                      "batch futures waited": per(counts["batch_waited"]),
-                      "lazy ops": per(counts["lazy_ops"]), "eager ops": per(counts["eager_ops"]),
+    print(json.dumps({"crossings": per(write_crossings),
+                      "run_blocking": per(write_counts["run_blocking"]),
+                      "start_blocking": per(write_counts["start_blocking"]),
+                      "batch futures waited": per(write_counts["batch_waited"]),
+                      "lazy ops": per(write_counts["lazy_ops"]), "eager ops": per(write_counts["eager_ops"]),
                       "batches (incl. COMMIT)": per(batches),
-                      "ctxsw": per(sw), "cpu_us": per(cpu) * 1e6, "wall_us": per(wall) * 1e6}))
+                      "ctxsw": per(sw), "cpu_us": per(cpu) * 1e6, "wall_us": per(wall) * 1e6, **read}))
 
 asyncio.run(main())
 '''
+
+
+def measure(tree: Path = REPO, writes: int = 200, kib: int = 256) -> dict:
+    """One tree's figures (per WRITE and per READ: the keys printed by main())."""
+    return run(tree.resolve(), writes, kib)
 
 
 def run(tree: Path, writes: int, kib: int) -> dict:
@@ -142,7 +171,8 @@ def main() -> int:
         for side, tree in (("before", args.before), ("after", args.after)):
             rows[side].append(run(tree.resolve(), args.writes, args.kib))
     keys = list(rows["before"][0])
-    print(f"per UNSTABLE WRITE of {args.kib} KiB, {args.writes} writes, median of {args.rounds}")
+    print(f"per UNSTABLE WRITE of {args.kib} KiB ({args.writes} writes), per READ of as much (read ...), "
+          f"median of {args.rounds}")
     print(f"{'':28}{'before':>12}{'after':>12}")
     for k in keys:
         med = {s: sorted(r[k] for r in rows[s])[len(rows[s]) // 2] for s in rows}
