@@ -703,10 +703,12 @@ class Worker:
         objects = await self.gate.call("ListObjectsV2", lambda: list(self.client.list_objects(old_prefix)),
                                        what=old_prefix)
         owners: dict[tuple[str, str], int] = {}
+        own: dict[tuple[str, str], tuple[int, RemoteInfo]] = {}     # each file's own object
         newer: set[tuple[str, str]] = set()      # objects of files imported since the rename
         for ino, r in await self._store(self.store.remote_records_under, old_rel):
             if r.key and r.etag:
                 owners[(r.key, r.etag)] = ino
+                own[(r.key, r.etag)] = (ino, r)
                 if job_id <= r.imported_after_job:
                     newer.add((r.key, r.etag))
             for k, e in r.replaces:
@@ -734,6 +736,12 @@ class Worker:
                 return
             if not await ours(rel, obj.etag, dst_rel):
                 log.info("move_left_foreign_object", key=obj.key, etag=obj.etag)
+                return
+            mine = own.get((rel, obj.etag))
+            if mine is not None and self._object_is_stale(*mine):
+                # as in _move_file: the file was written again since; its upload writes the new
+                # name and drops this object (an object it replaced is not its own: moved)
+                log.info("move_not_copied_stale", ino=mine[0], src=rel, dst=dst_rel, data_seq=mine[1].data_seq)
                 return
             dst = self.keys.file_key(dst_rel)
             there = await self.gate.call("HeadObject", lambda: self.client.head_object(dst), what=dst)

@@ -117,6 +117,19 @@ def test_tmp_written_again_after_its_upload_then_renamed_never_puts_old_bytes_at
     sim.check_drained()
 
 
+def test_file_changed_after_its_upload_then_its_directory_renamed_never_puts_old_bytes_at_the_new_name(sim):
+    """Found by the model (long mode, seed 20261128) right after invariant 6 came: the directory
+    move copied a file's object that the file had since truncated; the same rule as a file move."""
+    sim.mkdir("d")
+    sim.save("d/a", sim.payload(1))
+    sim.drain()
+    sim.check()
+    sim.truncate("d/a", 0)
+    sim.rename("d", "a")
+    sim.drain()
+    sim.check_drained()
+
+
 def test_mtime_an_hour_ahead_is_uploaded(sim):
     sim.save("f", sim.payload(1000))
     sim.set_mtime("f", time.time_ns() + HOUR_NS)
