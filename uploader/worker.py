@@ -643,6 +643,13 @@ class Worker:
             info = await self._is_ours(old, ino)
             if info is None:
                 return "not-ours"
+            if remote is None and job.get("type") not in NODE_JOB_TYPES:
+                # the file went (unlinked and reclaimed) after the rename: a copy would put under
+                # the new name bytes it may never have had there (written again after the upload),
+                # which the unlink's job would only remove. Its object goes now.
+                await self._delete_if(old, info.etag)
+                log.info("move_file_gone", ino=ino, src=old, dst=new)
+                return "file-gone"
             etag, size = info.etag, info.size
         if recorded != [old, etag]:
             # what the replay removes if a crash comes between the re-key and the removal:

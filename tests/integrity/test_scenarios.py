@@ -130,6 +130,20 @@ def test_file_changed_after_its_upload_then_its_directory_renamed_never_puts_old
     sim.check_drained()
 
 
+def test_file_written_again_renamed_then_removed_before_its_move_never_puts_old_bytes_at_the_new_name(sim):
+    """Found by the model (long mode, seed 20261128) after the two above: the file was gone when its
+    move ran, so the move could not tell its bytes had moved on, and copied the old object to the
+    new name for the unlink's job to remove. A gone file's move now removes its object instead."""
+    sim.save("latest.pt", sim.payload(2000))
+    sim.drain()
+    sim.check()
+    sim.write("latest.pt", 0, sim.payload(10))
+    sim.rename("latest.pt", "a")
+    sim.remove("a")
+    sim.drain()
+    sim.check_drained()
+
+
 def test_mtime_an_hour_ahead_is_uploaded(sim):
     sim.save("f", sim.payload(1000))
     sim.set_mtime("f", time.time_ns() + HOUR_NS)
