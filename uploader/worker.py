@@ -820,6 +820,13 @@ class Worker:
             if info is None:
                 return "not-ours"
             etag = info.etag
+        if (remote is not None and remote.key == old and not last_link and job.get("new_path")
+                and self._object_is_stale(ino, remote)):
+            # as a move: the file was written again since its object was, so its old bytes go to
+            # no other name. The object stays where its record says until the file's upload,
+            # which reads the absent ranges of an evicted file from it, then drops it.
+            log.info("unlinked_object_left_stale", ino=ino, path=old, etag=etag, data_seq=remote.data_seq)
+            return "stale-left-for-upload"
         if remote is not None and remote.key == old and not last_link and job.get("new_path"):
             # another name still links the file, and its object was at the name removed: move
             # it to the file's next name (copy, re-key, then the old one goes), never delete
