@@ -45,6 +45,10 @@ FIXED = {
     # an import into the old name of a directory whose move is queued: the move takes the new
     # file's object (test_import_into_the_old_name_of_a_moved_directory_keeps_its_object)
     "import_dir_move": True,
+    # OPEN: a new file at a name where a removed file's queued job will still delete the object it
+    # recorded, by ETag: equal bytes (two empty files) have equal ETags, and the new file's object
+    # goes (test_new_empty_file_at_the_old_name_of_a_removed_empty_file_keeps_its_object, xfail)
+    "equal_bytes_delete": False,
 }
 for _name in filter(None, os.environ.get("CKPTGW_MODEL_FIXED", "").split(",")):
     FIXED[_name] = True
@@ -90,13 +94,26 @@ class IntegrityModel(RuleBasedStateMachine):
         return any(j.get("op") == "rename" and j.get("type") == "dir"
                    for _, j in self.sim.store.queue_list(1 << 30))
 
+    def _object_delete_pending(self, path: str) -> bool:
+        """A queued job will still delete, by its ETag, an object it recorded at `path` (or at a
+        name under it): its own object, or one its file replaced."""
+        def at(key) -> bool:
+            return bool(key) and (key == path or key.startswith(path + "/"))
+        for _, j in self.sim.store.queue_list(1 << 30):
+            if at((j.get("object") or [None])[0]) or any(at(k) for k, _ in j.get("replaces") or []):
+                return True
+        return False
+
     def _ns_pending(self) -> bool:
         return any(j.get("kind") == NS for _, j in self.sim.store.queue_list(1 << 30))
 
     # ---- client operations ----------------------------------------------------------------
     @rule(data=st.data(), name=FILE_NAMES)
     def create(self, data, name):
-        self.sim.create(self._join(data.draw(st.sampled_from(self._dirs())), name))
+        path = self._join(data.draw(st.sampled_from(self._dirs())), name)
+        if not FIXED["equal_bytes_delete"] and self._object_delete_pending(path):
+            return
+        self.sim.create(path)
 
     @rule(data=st.data(), name=FILE_NAMES, size=st.integers(0, 7000))
     def save(self, data, name, size):
@@ -107,6 +124,8 @@ class IntegrityModel(RuleBasedStateMachine):
         if node is not None and not isinstance(node, MFile):
             return
         if not FIXED["torn_upload"] and node is not None and self._uploading(path):
+            return
+        if not FIXED["equal_bytes_delete"] and self._object_delete_pending(path):
             return
         self.sim.save(path, self.sim.payload(size))
 
@@ -158,13 +177,18 @@ class IntegrityModel(RuleBasedStateMachine):
         dst = self._join(data.draw(st.sampled_from(self._dirs())), name)
         if not FIXED["dir_rekey"] and self._dir_move_pending():
             return
+        if not FIXED["equal_bytes_delete"] and self._object_delete_pending(dst):
+            return
         self.sim.rename(src, dst)
 
     @precondition(lambda self: self._files())
     @rule(data=st.data(), name=FILE_NAMES)
     def link(self, data, name):
         src = data.draw(st.sampled_from(self._files()))
-        self.sim.link(src, self._join(data.draw(st.sampled_from(self._dirs())), name))
+        dst = self._join(data.draw(st.sampled_from(self._dirs())), name)
+        if not FIXED["equal_bytes_delete"] and self._object_delete_pending(dst):
+            return
+        self.sim.link(src, dst)
 
     @precondition(lambda self: self.sim.paths())
     @rule(data=st.data())
