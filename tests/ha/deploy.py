@@ -24,7 +24,7 @@ import cluster  # noqa: E402
 import drbd  # noqa: E402
 import stack  # noqa: E402
 from guestimage import DEPLOY_USER, GUEST_WHEELHOUSE  # noqa: E402
-from pairvm import S3_ADDRESS, S3_GUEST_PORT, Pair, address  # noqa: E402
+from pairvm import NODES, S3_ADDRESS, S3_GUEST_PORT, Pair, address  # noqa: E402
 from playbook import PlaybookRun, run_playbook  # noqa: E402
 
 S3_BUCKET = "ckptgw"
@@ -48,7 +48,9 @@ def group_vars(pair: Pair, wheel: Path) -> dict:
                             "access": "rw", "squash": "none"}],
         # the pair
         "ckptgw_pair_enabled": True,
-        "ckptgw_pair_nodes": [{"name": node, "address": address(node)} for node in pair.vms],
+        # in NODES order, always: the role numbers corosync's nodes by it, and a node that
+        # rejoins under another number never merges with the running one (seen in the failback)
+        "ckptgw_pair_nodes": [{"name": node, "address": address(node)} for node in NODES if node in pair.vms],
         "ckptgw_pair_drbd_disk": drbd.BACKING,
         "ckptgw_pair_drbd_device": drbd.DEVICE,
         "ckptgw_pair_drbd_resource": drbd.RESOURCE,

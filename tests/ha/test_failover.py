@@ -202,9 +202,8 @@ def _failback(pair, s3, ansible_bin, ckptgw_wheel, report, tmp_path, rows, faile
     pair is failed back (`crm_resource --move`): Pacemaker stops the gateway on gw-b, moves the volume and the address,
     and starts it on gw-a; the client's saves go on through the same mount."""
     t0 = time.monotonic()
-    old = pair.vms.pop("gw-a")
-    old.stop()                                   # the killed VM's folder
-    pair.start("gw-a")
+    pair.vms["gw-a"].stop()                      # the killed VM's folder; the node keeps its place:
+    pair.start("gw-a")                           # the inventory lists the nodes in pair.vms's order
     report(f"failback: gw-a rebuilt from the image, boot to SSH {pair.boot_seconds['gw-a']:.0f}s")
     done = max([i for i, _, _ in rows] + [int(line.split()[0]) for line in failed]) + 1
     pair.ssh("gw-b", f"umount {MNT}", timeout=300)          # the 4.2 mount of the checks above
