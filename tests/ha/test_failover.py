@@ -54,7 +54,7 @@ SEED = int(os.environ.get("CKPTGW_HA_SEED", "38"))
 LONG = os.environ.get("CKPTGW_LONG") == "1"
 SEEDS = [SEED + i for i in range(int(os.environ.get("CKPTGW_HA_FAILOVERS", "5")) if LONG else 1)]
 # The failback to the repaired node (proof 3), after each failover: in the long mode, or alone
-# with CKPTGW_HA_FAILBACK=1 (it adds a boot, a playbook run and a switchover: ~10 min here).
+# with CKPTGW_HA_FAILBACK=1 (it adds a boot, a playbook run, DRBD's resync and a switchover: ~30 min here).
 FAILBACK = LONG or os.environ.get("CKPTGW_HA_FAILBACK") == "1"
 
 
@@ -152,12 +152,11 @@ def _every_acknowledged_save_is_there(pair, client: str, server: str, s3, rows) 
     `ckptgw check` clean on `server`, and after the drain the bucket holding what the namespace
     holds. The client's save loop must be stopped. Returns (drain seconds, the objects, their
     versions, keys PUT more than once)."""
-    node = client
     # A remount drops the client's cache, so the bytes come from the server; 4.2 for `ckptgw wait`.
-    pair.ssh(node, f"umount {MNT}", timeout=300)
-    stack.mount_client(pair, node, MNT, vers="4.2")
+    pair.ssh(client, f"umount {MNT}", timeout=300)
+    stack.mount_client(pair, client, MNT, vers="4.2")
     sums = dict(line.split()[::-1] for line in
-                pair.out(node, f"cd {RUN_DIR} && sha256sum shard-*", timeout=600).splitlines())
+                pair.out(client, f"cd {RUN_DIR} && sha256sum shard-*", timeout=600).splitlines())
     lost = [i for i, _, h in rows if f"shard-{i:05d}" not in sums]
     torn = [i for i, _, h in rows if f"shard-{i:05d}" in sums and sums[f"shard-{i:05d}"] != h]
     assert not lost and not torn, f"acknowledged saves lost {lost}, torn {torn} (of {len(rows)})"
@@ -168,10 +167,10 @@ def _every_acknowledged_save_is_there(pair, client: str, server: str, s3, rows) 
     # than one version only with the same bytes: the survivor PUT again an upload the dead node
     # had finished but not yet recorded (at least once, never a different or torn object).
     t_drain = time.monotonic()
-    stack.wait_uploaded(pair, node, RUN_DIR, 900)
+    stack.wait_uploaded(pair, client, RUN_DIR, 900)
     drained = time.monotonic() - t_drain
     prefix = os.path.relpath(RUN_DIR, MNT) + "/"            # key = export-relative path (no bucket prefix)
-    files = {prefix + name for name in pair.out(node, f"ls -A {RUN_DIR}").split()}
+    files = {prefix + name for name in pair.out(client, f"ls -A {RUN_DIR}").split()}
     versions, current = stack.bucket_objects(s3.client, deploy.S3_BUCKET, prefix)
     objects = {key for key in current if not key.endswith("/")}          # not the directory marker
     assert objects == files, (f"in S3, not in the namespace: {sorted(objects - files)}; "
@@ -198,8 +197,8 @@ def _failback(pair, s3, ansible_bin, ckptgw_wheel, report, tmp_path, rows, faile
     The repair is what an operator does with a node rebuilt from its image: boot it (its DRBD disk
     is the one it had; its root is the image's again) and run the playbook on the pair, while the
     survivor serves and the client saves. DRBD resyncs what changed meanwhile (the survivor's bitmap;
-    the figure from its kernel log). Then a planned switchover, the way a
-    pair is failed back (`crm_resource --move`): Pacemaker stops the gateway on gw-b, moves the volume and the address,
+    the figure from its kernel log). Then a planned switchover, the way a pair is failed back
+    (`crm_resource --move`): Pacemaker stops the gateway on gw-b, moves the volume and the address,
     and starts it on gw-a; the client's saves go on through the same mount."""
     t0 = time.monotonic()
     pair.vms["gw-a"].stop()                      # the killed VM's folder; the node keeps its place:
@@ -216,7 +215,9 @@ def _failback(pair, s3, ansible_bin, ckptgw_wheel, report, tmp_path, rows, faile
     report(f"  ansible-playbook site.yml on the pair, gw-a new, gw-b serving: {run.seconds:.0f}s, exit "
            f"{run.returncode}; " + "; ".join(run.recap_lines))
     assert run.returncode == 0, run.tail()
-    waited = drbd.wait_state(pair, "gw-b", 900, cs="Connected", ds="UpToDate/UpToDate")
+    # DRBD 8.4 holds a resync at c-min-rate (250 KiB/s) while the client writes: 18 min here for the
+    # 512 MiB a crashed primary's activity log marks (tests/ha/README.md)
+    waited = drbd.wait_state(pair, "gw-b", 2400, cs="Connected", ds="UpToDate/UpToDate")
     resync = stack.journal_matches(pair, "gw-b", b_since, stack.RESYNC_MARKS)
     _, status = cluster.wait_mon(pair, "gw-b", 600, "gw-a online, the stack still on gw-b",
                                  lambda s: cluster.online(s) == {"gw-a", "gw-b"} and stack.stack_on(s, "gw-b"))
