@@ -23,12 +23,16 @@ ROWS = {
     "Linux kernel client in a qemu guest: dd write, sharded save": ["kclient.dd_write", "kclient.ckpt_save"],
     "Linux kernel client in a qemu guest: dd read": ["kclient.dd_read"],
     "p99 ack": ["acklat.p99"],
+    "server CPU per COMPOUND": ["request.compound_cpu"],
+    "server CPU per RPC NULL": ["request.null_cpu"],
+    "server user CPU per MiB": ["request.user_cpu_per_mib"],
+    "thread crossings": ["request.crossings_write", "request.crossings_read"],
     "3 checkpoint saves": ["s3indep.faulty_over_clean"],
     "the same shards uploaded by boto3": ["s3indep.boto3_over_gateway"],
     "uploader drain rate": ["drain.rate"],
     "bytes PUT": ["drain.amplification"],
     "peak RSS": ["scale.rss"],
-    "all cores": ["cores.write8", "cores.small8"],
+    "all cores": ["cores.write8_of_bound", "cores.small8_of_bound"],
     "read of the last checkpoint": ["restart.read"],
 }
 
