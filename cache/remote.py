@@ -269,12 +269,17 @@ class RemoteRecords(StoreBase):
             rec = w.inode(ino)
             if rec is None or rec.type != FileType.REG or ino == exclude_ino:
                 return None
+            r = w.remote(ino)
+            if r.key == path and r.etag:
+                # the file here has its own object here: its upload came after the one that
+                # left (key, etag), which it replaced. Nothing to delete: an ETag-conditional
+                # delete would remove the new object when the bytes are equal (two empty files)
+                return ino
             if not rec.is_dirty and not self._move_queued(w, ino, path):
                 # neither an upload nor a queued move will put its object at `path` (e.g. a
                 # clean file hard-linked there, its object at its first name): nothing will
                 # replace it, and the file is in S3 already
                 return None
-            r = w.remote(ino)
             if (key, etag) not in r.replaces:
                 r.replaces = list(r.replaces) + [(key, etag)]
                 w.put_remote(ino, r)

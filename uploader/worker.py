@@ -636,6 +636,7 @@ class Worker:
                 # object there). Its pending upload writes the new name and drops this object
                 # (_upload: the record's key is not the path); an object the rename replaced
                 # stays until then (RemoteInfo.replaces). A replay decides the same way.
+                await self._fetch_before_leaving(ino)
                 log.info("move_not_copied_stale", ino=ino, src=old, dst=new, data_seq=remote.data_seq)
                 return "stale-not-copied"
             etag, size = remote.etag, remote.size
@@ -662,6 +663,24 @@ class Worker:
         await self._delete_if(old, etag)
         log.info("moved", ino=ino, src=old, dst=new, size=size)
         return "moved"
+
+    async def _fetch_before_leaving(self, ino: int) -> None:
+        """Bring a file's absent ranges (evicted, or an import's never read) in from its stale
+        object before a job leaves that object at a name the file no longer has: once the job
+        is done, a new file may take the name and its upload replace the object, and the only
+        copy of those bytes with it. Idempotent (a fill never overwrites writes); a failure
+        leaves the job queued, which keeps uploads off that name until it runs again."""
+        try:
+            absent = [(e.offset, e.length) for e in self.store.extents(ino) if e.state == DataState.ABSENT]
+        except StoreError as e:
+            if e.errno in (errno.ESTALE, errno.ENOENT):
+                return
+            raise
+        if absent:
+            if self.fetch_missing is None:
+                raise RuntimeError(f"ino {ino} has absent ranges and no read-through is wired")
+            await self.fetch_missing(ino, absent)
+            log.info("stale_object_bytes_fetched", ino=ino, ranges=len(absent))
 
     def _object_is_stale(self, ino: int, remote: RemoteInfo) -> bool:
         """Whether the file's bytes moved on since its object was written (its data sequence;
@@ -748,6 +767,7 @@ class Worker:
             if mine is not None and self._object_is_stale(*mine):
                 # as in _move_file: the file was written again since; its upload writes the new
                 # name and drops this object (an object it replaced is not its own: moved)
+                await self._fetch_before_leaving(mine[0])
                 log.info("move_not_copied_stale", ino=mine[0], src=rel, dst=dst_rel, data_seq=mine[1].data_seq)
                 return
             dst = self.keys.file_key(dst_rel)
@@ -824,7 +844,9 @@ class Worker:
                 and self._object_is_stale(ino, remote)):
             # as a move: the file was written again since its object was, so its old bytes go to
             # no other name. The object stays where its record says until the file's upload,
-            # which reads the absent ranges of an evicted file from it, then drops it.
+            # which then drops it; the absent ranges of an evicted file come in first, as
+            # the name is free for a new file's object now.
+            await self._fetch_before_leaving(ino)
             log.info("unlinked_object_left_stale", ino=ino, path=old, etag=etag, data_seq=remote.data_seq)
             return "stale-left-for-upload"
         if remote is not None and remote.key == old and not last_link and job.get("new_path"):

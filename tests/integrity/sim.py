@@ -588,13 +588,14 @@ class Sim:
                 self._register(f)
 
     # ---- uploader steps ------------------------------------------------------------------------
-    def enqueue(self, flush: bool) -> list[int]:
-        """One enqueue pass of the scheduler; flush=True: as `ckptgw flush` (no settle window).
-        Returns the inodes it queued. Without flush nothing may be queued: the settle window
-        (an hour) runs on the gateway's clock, and nothing in a test run is quiet that long."""
+    def enqueue(self, flush: bool, prefix: str | None = None) -> list[int]:
+        """One enqueue pass of the scheduler; flush=True: as `ckptgw flush [PREFIX]` (no settle
+        window; with a prefix, for the files under it alone). Returns the inodes it queued.
+        Without flush nothing may be queued: the settle window (an hour) runs on the gateway's
+        clock, and nothing in a test run is quiet that long."""
         before = {j["ino"] for _, j in self.store.queue_list(1 << 30) if j.get("kind") == UPLOAD}
         held = self.up._flush_prefixes
-        self.up._flush_prefixes = [None] if flush else held
+        self.up._flush_prefixes = [prefix] if flush else held
         try:
             self.run(self.up._enqueue_ready())
         finally:

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from tests.integrity.sim import Sim
+from uploader.jobs import UPLOAD
 
 HOUR_NS = 3600 * 10**9
 
@@ -158,14 +159,12 @@ def test_name_holding_a_hard_linked_files_object_removed_after_a_write_never_mov
     sim.check_drained()
 
 
-@pytest.mark.xfail(strict=True, reason="known, open: an ETag-conditional delete cannot tell two files' "
-                   "objects of equal bytes apart (two empty files)")
 def test_new_empty_file_at_the_old_name_of_a_removed_empty_file_keeps_its_object(sim):
-    """Found by the model (long mode, seed 20261128), and failing before this session's uploader
-    changes too (b674b78): an empty temp file uploaded, linked, renamed and removed under both names;
-    a new empty file created at its old name and uploaded; the old file's jobs delete by ETag, and
-    the new file's object has the same one (both empty): S3 loses the new file's object while the
-    store calls it CLEAN."""
+    """Found by the model (long mode, seed 20261128), failing since before b674b78: an empty temp
+    file uploaded, linked, renamed and removed under both names; a new empty file created at its old
+    name and uploaded; the old file's jobs delete by ETag, and the new file's object has the same one
+    (both empty): S3 lost the new file's object while the store called it CLEAN. A file whose own
+    object sits at the name is never handed an older object there to delete (adopt_replaced)."""
     sim.create("a")
     for _ in range(6):
         sim.dispatch()
@@ -695,3 +694,69 @@ def test_unuploaded_hard_linked_file_renamed_over_an_uploaded_file(sim):
         sim.check()
     sim.drain()
     sim.check_drained()
+
+
+def _upload_first(sim, path: str) -> None:
+    """Queue only `path`'s upload and run it to the end, before any other file's."""
+    sim.enqueue(flush=True, prefix=path)
+    sim.dispatch()
+    ino = sim.node(path).ino
+    (job_id,) = [jid for jid, j in sim.store.queue_list(1 << 30) if j.get("kind") == UPLOAD and j["ino"] == ino]
+    assert sim.grant_job(job_id)
+    sim.check()
+
+
+def _evicted_and_written(sim, path: str) -> None:
+    sim.save(path, sim.payload(5000))
+    sim.drain()
+    sim.evict(path)
+    sim.write(path, 0, sim.payload(10))      # the rest of its bytes only in its object now
+
+
+def test_evicted_file_written_renamed_and_its_old_name_reused_keeps_its_bytes(sim):
+    """Found in review (2026-11-29): a file evicted, written in part and renamed; its move left the
+    (stale) object at the old name, the file's only copy of its unwritten bytes; a new file took
+    the name and its upload replaced that object: the first file's upload could never fetch them.
+    The move now fetches the absent ranges before it leaves the object."""
+    _evicted_and_written(sim, "a")
+    sim.rename("a", "b")
+    for _ in range(3):
+        sim.dispatch()
+        sim.grant_all()
+    sim.save("a", sim.payload(3000))
+    _upload_first(sim, "a")
+    sim.drain()
+    sim.check_drained()
+    assert sim.read_through("b") is not None
+
+
+def test_evicted_file_written_its_directory_renamed_and_the_old_name_reused_keeps_its_bytes(sim):
+    """As above through a directory move (mv d e; mkdir d; a new d/f uploaded first)."""
+    sim.mkdir("d")
+    _evicted_and_written(sim, "d/f")
+    sim.rename("d", "e")
+    for _ in range(3):
+        sim.dispatch()
+        sim.grant_all()
+    sim.mkdir("d")
+    sim.save("d/f", sim.payload(3000))
+    _upload_first(sim, "d/f")
+    sim.drain()
+    sim.check_drained()
+    assert sim.read_through("e/f") is not None
+
+
+def test_evicted_hard_linked_file_written_and_the_name_of_its_object_reused_keeps_its_bytes(sim):
+    """As above through an unlink: the name holding a hard-linked file's object removed after a
+    write, a new file at that name uploaded first."""
+    _evicted_and_written(sim, "a")
+    sim.link("a", "b")
+    sim.remove("a")
+    for _ in range(3):
+        sim.dispatch()
+        sim.grant_all()
+    sim.save("a", sim.payload(3000))
+    _upload_first(sim, "a")
+    sim.drain()
+    sim.check_drained()
+    assert sim.read_through("b") is not None
