@@ -437,6 +437,7 @@ PAIR_VARS = {
     "ckptgw_pair_drbd_disk": "/dev/vdb", "ckptgw_pair_drbd_device": "/dev/drbd0",
     "ckptgw_pair_floating_ip": "192.168.38.100", "ckptgw_pair_floating_nic": "eth1",
     "ckptgw_pair_sbd_device": "/dev/vdc", "ckptgw_pair_corosync_token": 10000, "ckptgw_pair_stonith_timeout": "90s",
+    "ckptgw_pair_priority_fencing_delay": 25,
     "ckptgw_s3_endpoint": "http://10.0.2.100:9000",      # S3 outside the pair (tasks/assert.yml)
 }
 
@@ -459,14 +460,14 @@ def test_pair_templates_render_what_the_ha_tests_proved(ansible_bin, tmp_path):
     assert uncommented((tmp_path / "drbd.res").read_text()) == drbd.resource_file(nodes, cluster=True)
     assert uncommented((tmp_path / "corosync.conf").read_text()) == cluster.corosync_conf(nodes)
     crm = uncommented((tmp_path / "pair.crm").read_text())
-    for line in ["property stonith-enabled=true stonith-timeout=90s",
+    for line in ["property stonith-enabled=true stonith-timeout=90s priority-fencing-delay=25s\n",
                  "primitive fence-sbd stonith:fence_sbd \\\n    params devices=/dev/vdc \\",
                  "primitive drbd-r0 ocf:linbit:drbd \\\n    params drbd_resource=r0 \\",
                  "clone drbd-clone drbd-r0 \\\n    meta promotable=true promoted-max=1",
                  "params device=/dev/drbd0 directory=/var/lib/ckptgw/cache fstype=ext4 options=noatime \\",
                  "params ip=192.168.38.100 cidr_netmask=24 nic=eth1 \\",
                  "primitive gateway systemd:ckptgw \\",
-                 "group gw cache-fs gw-ip gateway\n",
+                 "group gw cache-fs gw-ip gateway \\\n    meta priority=10\n",
                  "colocation gw-on-primary inf: gw drbd-clone:Master\n",
                  "order gw-after-promote Mandatory: drbd-clone:promote gw:start\n",
                  "location first-promotion drbd-clone rule $role=Master 50: #uname eq gw-a\n"]:

@@ -4,7 +4,7 @@ Timers are stretched for guests on emulated CPUs (qemu TCG, no KVM), where the d
 false failovers; every failover time measured with them says so:
   - corosync token 10 s (default 1 s; 3 s in many recipes); consensus is 1.2x the token (12 s);
   - SBD on the shared disk: watchdog timeout 20 s, msgwait 40 s (defaults 5 s / 10 s); Pacemaker's
-    stonith-timeout 90 s (above msgwait with margin).
+    stonith-timeout 90 s (above msgwait with margin); priority-fencing-delay 25 s (default 10 s).
 A two-node cluster: votequorum's two_node (implies wait_for_all), and fencing is what settles a
 split: fence_sbd writes a poison pill into the peer's slot on the SBD disk, and a node whose
 watchdog is not fed (sbd hung, or cut off from the disk and from its peer) resets itself.
@@ -19,6 +19,10 @@ from pairvm import Pair, address
 SBD_DISK = "/dev/vdc"
 TOKEN_MS = 10_000
 SBD_WATCHDOG_S, SBD_MSGWAIT_S = 20, 40
+# A cut link: the fencing of the node running the gateway waits this long, so the passive node is
+# shot first; above the watchdog timeout (a fenced node is dead by then). It delays a dead active
+# node's fencing as much.
+PRIORITY_FENCING_DELAY_S = 25
 STONITH_TIMEOUT_S = 90
 
 

@@ -62,6 +62,7 @@ def group_vars(pair: Pair, wheel: Path) -> dict:
         "ckptgw_pair_sbd_watchdog_timeout": cluster.SBD_WATCHDOG_S,
         "ckptgw_pair_sbd_msgwait": cluster.SBD_MSGWAIT_S,
         "ckptgw_pair_stonith_timeout": f"{cluster.STONITH_TIMEOUT_S}s",
+        "ckptgw_pair_priority_fencing_delay": cluster.PRIORITY_FENCING_DELAY_S,
     }
 
 
