@@ -138,6 +138,22 @@ def journal_matches(pair: Pair, node: str, since: float, marks) -> dict[str, tup
     return found
 
 
+# A cut replication link, on the active node gw-a's journal: it loses gw-b and fences it (and is
+# never fenced itself: priority-fencing-delay holds back the fencing of the node running the group).
+LINKCUT_MARKS = [
+    ("peer lost (corosync)", r"A processor failed, forming new configuration"),
+    ("gw-b fenced", r"Operation '(?:reboot|off)' .*targeting gw-b.*: OK|Peer gw-b was terminated .*: OK"),
+    ("gw-a fenced", r"Operation '(?:reboot|off)' .*targeting gw-a.*: OK|Peer gw-a was terminated .*: OK"),
+    ("DRBD connected again", r"conn\( \w+ -> Connected \)"),
+]
+
+
+def wait_acknowledged_after(pair: Pair, node: str, since: float, timeout: float, what: str,
+                            log: str = "/root/acks.log") -> None:
+    """Wait until the save loop on `node` has acknowledged a save after `since` (its clock)."""
+    pair.wait_for(node, f"awk '$2 > {since:.3f} {{ found = 1 }} END {{ exit !found }}' {log}", timeout, what)
+
+
 # A switchover's steps on the node taking over (failback), and the DRBD resync on the source.
 SWITCHOVER_MARKS = [(name, pattern) for name, pattern in JOURNAL_MARKS
                     if name not in ("peer lost (corosync)", "fenced")]

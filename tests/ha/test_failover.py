@@ -31,7 +31,6 @@ fraction of one save's time); CI runs one failover with the default seed, CKPTGW
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import random
 import time
@@ -41,13 +40,12 @@ import pytest
 import cluster
 import deploy
 import drbd
+import scenario
 import stack
 
 pytestmark = [pytest.mark.ha, pytest.mark.slow]
 
-MNT = "/mnt/ckpt"
-RUN_DIR = f"{MNT}/run"
-SHARD = 256 << 10
+MNT, RUN_DIR, SHARD = scenario.MNT, scenario.RUN_DIR, scenario.SHARD
 SEED = int(os.environ.get("CKPTGW_HA_SEED", "38"))
 # CKPTGW_LONG=1: CKPTGW_HA_FAILOVERS failovers (default 5), seeds SEED, SEED+1, ..., each on a fresh pair
 # (~10 min each here); the run's report closes with each step's median and max.
@@ -63,33 +61,7 @@ def test_gateway_fails_over_to_the_survivor_with_every_acknowledged_save(pair, s
                                                                         timelines, tmp_path, seed):
     rng = random.Random(seed)
     t = time.monotonic()
-    pair.start()
-    report(f"boot (both at once, to SSH): gw-a {pair.boot_seconds['gw-a']:.0f}s, gw-b {pair.boot_seconds['gw-b']:.0f}s")
-
-    inventory = deploy.inventory(tmp_path / "hosts.yml", pair, ckptgw_wheel)
-    for label in ("first run (the pair from scratch)", "second run (idempotence)"):
-        run = deploy.deploy(ansible_bin, inventory)
-        report(f"ansible-playbook site.yml, pair mode, {label}: {run.seconds:.0f}s, exit {run.returncode}; "
-               + "; ".join(run.recap_lines))
-        assert run.returncode == 0, run.tail()
-        if label.startswith("first"):
-            assert all(run.recap(node)["changed"] > 0 for node in pair.vms), run.tail()
-            # The initial sync (gw-a's new file system to gw-b) runs in the background from here;
-            # the second run goes on beside it, and Pacemaker starts the stack meanwhile.
-            t_sync = time.monotonic()
-        else:
-            assert all(run.recap(node)["changed"] == 0 for node in pair.vms), run.tail()
-    waited = drbd.wait_state(pair, "gw-a", 900, cs="Connected", ds="UpToDate/UpToDate")
-    report(f"DRBD initial sync of {pair.data_size} in sync {time.monotonic() - t_sync:.0f}s after the first run "
-           f"({waited:.0f}s waited after the second)")
-    assert "disabled" in pair.out("gw-a", "systemctl is-enabled ckptgw.service", check=False)
-
-    t0 = time.monotonic()
-    _, status = cluster.wait_mon(pair, "gw-a", 600, "the stack active on gw-a", lambda s: stack.stack_on(s, "gw-a"))
-    assert cluster.online(status) == {"gw-a", "gw-b"} and cluster.fence_device_started(status), status
-    report(f"the stack active on gw-a: {time.monotonic() - t0:.0f}s after the sync")
-    assert stack.unit_state(pair, "gw-a") == "active"
-    assert stack.unit_state(pair, "gw-b") == "inactive", "ckptgw runs on the passive node"
+    scenario.bring_up(pair, ansible_bin, ckptgw_wheel, report, tmp_path)
 
     stack.mount_client(pair, "gw-b", MNT)
     stack.start_writer(pair, "gw-b", RUN_DIR, SHARD)
@@ -114,15 +86,14 @@ def test_gateway_fails_over_to_the_survivor_with_every_acknowledged_save(pair, s
     assert any(line.split()[1:3] == ["gw-a", "reset"] for line in slots.splitlines()), slots
 
     # The client's next save, through the mount it had all along.
-    pair.wait_for("gw-b", f"awk '$2 > {kill_b:.3f} {{ found = 1 }} END {{ exit !found }}' /root/acks.log", 600,
-                  "a save acknowledged after the failover")
+    stack.wait_acknowledged_after(pair, "gw-b", kill_b, 600, "a save acknowledged after the failover")
     stack.stop_writer(pair, "gw-b", 600)
     rows = stack.acks(pair, "gw-b")
     failed = stack.failed_saves(pair, "gw-b")
     first_after = next(r for r in rows if r[1] > kill_b)
     marks = stack.journal_marks(pair, "gw-b", kill_b)
 
-    drained, objects, versions, repeated = _every_acknowledged_save_is_there(pair, "gw-b", "gw-b", s3, rows)
+    drained, objects, versions, repeated = scenario.every_acknowledged_save_is_there(pair, "gw-b", "gw-b", s3, rows)
 
     timeline = {"kill": 0.0, **{k: v - kill_b for k, v in sorted(marks.items(), key=lambda kv: kv[1])},
                 "first acknowledged save": first_after[1] - kill_b}
@@ -136,7 +107,7 @@ def test_gateway_fails_over_to_the_survivor_with_every_acknowledged_save(pair, s
     report(f"  saves of {SHARD >> 10} KiB acknowledged: {acked_before} before the kill, {len(rows)} in all, "
            f"every one byte for byte on gw-b; lost 0, torn 0; ckptgw check clean; crm_mon saw the stack on gw-b "
            f"after {took:.0f}s of polling")
-    _report_s3(report, drained, objects, versions, repeated)
+    scenario.report_s3(report, drained, objects, versions, repeated)
     # A save that failed was never acknowledged, so nothing is owed for it; but each is an error a
     # client saw (e.g. a RENAME the old server had done, re-sent to the new one in a new session:
     # ENOENT), and is reported.
@@ -145,50 +116,6 @@ def test_gateway_fails_over_to_the_survivor_with_every_acknowledged_save(pair, s
     if FAILBACK:
         _failback(pair, s3, ansible_bin, ckptgw_wheel, report, tmp_path, rows, failed)
     report(f"test total {time.monotonic() - t:.0f}s")
-
-
-def _every_acknowledged_save_is_there(pair, client: str, server: str, s3, rows) -> tuple:
-    """Every acknowledged save read back on `client` from the gateway (active on `server`),
-    `ckptgw check` clean on `server`, and after the drain the bucket holding what the namespace
-    holds. The client's save loop must be stopped. Returns (drain seconds, the objects, their
-    versions, keys PUT more than once)."""
-    # A remount drops the client's cache, so the bytes come from the server; 4.2 for `ckptgw wait`.
-    pair.ssh(client, f"umount {MNT}", timeout=300)
-    stack.mount_client(pair, client, MNT, vers="4.2")
-    sums = dict(line.split()[::-1] for line in
-                pair.out(client, f"cd {RUN_DIR} && sha256sum shard-*", timeout=600).splitlines())
-    lost = [i for i, _, h in rows if f"shard-{i:05d}" not in sums]
-    torn = [i for i, _, h in rows if f"shard-{i:05d}" in sums and sums[f"shard-{i:05d}"] != h]
-    assert not lost and not torn, f"acknowledged saves lost {lost}, torn {torn} (of {len(rows)})"
-    out = stack.check(pair, server)
-    assert "store is consistent" in out, out
-
-    # After the drain, S3 (outside the pair) holds what the namespace holds. A key may have more
-    # than one version only with the same bytes: the survivor PUT again an upload the dead node
-    # had finished but not yet recorded (at least once, never a different or torn object).
-    t_drain = time.monotonic()
-    stack.wait_uploaded(pair, client, RUN_DIR, 900)
-    drained = time.monotonic() - t_drain
-    prefix = os.path.relpath(RUN_DIR, MNT) + "/"            # key = export-relative path (no bucket prefix)
-    files = {prefix + name for name in pair.out(client, f"ls -A {RUN_DIR}").split()}
-    versions, current = stack.bucket_objects(s3.client, deploy.S3_BUCKET, prefix)
-    objects = {key for key in current if not key.endswith("/")}          # not the directory marker
-    assert objects == files, (f"in S3, not in the namespace: {sorted(objects - files)}; "
-                              f"in the namespace, not in S3: {sorted(files - objects)}")
-    wrong = [i for i, _, h in rows if hashlib.sha256(s3.client.get_object(
-        Bucket=deploy.S3_BUCKET, Key=f"{prefix}shard-{i:05d}")["Body"].read()).hexdigest() != h]
-    assert not wrong, f"acknowledged shards with other bytes in S3: {wrong}"
-    differing = {key: [v["ETag"] for v in vs] for key, vs in versions.items() if len({v["ETag"] for v in vs}) > 1}
-    assert not differing, f"keys written with different contents: {differing}"
-    repeated = sorted(key for key in objects if len(versions[key]) > 1)
-    return drained, objects, versions, repeated
-
-
-def _report_s3(report, drained, objects, versions, repeated) -> None:
-    report(f"  S3 outside the pair after the drain (`ckptgw wait`, {drained:.0f}s after the read-back): "
-           f"{len(objects)} objects = the files of the namespace, each acknowledged shard's bytes; "
-           f"{sum(len(versions[k]) for k in objects)} versions, keys PUT more than once (same bytes): "
-           f"{', '.join(repeated) or 'none'}")
 
 
 def _failback(pair, s3, ansible_bin, ckptgw_wheel, report, tmp_path, rows, failed) -> None:
@@ -240,15 +167,14 @@ def _failback(pair, s3, ansible_bin, ckptgw_wheel, report, tmp_path, rows, faile
     assert cluster.online(status) == {"gw-a", "gw-b"}, status
     assert stack.unit_state(pair, "gw-a") == "active"
     assert stack.unit_state(pair, "gw-b") == "inactive", "ckptgw still runs on gw-b"
-    pair.wait_for("gw-b", f"awk '$2 > {move_b:.3f} {{ found = 1 }} END {{ exit !found }}' /root/acks.log", 600,
-                  "a save acknowledged after the failback")
+    stack.wait_acknowledged_after(pair, "gw-b", move_b, 600, "a save acknowledged after the failback")
     stack.stop_writer(pair, "gw-b", 600)
     rows = stack.acks(pair, "gw-b")
     first_after = next(r for r in rows if r[1] > move_b)
     offset_a, _ = stack.clock_offset(pair, "gw-a")
     offset_b, _ = stack.clock_offset(pair, "gw-b")
     marks = stack.journal_marks(pair, "gw-a", a_since, stack.SWITCHOVER_MARKS)
-    drained, objects, versions, repeated = _every_acknowledged_save_is_there(pair, "gw-b", "gw-a", s3, rows)
+    drained, objects, versions, repeated = scenario.every_acknowledged_save_is_there(pair, "gw-b", "gw-a", s3, rows)
     # gw-a's marks onto gw-b's clock (the move's and the client's)
     steps = {k: v - offset_a + offset_b - move_b for k, v in sorted(marks.items(), key=lambda kv: kv[1])}
     report("  failback (crm_resource --move gw to gw-a; s after the move, gw-b's clock): " + " -> ".join(
@@ -256,7 +182,7 @@ def _failback(pair, s3, ansible_bin, ckptgw_wheel, report, tmp_path, rows, faile
         + f"; crm_mon saw the stack on gw-a after {took:.0f}s of polling")
     report(f"  saves acknowledged: {len(rows)} in all, every one byte for byte on gw-a; lost 0, torn 0; "
            f"ckptgw check clean on gw-a")
-    _report_s3(report, drained, objects, versions, repeated)
+    scenario.report_s3(report, drained, objects, versions, repeated)
     for line in stack.failed_saves(pair, "gw-b")[len(failed):]:
         report(f"  save failed (not acknowledged): {line}")
     report(f"  failback total {time.monotonic() - t0:.0f}s")
