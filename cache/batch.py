@@ -45,6 +45,7 @@ class BatchCommitter:
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
         self._sleeping = False              # the thread waits in _cv: only then notify
+        self._timed = False                 # ... and will wake by itself within LAZY_DELAY
         self._queue: collections.deque = collections.deque()   # (future, fn, args, lazy, queued at)
         self._eager = 0                     # queued ops that are not lazy
         self._kicked = False                # kick(): the queued lazy ops are wanted now
@@ -85,7 +86,9 @@ class BatchCommitter:
         with self._lock:
             if self._closing:
                 raise StoreError(errno.ESHUTDOWN, "store is closing")
-            wake = not lazy or not self._queue
+            # a lazy op waits LAZY_DELAY anyway: a thread that wakes by itself by then (it
+            # lingers after a batch, or sleeps until an older op is due) forms it in time
+            wake = not lazy or (not self._queue and not self._timed)
             self._queue.append((fut, fn, args, lazy, time.monotonic()))
             if not lazy:
                 self._eager += 1
@@ -93,9 +96,8 @@ class BatchCommitter:
                 self._thread = threading.Thread(target=self._run, name="ckptgw-nsbatch",
                                                 daemon=True)
                 self._thread.start()
-            # a lazy op behind others changes nothing the thread waits for (the oldest's
-            # time): waking it for each (an UNSTABLE WRITE's record, store.py I5) would cost
-            # a context switch per op
+            # waking the thread for each lazy op (an UNSTABLE WRITE's record, store.py I5)
+            # would cost a context switch per op
             if wake and self._sleeping:
                 self._cv.notify()
 
@@ -166,13 +168,17 @@ class BatchCommitter:
     # ---- the committer thread -----------------------------------------------------
     def _run(self) -> None:
         pending: list[tuple[int, list]] = []     # (txnid, outcomes): committed, not yet durable
+        linger = False                  # a batch was just formed: more ops may follow soon
         while True:
             with self._lock:
                 while not pending and not self._closing:
                     if self._eager or self._kicked:
                         break
                     if not self._queue:
-                        self._sleep(None)
+                        # after a batch, a timed sleep first: a lazy op queued meanwhile (the
+                        # next UNSTABLE WRITE's record) needs no wake-up of its own
+                        self._sleep(LAZY_DELAY if linger else None)
+                        linger = False
                         continue
                     due = self._queue[0][4] + LAZY_DELAY - time.monotonic()   # the oldest
                     if due <= 0:
@@ -197,6 +203,7 @@ class BatchCommitter:
                 if not taken and not pending:
                     return                           # closing, all done
             if batch:
+                linger = True
                 outcomes = self._apply(batch)
                 if outcomes is not None:
                     _complete([o for o in outcomes if not o[0].durable])
@@ -225,11 +232,11 @@ class BatchCommitter:
 
     def _sleep(self, timeout: float | None) -> None:
         """Wait in _cv (its lock held) until notified or timeout."""
-        self._sleeping = True
+        self._sleeping, self._timed = True, timeout is not None
         try:
             self._cv.wait(timeout)
         finally:
-            self._sleeping = False
+            self._sleeping = self._timed = False
 
     def _apply(self, batch: list) -> list | None:
         """One write txn, one nested txn per op; commit. Returns (future, ok, value) per op,
