@@ -491,6 +491,25 @@ def test_pair_with_a_fence_agent_instead_of_sbd_and_corosync_crypto(ansible_bin,
     assert "k" * 128 not in run.output
 
 
+def test_pair_nodes_reordered_on_a_running_pair_fail_naming_the_ids(ansible_bin, tmp_path):
+    """The role numbers Corosync's nodes by their place in ckptgw_pair_nodes: on a running pair a
+    new order would renumber them, and a node whose id changes never rejoins (tests/ha's failback
+    saw both become node 2). The same order passes; another fails before anything is written."""
+    sys.path.insert(0, str(HERE.parent / "ha"))
+    import cluster
+    running = cluster.corosync_conf(("gw-a", "gw-b"))
+    (tmp_path / "same").mkdir()
+    (tmp_path / "swapped").mkdir()
+    same = render(ansible_bin, tmp_path / "same", ckptgw_admin_group="", ckptgw_pair_corosync_conf_now=running,
+                  **PAIR_VARS)
+    assert same.returncode == 0, same.tail()
+    swapped = render(ansible_bin, tmp_path / "swapped", ckptgw_admin_group="", ckptgw_pair_corosync_conf_now=running,
+                     **dict(PAIR_VARS, ckptgw_pair_nodes=PAIR_VARS["ckptgw_pair_nodes"][::-1]))
+    assert swapped.returncode != 0, swapped.tail()
+    assert "gw-a is node 1, would be 2" in swapped.output and "gw-b is node 2, would be 1" in swapped.output, \
+        swapped.tail()
+
+
 def test_pair_node_without_an_address_fails_naming_it(ansible_bin, tmp_path):
     run = render(ansible_bin, tmp_path, **dict(PAIR_VARS, ckptgw_pair_nodes=[{"name": "gw-a"}, {"name": "gw-b"}]))
     assert run.returncode != 0 and "address" in run.output, run.tail()
