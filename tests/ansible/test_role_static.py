@@ -472,6 +472,8 @@ def test_pair_templates_render_what_the_ha_tests_proved(ansible_bin, tmp_path):
                  "order gw-after-promote Mandatory: drbd-clone:promote gw:start\n",
                  "location first-promotion drbd-clone rule $role=Master 50: #uname eq gw-a\n"]:
         assert line in crm, f"{line!r} not in\n{crm}"
+    # the volume's I/O is frozen while a lost peer is fenced: the watchdog outwaits the stonith timeout
+    assert "WatchdogSec=120s\n" in (tmp_path / "ckptgw.service").read_text()
     config = tomllib.loads((tmp_path / "config.toml").read_text())
     assert config["pair"] == {"drbd_device": "/dev/drbd0"}
     assert check_config(tmp_path / "config.toml").returncode == 0
