@@ -120,8 +120,11 @@ class Pair:
         """Poll until `command` succeeds on the node; returns the seconds it took."""
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
-            if self.ssh(node, command, check=False, timeout=120).returncode == 0:
-                return time.monotonic() - t0
+            try:
+                if self.ssh(node, command, check=False, timeout=120).returncode == 0:
+                    return time.monotonic() - t0
+            except subprocess.TimeoutExpired:
+                pass                 # a session the node's reset (or a stalled boot) left hanging
             time.sleep(interval)
         raise GuestError(f"{node}: {what} not reached in {timeout:.0f}s")
 

@@ -20,6 +20,7 @@ A VM run of ~20 min here: not in CI (which runs one failover); CKPTGW_HA_LINKCUT
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 
 import pytest
@@ -56,7 +57,10 @@ def test_a_cut_replication_link_fences_only_the_passive_node(pair, s3, ansible_b
     polls = 0
     t_cut = time.monotonic()
     while time.monotonic() - t_cut < 900:
-        proc = pair.ssh("gw-b", f"{BOOT_ID}; systemctl is-active ckptgw.service", check=False, timeout=60)
+        try:
+            proc = pair.ssh("gw-b", f"{BOOT_ID}; systemctl is-active ckptgw.service", check=False, timeout=60)
+        except subprocess.TimeoutExpired:
+            break                                       # reset under an open SSH session
         lines = proc.stdout.decode().split()
         if proc.returncode == 255 or (lines and lines[0] != boot["gw-b"]):
             break                                       # down, or already up again: it was reset
