@@ -163,6 +163,13 @@ RESYNC_MARKS = [
 ]
 
 
+def resync_figure(resync: dict) -> tuple[float, int] | None:
+    """(MiB resynced, seconds) from journal_matches(..., RESYNC_MARKS), None if either line is missing."""
+    if "resync began" in resync and "resync done" in resync:
+        return int(resync["resync began"][1].group(1)) / 1024, int(resync["resync done"][1].group(1))
+    return None
+
+
 # The checkpoint save recipe in a loop, as a client runs it: write a tmp file, fsync, rename,
 # fsync the directory; a shard is acknowledged once that returns, and only then is it logged
 # (index, time, sha256) to a local file that is itself fsynced. A save that fails (an error from

@@ -149,10 +149,11 @@ def _failback(pair, s3, ansible_bin, ckptgw_wheel, report, tmp_path, rows, faile
     _, status = cluster.wait_mon(pair, "gw-b", 600, "gw-a online, the stack still on gw-b",
                                  lambda s: cluster.online(s) == {"gw-a", "gw-b"} and stack.stack_on(s, "gw-b"))
     assert stack.unit_state(pair, "gw-a") == "inactive", "ckptgw runs on the passive node"
-    if "resync began" in resync and "resync done" in resync:
-        kib, secs = int(resync["resync began"][1].group(1)), int(resync["resync done"][1].group(1))
-        report(f"  DRBD resync of what changed while gw-a was down: {kib / 1024:.1f} MiB in {secs} s "
-               f"({secs / max(kib / 2**20, 1e-9):.0f} s per GiB changed; in sync {waited:.0f}s after the playbook)")
+    figure = stack.resync_figure(resync)
+    if figure:
+        mib, secs = figure
+        report(f"  DRBD resync of what changed while gw-a was down: {mib:.1f} MiB in {secs} s "
+               f"({secs / max(mib / 1024, 1e-9):.0f} s per GiB changed; in sync {waited:.0f}s after the playbook)")
     else:
         report(f"  DRBD in sync {waited:.0f}s after the playbook; resync lines not found in gw-b's kernel log")
     before = len(stack.acks(pair, "gw-b"))

@@ -99,10 +99,10 @@ def test_a_cut_replication_link_fences_only_the_passive_node(pair, s3, ansible_b
     report(f"  exactly one side fenced: gw-b reset (boot id changed), gw-a not (same boot id, no fencing of it in "
            f"its journal); ckptgw never ran on gw-b ({polls} polls while it was cut off), the one on gw-a the same "
            f"process throughout (MainPID {server_pid})")
-    if "resync began" in resync and "resync done" in resync:
-        kib, secs = int(resync["resync began"][1].group(1)), int(resync["resync done"][1].group(1))
+    figure = stack.resync_figure(resync)
+    if figure:
         report(f"  gw-b back in the cluster {took:.0f}s into polling; DRBD resync of what changed while it was "
-               f"out: {kib / 1024:.1f} MiB in {secs} s; in sync {waited:.0f}s after that")
+               f"out: {figure[0]:.1f} MiB in {figure[1]} s; in sync {waited:.0f}s after that")
     else:
         report(f"  gw-b back in the cluster {took:.0f}s into polling; DRBD in sync {waited:.0f}s after that")
     report(f"  saves of {SHARD >> 10} KiB acknowledged: {acked_before} before the cut, {len(rows)} in all, every one "

@@ -706,6 +706,22 @@ def _upload_first(sim, path: str) -> None:
     sim.check()
 
 
+def _a_new_file_there_uploaded_first(sim, path: str, moved_to: str, mkdir: str | None = None) -> None:
+    """The jobs of the move or unlink run; a new file at `path` (in a new directory `mkdir`) is
+    uploaded before the old file's upload; then everything drains and the old file, now at
+    `moved_to`, must read back whole."""
+    for _ in range(3):
+        sim.dispatch()
+        sim.grant_all()
+    if mkdir:
+        sim.mkdir(mkdir)
+    sim.save(path, sim.payload(3000))
+    _upload_first(sim, path)
+    sim.drain()
+    sim.check_drained()
+    assert sim.read_through(moved_to) is not None
+
+
 def _evicted_and_written(sim, path: str) -> None:
     sim.save(path, sim.payload(5000))
     sim.drain()
@@ -720,14 +736,7 @@ def test_evicted_file_written_renamed_and_its_old_name_reused_keeps_its_bytes(si
     The move now fetches the absent ranges before it leaves the object."""
     _evicted_and_written(sim, "a")
     sim.rename("a", "b")
-    for _ in range(3):
-        sim.dispatch()
-        sim.grant_all()
-    sim.save("a", sim.payload(3000))
-    _upload_first(sim, "a")
-    sim.drain()
-    sim.check_drained()
-    assert sim.read_through("b") is not None
+    _a_new_file_there_uploaded_first(sim, "a", "b")
 
 
 def test_evicted_file_written_its_directory_renamed_and_the_old_name_reused_keeps_its_bytes(sim):
@@ -735,15 +744,7 @@ def test_evicted_file_written_its_directory_renamed_and_the_old_name_reused_keep
     sim.mkdir("d")
     _evicted_and_written(sim, "d/f")
     sim.rename("d", "e")
-    for _ in range(3):
-        sim.dispatch()
-        sim.grant_all()
-    sim.mkdir("d")
-    sim.save("d/f", sim.payload(3000))
-    _upload_first(sim, "d/f")
-    sim.drain()
-    sim.check_drained()
-    assert sim.read_through("e/f") is not None
+    _a_new_file_there_uploaded_first(sim, "d/f", "e/f", mkdir="d")
 
 
 def test_evicted_hard_linked_file_written_and_the_name_of_its_object_reused_keeps_its_bytes(sim):
@@ -752,11 +753,4 @@ def test_evicted_hard_linked_file_written_and_the_name_of_its_object_reused_keep
     _evicted_and_written(sim, "a")
     sim.link("a", "b")
     sim.remove("a")
-    for _ in range(3):
-        sim.dispatch()
-        sim.grant_all()
-    sim.save("a", sim.payload(3000))
-    _upload_first(sim, "a")
-    sim.drain()
-    sim.check_drained()
-    assert sim.read_through("b") is not None
+    _a_new_file_there_uploaded_first(sim, "a", "b")
