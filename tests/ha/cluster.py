@@ -83,6 +83,25 @@ def fence_device_started(status: str) -> bool:
     return re.search(r"fence-sbd\s+\(stonith:fence_sbd\):\s+Started gw-", status) is not None
 
 
+def fence_constraints(pair: Pair, node: str) -> list[str]:
+    """DRBD's fence constraints in the CIB: crm-fence-peer.sh sets one (no promotion of the peer that
+    may be out of date), crm-unfence-peer.sh lifts it after that peer's resync. One left on an in-sync
+    pair forbids the next failover."""
+    xml = pair.out(node, "cibadmin --query --scope constraints")
+    return re.findall(r'id="(drbd-fence-by-handler-[^"]*)"', xml)
+
+
+def wait_unfenced(pair: Pair, node: str, timeout: float) -> float:
+    """Wait for the fence constraints to be lifted (the handler runs as the resync ends)."""
+    t0 = time.monotonic()
+    while left := fence_constraints(pair, node):
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"{node}: DRBD's fence constraint {left} still in the CIB {timeout:.0f}s after "
+                                 "the resync: the pair could not fail over to the resynced node")
+        time.sleep(3)
+    return time.monotonic() - t0
+
+
 def wait_mon(pair: Pair, node: str, timeout: float, what: str, ok) -> tuple[float, str]:
     """Poll `crm_mon -1` on the node until ok(status); returns (seconds, status)."""
     t0 = time.monotonic()

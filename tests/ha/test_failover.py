@@ -149,6 +149,9 @@ def _failback(pair, s3, ansible_bin, ckptgw_wheel, report, tmp_path, rows, faile
     _, status = cluster.wait_mon(pair, "gw-b", 600, "gw-a online, the stack still on gw-b",
                                  lambda s: cluster.online(s) == {"gw-a", "gw-b"} and stack.stack_on(s, "gw-b"))
     assert stack.unit_state(pair, "gw-a") == "inactive", "ckptgw runs on the passive node"
+    # gw-b's fence constraint on gw-a (set at the failover) goes with the resync, or gw-a can never
+    # be promoted: the switchover below and any later failover to it would be refused
+    unfenced = cluster.wait_unfenced(pair, "gw-b", 120)
     figure = stack.resync_figure(resync)
     if figure:
         mib, secs = figure
@@ -156,6 +159,7 @@ def _failback(pair, s3, ansible_bin, ckptgw_wheel, report, tmp_path, rows, faile
                f"({secs / max(mib / 1024, 1e-9):.0f} s per GiB changed; in sync {waited:.0f}s after the playbook)")
     else:
         report(f"  DRBD in sync {waited:.0f}s after the playbook; resync lines not found in gw-b's kernel log")
+    report(f"  DRBD's fence constraint on gw-a lifted {unfenced:.0f}s after that (no drbd-fence-by-handler-* left)")
     before = len(stack.acks(pair, "gw-b"))
     pair.wait_for("gw-b", f"test $(wc -l < /root/acks.log) -ge {before + 3}", 600, "3 more saves acknowledged")
 

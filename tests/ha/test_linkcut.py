@@ -75,6 +75,7 @@ def test_a_cut_replication_link_fences_only_the_passive_node(pair, s3, ansible_b
     took, status = cluster.wait_mon(pair, "gw-a", 900, "gw-b online again, the stack still on gw-a",
                                     lambda s: cluster.online(s) == {"gw-a", "gw-b"} and stack.stack_on(s, "gw-a"))
     waited = drbd.wait_state(pair, "gw-a", 1800, cs="Connected", ds="UpToDate/UpToDate")
+    unfenced = cluster.wait_unfenced(pair, "gw-a", 120)     # or gw-b could never take over again
     assert stack.unit_state(pair, "gw-b") == "inactive", "ckptgw runs on the passive node"
     if pair.out("gw-a", "systemctl show -p MainPID --value ckptgw.service").strip() != server_pid:
         lines = pair.out("gw-a", f"journalctl --no-pager -o short-unix --since @{int(cut_a) - 1} | "
@@ -105,6 +106,7 @@ def test_a_cut_replication_link_fences_only_the_passive_node(pair, s3, ansible_b
                f"out: {figure[0]:.1f} MiB in {figure[1]} s; in sync {waited:.0f}s after that")
     else:
         report(f"  gw-b back in the cluster {took:.0f}s into polling; DRBD in sync {waited:.0f}s after that")
+    report(f"  DRBD's fence constraint on gw-b lifted {unfenced:.0f}s after the sync")
     # the stall: DRBD freezes the volume's I/O from noticing the lost peer until Pacemaker has it fenced
     times = [r[1] for r in rows]
     gap, at = max((b - a, a) for a, b in zip(times, times[1:]) if b > cut_a)
