@@ -208,11 +208,7 @@ class Worker:
         multipart = attr.size >= self.settings.multipart_threshold
         # an imported (or evicted) file written in part: the object is the old bytes where
         # nothing was written, so fetch those before sending (fill never overwrites writes)
-        absent = [(e.offset, e.length) for e in self.store.extents(ino) if e.state == DataState.ABSENT]
-        if absent:
-            if self.fetch_missing is None:
-                raise RuntimeError(f"ino {ino} has absent ranges and no read-through is wired")
-            await self.fetch_missing(ino, absent)
+        await self._fetch_absent(ino, self._absent_ranges(ino))
         prog = UploadProgress(ino, path, attr.size, multipart)
         progress_cb(prog)
         key = self.keys.file_key(path)
@@ -671,16 +667,25 @@ class Worker:
         copy of those bytes with it. Idempotent (a fill never overwrites writes); a failure
         leaves the job queued, which keeps uploads off that name until it runs again."""
         try:
-            absent = [(e.offset, e.length) for e in self.store.extents(ino) if e.state == DataState.ABSENT]
+            absent = self._absent_ranges(ino)
         except StoreError as e:
             if e.errno in (errno.ESTALE, errno.ENOENT):
                 return
             raise
         if absent:
+            await self._fetch_absent(ino, absent)
+            log.info("stale_object_bytes_fetched", ino=ino, ranges=len(absent))
+
+    def _absent_ranges(self, ino: int) -> list[tuple[int, int]]:
+        """The file's ranges that are not local (evicted, or an import's never read)."""
+        return [(e.offset, e.length) for e in self.store.extents(ino) if e.state == DataState.ABSENT]
+
+    async def _fetch_absent(self, ino: int, absent: list[tuple[int, int]]) -> None:
+        """Fill those ranges from the file's object through the read-through hook."""
+        if absent:
             if self.fetch_missing is None:
                 raise RuntimeError(f"ino {ino} has absent ranges and no read-through is wired")
             await self.fetch_missing(ino, absent)
-            log.info("stale_object_bytes_fetched", ino=ino, ranges=len(absent))
 
     def _object_is_stale(self, ino: int, remote: RemoteInfo) -> bool:
         """Whether the file's bytes moved on since its object was written (its data sequence;
