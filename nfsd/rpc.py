@@ -255,16 +255,17 @@ class RecordPool:
             return self._free.pop()
         return None
 
-    def give_back(self, record: bytearray) -> None:
-        """`record`'s call is over. Kept only if it is a pool buffer nothing views."""
+    def give_back(self, record: bytearray) -> bool:
+        """`record`'s call is over. Kept only if it is a pool buffer nothing views; whether kept."""
         if len(record) != POOL_BUFFER or len(self._free) >= self.keep:
-            return
+            return False
         try:
             record.append(0)        # a resize: BufferError while any view of it exists
         except BufferError:
-            return
+            return False
         del record[-1]
         self._free.append(record)
+        return True
 
 
 class RpcConnection:

@@ -40,7 +40,7 @@ import structlog
 from nfsd import eager, native
 from nfsd.limits import Limits
 from nfsd.rpc import (
-    CallReceived, ConnectionError as RpcConnectionError, Reply, ReplyReceived, SendReply,
+    POOL_BUFFER, CallReceived, ConnectionError as RpcConnectionError, Reply, ReplyReceived, SendReply,
 )
 
 # The RPC layer: the typed Cython one when built (nfsd/native/rpc.pyx), else the reference.
@@ -77,6 +77,12 @@ class NfsConnection(asyncio.BufferedProtocol):
         self._queued: deque[CallReceived] = deque()   # parsed, waiting for an in-flight place
         self._reading_paused = False
         self._writing_paused = False
+        # Pool buffers of calls answered inside buffer_updated: the event loop still holds the
+        # receive view it got from get_buffer until buffer_updated returns, so they go back to
+        # the pool at the next get_buffer (before: refused, and every 1 MiB WRITE answered on
+        # the spot made the next one allocate and zero a new buffer).
+        self._in_read = False
+        self._returning: list[bytearray] = []
         self._write_paused_at = 0.0
         # Back channel: callbacks sent on this connection, awaiting their reply by xid.
         self.max_callbacks = limits.max_callbacks
@@ -100,19 +106,36 @@ class NfsConnection(asyncio.BufferedProtocol):
         log.debug("connection_open", peer=self.peer[0], port=self.peer[1])
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        if self._returning:
+            returning, self._returning = self._returning, []
+            for record in returning:
+                self.rpc.pool.give_back(record)
         return self.rpc.get_buffer(sizehint)
+
+    def _give_back(self, record: bytearray) -> None:
+        """The call that `record` holds is over: its buffer back to the pool, now or, while
+        the loop's receive view may still be on it, at the next get_buffer."""
+        pool = self.rpc.pool
+        if pool is not None and not pool.give_back(record) and self._in_read and len(record) == POOL_BUFFER:
+            self._returning.append(record)
 
     def buffer_updated(self, nbytes: int) -> None:
         if self.closed:
             return
+        self._in_read = True
+        try:
+            self._buffer_updated(nbytes)
+        finally:
+            self._in_read = False
+
+    def _buffer_updated(self, nbytes: int) -> None:
         rpc = self.rpc
         for event in rpc.buffer_updated(nbytes):
             if isinstance(event, CallReceived):
                 reply = self.server.immediate_reply(event, self)
                 if reply is not None:      # NULL: answered here, no task (issue 37)
                     self.transport.write(reply)
-                    if rpc.pool is not None:
-                        rpc.pool.give_back(event.record)
+                    self._give_back(event.record)
                 elif len(self._inflight) < self.max_inflight:
                     self._start(event)
                 else:                      # parsed in the same read: waits its turn
@@ -200,8 +223,7 @@ class NfsConnection(asyncio.BufferedProtocol):
                     self.transport.write(reply)
         finally:
             del call                           # its args view the record
-            if self.rpc.pool is not None:
-                self.rpc.pool.give_back(record)
+            self._give_back(record)
 
     def _start(self, call: CallReceived) -> None:
         # Run on the spot; only a call that waits becomes a task (nfsd/eager.py).

@@ -38,6 +38,27 @@ def test_save_a_checkpoint(nfs_client):
     nfs_client(body)
 
 
+def test_large_writes_answered_on_the_spot_reuse_their_record_buffers(nfs_client, nfs_server):
+    """A 1 MiB UNSTABLE WRITE is received into a pooled buffer and answered inside the same
+    buffer_updated (no thread, no wait); its buffer must go back to the pool, or every WRITE
+    allocates and zeroes a new 1 MiB one (found by callgrind: 40% of a write stream's
+    instructions were that memset)."""
+    pool = nfs_server.server.record_pool
+    writes = 8
+
+    async def body(c):
+        exp = await c.lookup_path("/checkpoints")
+        fh, sid = await c.open_create(exp, "stream")
+        chunk = bytes(range(256)) * 4096
+        before = pool.reused
+        for i in range(writes):
+            assert (await c.write(fh, sid, i << 20, chunk)).committed == UNSTABLE4
+        return pool.reused - before
+
+    # the first WRITE may find the pool empty; every later one takes the buffer its predecessor gave back
+    assert nfs_client(body) >= writes - 1
+
+
 def test_error_results_of_every_shape_encode(nfs_client):
     """Failed ops come back as their own result types with the right status."""
     async def body(c):
