@@ -417,7 +417,8 @@ class Daemon:
         if self.nfs is not None:
             await self._step("nfs_stop", self.nfs.stop(drain_seconds=timeout), timeout + 5)
         if self.uploader is not None:
-            await self._step("uploader_stop", self.uploader.stop(), timeout)
+            # a third of the time for the uploads in flight to end and be recorded, not PUT again
+            await self._step("uploader_stop", self.uploader.stop(grace=timeout / 3), timeout)
         if self.admin is not None:
             await self._step("admin_stop", self.admin.stop(), 5)
         if self.metrics is not None:

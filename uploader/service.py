@@ -117,13 +117,23 @@ class Uploader:
             self.worker.orphans_swept.set()
         log.info("uploader_started", queued=len(jobs), prefix=self.keys.prefix)
 
-    async def stop(self) -> None:
-        """Stop at once; unfinished work stays queued (multipart progress is durable)."""
+    async def stop(self, grace: float = 0.0) -> None:
+        """Stop; unfinished work stays queued (multipart progress is durable). No job starts
+        after the call; the jobs in flight get up to `grace` seconds to finish and be recorded
+        (a planned stop or switchover: a PUT that S3 took but the gateway never recorded is
+        PUT again by the next start), then are cancelled."""
         self._started = False
         self._kick.set()
         self._pass_done.set()            # a flush waiting for a pass returns (not flushed)
         self._jobs_moved.set()
-        tasks = self._tasks + list(self._running.values())
+        for t in self._tasks:            # the scheduler first: nothing new is dispatched
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        running = list(self._running.values())
+        if running and grace > 0:
+            done, pending = await asyncio.wait(running, timeout=grace)
+            log.info("uploader_stop_grace", finished=len(done), cancelled=len(pending), grace=grace)
+        tasks = list(self._running.values())
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -182,9 +182,16 @@ def _failback(pair, s3, ansible_bin, ckptgw_wheel, report, tmp_path, rows, faile
     drained, objects, versions, repeated = scenario.every_acknowledged_save_is_there(pair, "gw-b", "gw-a", s3, rows)
     # gw-a's marks onto gw-b's clock (the move's and the client's)
     steps = {k: v - offset_a + offset_b - move_b for k, v in sorted(marks.items(), key=lambda kv: kv[1])}
+    # the first save acknowledged by gw-a (the client's saves go on through gw-b until it stops)
+    ready = steps.get("gateway READY")
+    if ready is not None:
+        first_after = next((r for r in rows if r[1] - move_b > ready), first_after)
+    times = [r[1] for r in rows]
+    gap, at = max((b - a, a) for a, b in zip(times, times[1:]) if b > move_b)
     report("  failback (crm_resource --move gw to gw-a; s after the move, gw-b's clock): " + " -> ".join(
         f"{k} {v:.1f}s" for k, v in {**steps, "first acknowledged save": first_after[1] - move_b}.items())
-        + f"; crm_mon saw the stack on gw-a after {took:.0f}s of polling")
+        + f"; crm_mon saw the stack on gw-a after {took:.0f}s of polling; the client's longest wait between "
+        f"two acknowledged saves {gap:.1f}s, from {at - move_b:.1f}s after the move")
     report(f"  saves acknowledged: {len(rows)} in all, every one byte for byte on gw-a; lost 0, torn 0; "
            f"ckptgw check clean on gw-a")
     scenario.report_s3(report, drained, objects, versions, repeated)

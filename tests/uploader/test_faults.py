@@ -64,3 +64,32 @@ def test_outage_saves_continue_and_everything_drains(moto, proxy, bucket, store)
     for p, d in saved.items():
         assert object_sha(up.client, f"gw/{p}") == sha(d), p
     assert proxy.requests(outcome="blackholed")
+
+
+def test_a_planned_stop_lets_the_upload_in_flight_finish_and_records_it(moto, proxy, bucket, store):
+    """A stop with a grace (the daemon's on SIGTERM: a planned switchover of an HA pair, a restart)
+    waits for the PUT S3 is taking and records it; without one the job stays queued and the next
+    start PUTs the same bytes again (found as a key with two versions after the HA failback test's
+    switchover)."""
+    async def main(grace):
+        up = make_uploader(store, proxy.endpoint, bucket, settle_seconds=0.05)
+        proxy.faults.latency = 1.0
+        proxy.faults.only_methods = ("PUT",)
+        await up.start()
+        try:
+            name = f"planned/{'graced' if grace else 'at-once'}"
+            ino = write_file(store, name, payload(1000, 7))
+            while not [r for r in proxy.requests("PUT") if r.path.endswith(name)]:
+                await asyncio.sleep(0.02)                     # the file's PUT is in flight
+        finally:
+            await up.stop(grace=grace)
+            proxy.clear()
+        return ino
+
+    ino = asyncio.run(main(grace=10.0))
+    assert store.getattr(ino).data_state == DataState.CLEAN
+    assert not [j for _, j in store.queue_list() if j.get("ino") == ino]
+
+    ino = asyncio.run(main(grace=0.0))                        # stop at once: queued, to be PUT again
+    assert store.getattr(ino).data_state != DataState.CLEAN
+    assert [j for _, j in store.queue_list() if j.get("ino") == ino]
