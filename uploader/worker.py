@@ -901,12 +901,18 @@ class Worker:
         return f"{kind}-put"
 
     async def _put_dir_marker(self, job: dict) -> str:
-        """The marker "path/" of a directory, under its CURRENT path (like an upload), and
-        never under a temporary name (uploader.series.is_tmp_name, the rule retention uses):
-        `mkdir step.tmp; ...; mv step.tmp step` puts only "step/", by the rename's job."""
+        """The marker "path/" of a directory, and never under a temporary name
+        (uploader.series.is_tmp_name, the rule retention uses): `mkdir step.tmp; ...; mv
+        step.tmp step` puts only "step/", by the rename's job. A mkdir job puts it under the
+        path the job names, the directory's path when it was queued: the rename jobs queued
+        after it move it on, in order. Under the CURRENT path (as an upload, which waits for
+        those jobs) a rename queued after it could move it again: `mv d a/b; mv a d` put the
+        marker of d at d/b/, the first rename's job took it for part of the old d/ and the
+        second left it at d/b/b/ (found by the model test, 2026-11-29). Without a path
+        (a rename's job putting the markers S3 never got): the current one."""
         try:
             attr = self.store.getattr(job["ino"])
-            path = self.store.path_of(job["ino"])
+            path = job.get("new_path") or self.store.path_of(job["ino"])
         except StoreError as e:
             if e.errno in (errno.ESTALE, errno.ENOENT):
                 return "gone"

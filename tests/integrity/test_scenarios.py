@@ -754,3 +754,37 @@ def test_evicted_hard_linked_file_written_and_the_name_of_its_object_reused_keep
     sim.link("a", "b")
     sim.remove("a")
     _a_new_file_there_uploaded_first(sim, "a", "b")
+
+
+def test_directory_moved_under_a_directory_moved_onto_its_old_name_gets_one_marker(sim):
+    """Found by the model test (2026-11-29, seed 20261130): `mv d imp/latest.pt; mv imp d` with d's
+    mkdir still queued. Its marker went under the directory's current path, d/latest.pt/; the first
+    rename's job, moving what was under the old d/, took it along (imp/latest.pt/latest.pt/) and the
+    second left it at d/latest.pt/latest.pt/, a directory the namespace never had. A mkdir job now
+    puts its marker where the directory was when the job was queued; the renames carry it."""
+    sim.mkdir("imp")
+    sim.mkdir("d")
+    sim.rename("d", "imp/latest.pt")
+    sim.rename("imp", "d")
+    sim.drain()
+    sim.check_drained()
+    assert {k for k in sim.fake.keys() if k.endswith("/")} == {"d/", "d/latest.pt/"}
+
+
+def test_evicted_range_written_unstable_then_a_crash_reads_old_or_new_bytes(sim):
+    """Found by the model test (2026-11-29, seed 20261130), a finding of the model, not of the
+    store: an UNSTABLE overwrite of an evicted range, then kill -9. Nothing was promised for the
+    write; its record was still pending, so the range is ABSENT again and reads the object's
+    (durable) bytes, where the model expected the unstable ones. The model now takes either the
+    written or the durable byte after a crash, never a third."""
+    sim.save("a", sim.payload(1))
+    sim.drain()
+    sim.evict("a")
+    sim.kill9()
+    sim.write("a", 1217, sim.payload(1))
+    sim.write("a", 0, sim.payload(1))
+    sim.kill9()
+    sim.check()
+    assert sim.read_through("a") is not None
+    sim.drain()
+    sim.check_drained()
