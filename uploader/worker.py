@@ -494,7 +494,7 @@ class Worker:
         if op in ("symlink", "mknod"):
             return await self._put_node(job)
         if op == "mkdir":
-            return await self._put_dir_marker(job)
+            return await self._put_dir_marker(job, job_id)
         if op == "rmdir":
             path = job.get("old_path") or job["new_path"]
             if self.manifests_on:
@@ -900,25 +900,38 @@ class Worker:
         log.info(f"{kind}_put", ino=ino, key=key, type=attr.type.name)
         return f"{kind}-put"
 
-    async def _put_dir_marker(self, job: dict) -> str:
-        """The marker "path/" of a directory, and never under a temporary name
-        (uploader.series.is_tmp_name, the rule retention uses): `mkdir step.tmp; ...; mv
-        step.tmp step` puts only "step/", by the rename's job. A mkdir job puts it under the
-        path the job names, the directory's path when it was queued: the rename jobs queued
-        after it move it on, in order. Under the CURRENT path (as an upload, which waits for
-        those jobs) a rename queued after it could move it again: `mv d a/b; mv a d` put the
-        marker of d at d/b/, the first rename's job took it for part of the old d/ and the
-        second left it at d/b/b/ (found by the model test, 2026-11-29). Without a path
-        (a rename's job putting the markers S3 never got): the current one."""
+    def _renamed_again_after(self, path: str, job_id: int) -> bool:
+        """Whether a directory rename queued after job `job_id` moves `path` (or what holds it)."""
+        for jid, j in self.store.queue_list(1 << 30):
+            if jid > job_id and j.get("op") == "rename" and j.get("type") == "dir":
+                old = j["old_path"].rstrip("/")
+                if path == old or path.startswith(old + "/"):
+                    return True
+        return False
+
+    async def _put_dir_marker(self, job: dict, job_id: int | None = None) -> str:
+        """The marker "path/" of a directory, under its CURRENT path (like an upload), and
+        never under a temporary name (uploader.series.is_tmp_name, the rule retention uses):
+        `mkdir step.tmp; ...; mv step.tmp step` puts only "step/", by the rename's job; a
+        directory renamed while its mkdir waits is marked once, under its final name. Except
+        where a rename queued after this mkdir job would move the current path again: then under
+        the path the job names (where the directory was when it was queued), and the renames
+        carry it on in order. `mv d imp/latest.pt; mv imp d` with d's mkdir queued put its marker
+        at d/latest.pt/, the first rename's job took it for part of the old d/ and the second
+        left it at d/latest.pt/latest.pt/ (found by the model test, 2026-11-29)."""
         try:
             attr = self.store.getattr(job["ino"])
-            path = job.get("new_path") or self.store.path_of(job["ino"])
+            path = self.store.path_of(job["ino"])
         except StoreError as e:
             if e.errno in (errno.ESTALE, errno.ENOENT):
                 return "gone"
             raise
         if path is None:
             return "gone"
+        queued = job.get("new_path")
+        if queued and queued != path and job_id is not None and await self._store(
+                self._renamed_again_after, path, job_id):
+            path = queued
         if has_tmp_component(path):
             return "temporary-name"
         key = self.keys.dir_key(path)

@@ -760,8 +760,9 @@ def test_directory_moved_under_a_directory_moved_onto_its_old_name_gets_one_mark
     """Found by the model test (2026-11-29, seed 20261130): `mv d imp/latest.pt; mv imp d` with d's
     mkdir still queued. Its marker went under the directory's current path, d/latest.pt/; the first
     rename's job, moving what was under the old d/, took it along (imp/latest.pt/latest.pt/) and the
-    second left it at d/latest.pt/latest.pt/, a directory the namespace never had. A mkdir job now
-    puts its marker where the directory was when the job was queued; the renames carry it."""
+    second left it at d/latest.pt/latest.pt/, a directory the namespace never had. A mkdir job whose
+    directory's current path a rename queued after it would move again now puts its marker where the
+    directory was when the job was queued; the renames carry it."""
     sim.mkdir("imp")
     sim.mkdir("d")
     sim.rename("d", "imp/latest.pt")
