@@ -122,34 +122,32 @@ class NfsConnection(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         if self.closed:
             return
-        self._in_read = True
+        rpc = self.rpc
+        self._in_read = True                # one frame: this runs for every read (NULL's floor)
         try:
-            self._buffer_updated(nbytes)
+            for event in rpc.buffer_updated(nbytes):
+                if isinstance(event, CallReceived):
+                    reply = self.server.immediate_reply(event, self)
+                    if reply is not None:      # NULL: answered here, no task (issue 37)
+                        self.transport.write(reply)
+                        if len(event.record) == POOL_BUFFER:
+                            self._give_back(event.record)
+                    elif len(self._inflight) < self.max_inflight:
+                        self._start(event)
+                    else:                      # parsed in the same read: waits its turn
+                        self._queued.append(event)
+                elif isinstance(event, SendReply):
+                    if event.data:
+                        self.transport.write(event.data)
+                    self.server.ratelog.warning("rpc_rejected", self.peer[0], xid=event.xid,
+                                                reason=event.reason)
+                elif isinstance(event, ReplyReceived):
+                    self._reply_received(event)
+                elif isinstance(event, RpcConnectionError):
+                    self.abort("rpc_stream_error", event.reason)
+                    return
         finally:
             self._in_read = False
-
-    def _buffer_updated(self, nbytes: int) -> None:
-        rpc = self.rpc
-        for event in rpc.buffer_updated(nbytes):
-            if isinstance(event, CallReceived):
-                reply = self.server.immediate_reply(event, self)
-                if reply is not None:      # NULL: answered here, no task (issue 37)
-                    self.transport.write(reply)
-                    self._give_back(event.record)
-                elif len(self._inflight) < self.max_inflight:
-                    self._start(event)
-                else:                      # parsed in the same read: waits its turn
-                    self._queued.append(event)
-            elif isinstance(event, SendReply):
-                if event.data:
-                    self.transport.write(event.data)
-                self.server.ratelog.warning("rpc_rejected", self.peer[0], xid=event.xid,
-                                            reason=event.reason)
-            elif isinstance(event, ReplyReceived):
-                self._reply_received(event)
-            elif isinstance(event, RpcConnectionError):
-                self.abort("rpc_stream_error", event.reason)
-                return
         now = self.last_activity = time.monotonic()
         if not rpc.partial:
             self.record_started = None
