@@ -18,6 +18,10 @@ if TYPE_CHECKING:
 
 ROOT_INO = 1
 NAME_MAX = 255
+# The bytes a name may not hold, as ints: `SLASH in name` is a memchr, while CPython 3.11's
+# `b"/" in name` first tries the needle as an int and raises and clears a TypeError (~2,000
+# instructions per test, measured with callgrind: 8 of them per nfs-rs exists()).
+SLASH, NUL = 0x2F, 0x00
 SYMLINK_MAX = 4096          # bytes of a symbolic link's target
 
 

@@ -11,7 +11,7 @@ import errno
 import time
 
 from .api import (DEVICE_TYPES, RDEV_MAX, SPECIAL_TYPES, ChangeInfo, DataState, FileType,
-                  NAME_MAX, ROOT_INO, SYMLINK_MAX, StoreError)
+                  NAME_MAX, NUL, ROOT_INO, SLASH, SYMLINK_MAX, StoreError)
 from .index import F_SENT, F_UNCOMMITTED, FIRST_COOKIE, SENT_SINCE, Inode, Writer
 
 TYPE_NAMES = {FileType.REG: "reg", FileType.DIR: "dir", FileType.LNK: "lnk",
@@ -22,7 +22,7 @@ TYPE_NAMES = {FileType.REG: "reg", FileType.DIR: "dir", FileType.LNK: "lnk",
 def validate_name(name: bytes) -> None:
     if not isinstance(name, (bytes, bytearray)):
         raise StoreError(errno.EINVAL, f"name must be bytes, not {type(name).__name__}")
-    if not name or name in (b".", b"..") or b"/" in name or b"\0" in name:
+    if not name or name in (b".", b"..") or SLASH in name or NUL in name:
         raise StoreError(errno.EINVAL, f"invalid name {bytes(name)!r}")
     if len(name) > NAME_MAX:
         raise StoreError(errno.ENAMETOOLONG, f"name longer than {NAME_MAX} bytes")
@@ -159,7 +159,7 @@ class Namespace:
                 uid: int, gid: int, *, journal: bool = True):
         """journal=False: no change-journal job (a link imported from S3 needs no upload)."""
         validate_name(name)
-        if not target or b"\0" in target:
+        if not target or NUL in target:
             raise StoreError(errno.EINVAL, "symlink target must be non-empty without NUL")
         if len(target) > SYMLINK_MAX:
             raise StoreError(errno.ENAMETOOLONG, f"symlink target over {SYMLINK_MAX} bytes")

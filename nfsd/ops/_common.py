@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from cache.api import Attr, FileType, StoreError, NAME_MAX
+from cache.api import NAME_MAX, NUL, SLASH, Attr, FileType, StoreError
 from nfsd.errors import NfsError
 from nfsd.exports import (EffectiveCred, Export, PseudoNode, MAY_EXEC, MAY_WRITE,
                           permitted)
@@ -86,7 +86,7 @@ def check_name(name: bytes) -> bytes:
         raise NfsError(NFS4ERR_INVAL, "name is not UTF-8") from None
     if name in (b".", b".."):
         raise NfsError(NFS4ERR_BADNAME, "name is . or ..")
-    if b"/" in name or b"\0" in name:
+    if SLASH in name or NUL in name:
         raise NfsError(NFS4ERR_BADCHAR, "name contains / or NUL")
     return name
 

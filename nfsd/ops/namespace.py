@@ -13,7 +13,7 @@ import stat
 
 import structlog
 
-from cache.api import DEVICE_TYPES, SPECIAL_TYPES, FileType, StoreError
+from cache.api import DEVICE_TYPES, NUL, SPECIAL_TYPES, FileType, StoreError
 from nfsd import attrs as fattr
 from nfsd.errors import NfsError
 from nfsd.exports import MAY_WRITE, EffectiveCred, sticky_allows_delete
@@ -76,7 +76,7 @@ async def op_create(ctx, args) -> CREATE4res:
                                           values.get(FATTR4_MODE, 0o644), uid, gid, rdev)
         else:
             target = bytes(args.objtype.value)
-            if not target or b"\0" in target:
+            if not target or NUL in target:
                 raise NfsError(NFS4ERR_INVAL, "empty symlink target or NUL in it")
             attr, ci = await namespace_op(ctx, "symlink", parent.ino, name, target,
                                           values.get(FATTR4_MODE, 0o777), uid, gid)
