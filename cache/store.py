@@ -338,10 +338,13 @@ class Store(Fences, WritePath, SparseCopy, Eviction, RemoteRecords, UploadQueue)
         with self.ix.read() as v:
             return v.must_inode(ino).attr(), v.txn.id()
 
-    def _live_attr(self, attr: Attr, snap: int, again, *args) -> Attr:
+    def _live_attr(self, attr: Attr | None, snap: int, again, *args) -> Attr | None:
         """`attr` (read in snapshot `snap`) with the writes answered but not in it (I5);
-        `again(*args)` reads afresh when a record left _pending after that snapshot."""
+        `again(*args)` reads afresh when a record left _pending after that snapshot. None
+        (a name absent) stays None: pending writes never add a name."""
         while True:
+            if attr is None:
+                return None
             with self._reg:
                 fresh = snap >= self._last_landing
                 pend = self._overlay(attr.ino, snap) if fresh else None
@@ -361,16 +364,21 @@ class Store(Fences, WritePath, SparseCopy, Eviction, RemoteRecords, UploadQueue)
         validate_name(name)
         name = bytes(name)
         attr, snap = self._reads.get((parent, name), self._read_lookup, parent, name)
-        if self._pending or snap < self._last_landing:
+        if attr is not None and (self._pending or snap < self._last_landing):
             attr = self._live_attr(attr, snap, self._read_lookup, parent, name)
+        if attr is None:
+            raise StoreError(errno.ENOENT, f"{name!r} not in directory {parent}")
         return attr
 
-    def _read_lookup(self, parent: int, name: bytes) -> tuple[Attr, int]:
+    def _read_lookup(self, parent: int, name: bytes) -> tuple[Attr | None, int]:
+        """(attr, snapshot), attr None when the name is absent: that answer is kept in the
+        read cache as well (a save's exists() and OPEN-create look up missing names; only
+        a commit adds a name, and a commit ends the cache's interval)."""
         with self.ix.read() as v:
             v.must_dir(parent)
             ent = v.dirent(parent, name)
             if ent is None:
-                raise StoreError(errno.ENOENT, f"{name!r} not in directory {parent}")
+                return None, v.txn.id()
             return v.must_inode(ent[0]).attr(), v.txn.id()
 
     def lookup_parent(self, ino: int) -> Attr:

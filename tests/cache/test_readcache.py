@@ -39,6 +39,24 @@ def test_reads_between_commits_do_not_open_the_index_again(store, monkeypatch):
     assert reads[0] - before <= 2
 
 
+def test_an_absent_name_is_kept_until_the_next_commit(store, monkeypatch):
+    """exists() and OPEN-create look up names that are not there: that answer is cached
+    too, and the commit that adds the name ends it."""
+    reads = count_index_reads(store, monkeypatch)
+    for _ in range(3):
+        with pytest.raises(StoreError) as e:
+            store.lookup(ROOT_INO, b"ckpt.pt")
+        assert e.value.errno == errno.ENOENT
+    assert reads[0] == 1
+    ino = store.create(ROOT_INO, b"ckpt.pt", 0o644, 0, 0)[0].ino
+    assert store.lookup(ROOT_INO, b"ckpt.pt").ino == ino
+    store.rename(ROOT_INO, b"ckpt.pt", ROOT_INO, b"final.pt")
+    with pytest.raises(StoreError) as e:
+        store.lookup(ROOT_INO, b"ckpt.pt")
+    assert e.value.errno == errno.ENOENT
+    assert store.lookup(ROOT_INO, b"final.pt").ino == ino
+
+
 def test_errors_are_not_kept(store):
     with pytest.raises(StoreError) as e:
         store.lookup(ROOT_INO, b"late")
