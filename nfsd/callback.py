@@ -85,15 +85,26 @@ class BackChannel:
     def add_connection(self, conn) -> None:
         if conn is None:
             return
+        self._forget_gone()
         if conn in self.conns:
             self.conns.remove(conn)
         self.conns.append(conn)
 
     def connection(self):
-        """The newest live connection bound for callbacks (closed ones are forgotten)."""
+        """The newest live connection bound for callbacks (closed ones are forgotten).
+        Asked by every SEQUENCE (its status flags): the newest is checked first, and the
+        list rebuilt only when that one is gone."""
+        conns = self.conns
+        if conns:
+            newest = conns[-1]
+            if not newest.closed and newest in self.session.connections:
+                return newest
+        self._forget_gone()
+        return self.conns[-1] if self.conns else None
+
+    def _forget_gone(self) -> None:
         self.conns = [c for c in self.conns
                       if not c.closed and c in self.session.connections]
-        return self.conns[-1] if self.conns else None
 
     @property
     def path_down(self) -> bool:
