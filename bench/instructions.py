@@ -2,9 +2,10 @@
 
 `python -m bench.instructions [--engine native --engine python] [--calls 400,2000] [--floor]` runs
 `python -m nfsd` under `valgrind --tool=callgrind` once per engine and per call count, sends that
-many RPC NULL calls and that many nfs-rs `exists("request/none")` COMPOUND pairs (the report's
-"per request" loop: SEQUENCE+PUTFH+LOOKUP+GETFH+GETATTR, then SEQUENCE+PUTFH+LOOKUP failing NOENT;
-before 2026-11-29 (26) it called `exists("none")`, one COMPOUND, and so halved its figure), stops the
+many RPC NULL calls and half as many nfs-rs `exists("request/none")` calls, one COMPOUND each (the
+report's "per request" loop: SEQUENCE+PUTFH+LOOKUP+LOOKUP+GETFH+GETATTR, ending at the second
+LOOKUP's NOENT; before 2026-11-29 (26) it called `exists("none")`, one shorter COMPOUND, and
+divided by two as if it were two), stops the
 server cleanly and reads callgrind's total. Start-up and shutdown cost the same at every count,
 so the difference between two counts divided by the difference in calls is the cost of one
 call. Same interpreter, same inputs, PYTHONHASHSEED fixed: the figure repeats whatever else the
@@ -66,7 +67,7 @@ def _serve_and_count(engine: str, nulls: int, compounds: int, loop: str) -> int:
         if compounds:
             c = connect(port)
             try:
-                c.mkdir("request")          # as bench/scenarios/request.py: two COMPOUNDs a call
+                c.mkdir("request")          # as bench/scenarios/request.py
                 for _ in range(compounds):
                     c.exists("request/none")
             finally:
@@ -124,7 +125,7 @@ def per_call(engine: str, low: int, high: int, loop: str = "uvloop") -> dict[str
     null = (more - base) / (high - low)
     base_c = _serve_and_count(engine, 0, low // 2, loop)
     more_c = _serve_and_count(engine, 0, high // 2, loop)
-    compound = (more_c - base_c) / (high // 2 - low // 2) / 2     # two COMPOUNDs per exists()
+    compound = (more_c - base_c) / (high // 2 - low // 2)      # one COMPOUND per exists()
     return {"null": null, "compound": compound}
 
 

@@ -1,6 +1,8 @@
 """Per request: what one COMPOUND costs the server, the cause behind the nfs-rs rows. One nfs-rs
-client calls `exists()` of a missing name in a loop (2 COMPOUNDs: SEQUENCE+PUTFH+LOOKUP+GETFH+GETATTR
-and SEQUENCE+PUTFH+LOOKUP, the second failing with NOENT), against `ckptgw serve` and NFS-Ganesha:
+client calls `exists("request/none")` in a loop: one COMPOUND, SEQUENCE+PUTFH+LOOKUP+LOOKUP+GETFH+GETATTR,
+ending at the second LOOKUP's NOENT (seen in the server's debug log; before 2026-11-29 (26) this
+counted two COMPOUNDs a call and so halved both servers' figures, not their ratio), against
+`ckptgw serve` and NFS-Ganesha:
 the round trip the client sees and the server's CPU seconds (user + system, /proc) per COMPOUND.
 Then RPC NULL calls (nothing to do but answer) against the same two servers and against the floor of
 any CPython event-loop server, on the stdlib loop and on uvloop, the gateway's (bench/rpc_floor.py: a
@@ -47,8 +49,7 @@ def _exists_loop(port: int, pid: int, seconds: float) -> tuple[float, float]:
         cpu = meter.stop()["server"]
     finally:
         c.close()
-    compounds = 2 * calls
-    return meter.wall / compounds * 1e6, cpu / compounds * 1e6
+    return meter.wall / calls * 1e6, cpu / calls * 1e6        # one COMPOUND a call
 
 
 MIN_USER_CPU_S = 0.1        # user CPU comes in 10 ms clock ticks: at least 10 of them
