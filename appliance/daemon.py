@@ -35,7 +35,7 @@ from . import version as versionmod
 from .admin import AdminServer
 from .commands import Commands
 from .embedded_s3 import CREDENTIALS as EMBEDDED_CREDENTIALS, EmbeddedS3, TryoutUnavailable
-from .metrics import MetricsServer, OpStats, S3Stats
+from .metrics import MetricsServer, S3Stats, op_stats
 from .units import fmt_bytes, fmt_rate
 
 log = structlog.get_logger(__name__)
@@ -144,7 +144,7 @@ class Daemon:
     def __init__(self, cfg: configmod.Config, overrides: dict | None = None):
         self.config = cfg
         self.overrides = overrides or {}
-        self.ops = OpStats()
+        self.ops = op_stats()
         self.s3stats = S3Stats()
         self.store = None
         self.uploader = None

@@ -61,6 +61,9 @@ class GarbageArgs(Exception):
     """The COMPOUND4args cannot be decoded: the RPC layer answers GARBAGE_ARGS."""
 
 
+STATUS_CODES = {name: code for code, name in STATUS_NAMES.items()}
+
+
 def status_name(status: int) -> str:
     return STATUS_NAMES.get(status, str(status))
 

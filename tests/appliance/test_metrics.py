@@ -4,10 +4,11 @@ from __future__ import annotations
 import urllib.request
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from appliance.metrics import MetricsServer, OpStats
+from appliance.metrics import BUCKETS, MetricsServer, OpStats, op_stats
 
 
 def scrape(address) -> dict:
@@ -215,3 +216,28 @@ def test_the_object_client_reports_every_request_to_its_observer():
     client._s3 = Stub()
     client.delete_object("k")
     assert seen[1][0] == "delete_object" and seen[1][2] is None and seen[1][1] >= 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(
+    st.sampled_from(["LOOKUP", "READ", "WRITE", "GETATTR", "COMMIT"]),
+    st.sampled_from(["NFS4_OK", "NFS4ERR_NOENT", "NFS4ERR_NOSPC", "4242"]),
+    st.one_of(st.sampled_from([0.0, 0.0001, 0.00025, 10.0]), st.floats(0, 100)),
+    st.integers(0, 1 << 20)), max_size=40))
+def test_the_native_op_counters_keep_what_opstats_keeps(observations):
+    """nfsd/native/compound.pyx OpCounters (what op_stats() gives the daemon when the native
+    loop runs) against OpStats, the reference: the same snapshot, bucket edges included."""
+    compound = pytest.importorskip("nfsd.native.compound")
+    native, reference = compound.OpCounters(BUCKETS), OpStats()
+    for op, status, seconds, nbytes in observations:
+        native.observe(op, status, seconds, nbytes)
+        reference.observe(op, status, seconds, nbytes)
+    assert native.snapshot() == reference.snapshot()
+
+
+def test_the_daemon_counts_ops_natively_when_the_native_loop_runs(monkeypatch):
+    from nfsd import native
+    if native.engine("compound") == "native":
+        assert type(op_stats()).__name__ == "OpCounters"
+    monkeypatch.setenv("CKPTGW_ENGINE", "python")
+    assert isinstance(op_stats(), OpStats)

@@ -219,6 +219,32 @@ def test_both_loops_answer_random_bytes_alike(raw):
     assert native == python
 
 
+def _counted(snapshot: dict) -> dict:
+    """An op-accounting snapshot without where in the histogram each op's latency fell (the
+    two runs take different times): counts, bytes, and each op's number of observations."""
+    return {"counts": snapshot["counts"], "bytes": (snapshot["bytes_read"], snapshot["bytes_written"]),
+            "observed": {op: sum(h[:-1]) for op, h in snapshot["hist"].items()}}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sessions_of_requests())
+def test_the_native_loop_counts_ops_in_c_as_the_reference_counts_them(case):
+    """The appliance's op accounting: the native loop adds to OpCounters' C arrays without a
+    Python call; the reference loop calls OpStats by names. Same counts per (op, status), same
+    bytes, same observations per op."""
+    from appliance.metrics import BUCKETS, OpStats
+    script, config, requests = case
+    snapshots = []
+    for loop_fn, stats in ((compound.python_run_compound, OpStats()),
+                           (NATIVE.run_compound, NATIVE.OpCounters(BUCKETS))):
+        server = FakeServer(script, *config[:3])
+        server.observer = stats
+        for raw in requests:
+            asyncio.run(_run(loop_fn, server, raw))
+        snapshots.append(_counted(stats.snapshot()))
+    assert snapshots[1] == snapshots[0]
+
+
 def _seq(slot, seqid, cachethis=False):
     return nfs_argop4(OP_SEQUENCE, SEQUENCE4args(SESSIONID, seqid, slot, 2, cachethis))
 
