@@ -69,5 +69,7 @@ def wait_state(pair: Pair, node: str, timeout: float, **want: str) -> float:
         if all(now.get(k) == v for k, v in want.items()):
             return time.monotonic() - t0
         if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"{node}: DRBD did not reach {want} in {timeout:.0f}s: {now}")
+            stalls = pair.segment_stalls()
+            raise AssertionError(f"{node}: DRBD did not reach {want} in {timeout:.0f}s: {now}"
+                                 + (f"; {stalls}" if stalls else ""))
         time.sleep(2)

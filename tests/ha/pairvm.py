@@ -131,6 +131,27 @@ class Pair:
     def diagnostics(self) -> str:
         return "\n".join(f"=== {node}\n{vm.diagnostics()}" for node, vm in self.vms.items())
 
+    def segment_stalls(self) -> str:
+        """The nodes whose eth1 transmit queue the kernel found stuck (NETDEV WATCHDOG), or "".
+        Seen once here (2026-11-29): gw-b's qemu stopped taking frames from the guest for the
+        socket,mcast segment (tx_errors rising, TX packets frozen, 9+ minutes) after a burst of
+        DRBD resync traffic while the host's CPUs were taken by other work; both nodes lost
+        each other at once. That is the harness's network, not the pair: a test that times out
+        waiting for DRBD or Corosync says so with this."""
+        stuck = []
+        for node in self.vms:
+            try:
+                log = self.out(node, "dmesg | grep 'NETDEV WATCHDOG' | grep eth1 | tail -1",
+                               check=False, timeout=60)
+            except subprocess.TimeoutExpired:
+                continue
+            if log.strip():
+                stuck.append(f"{node}: {log.strip()}")
+        if not stuck:
+            return ""
+        return ("the pair's segment stalled (qemu's socket netdev stopped sending a guest's frames; "
+                "a harness fault, tests/ha/README): " + "; ".join(stuck))
+
 
 def _quote(command: str) -> str:
     return "'" + command.replace("'", "'\"'\"'") + "'"
