@@ -136,8 +136,8 @@ class Pair:
         Seen once here (2026-11-29): gw-b's qemu stopped taking frames from the guest for the
         socket,mcast segment (tx_errors rising, TX packets frozen, 9+ minutes) after a burst of
         DRBD resync traffic while the host's CPUs were taken by other work; both nodes lost
-        each other at once. That is the harness's network, not the pair: a test that times out
-        waiting for DRBD or Corosync says so with this."""
+        each other at once. That is the harness's network, not the pair: a DRBD wait that times
+        out (drbd.wait_state) says so with this."""
         stuck = []
         for node in self.vms:
             try:
