@@ -90,7 +90,8 @@ cdef object _routine_errors = frozenset()
 cdef object _DEBUG = 10                          # logging.DEBUG
 cdef object log = None
 cdef object _ref = None
-cdef dict _ERR_BYTES = {}                        # (opnum << 16 | status) -> encoded error result
+cdef dict _ERR_BYTES = {}                        # (opnum << 32 | status) -> encoded error result
+cdef dict _OPNUM_BY_NAME = {}                    # op_name -> number, filled by bind()
 
 
 def bind(ref):
@@ -122,6 +123,7 @@ def bind(ref):
         _RES_ENCODE[num] = codec(t).encode if ref.XDR_ENGINE == "native" else t.pack
         _STATUS_FIELD[num] = t.__slots__[0] if _struct_res[num] else None
         _NAMES[num] = d.name
+        _OPNUM_BY_NAME[d.name] = num
     _ERR_BYTES.clear()
     _ref = ref
 
@@ -674,9 +676,6 @@ cdef _observe(observer, int opnum, long long status, double seconds, res):
 cdef enum:
     MAX_BUCKETS = 32
 
-cdef dict _OPNUM_BY_NAME = {}                    # filled by _op_names(), after bind()
-
-
 cdef class OpCounters:
     """What the appliance's OpStats (appliance/metrics.py) keeps, kept in C arrays: per op a
     count of each result status, a latency histogram (Prometheus `le` buckets) with its sum,
@@ -727,7 +726,7 @@ cdef class OpCounters:
 
     def observe(self, op, status, double seconds, Py_ssize_t nbytes=0):
         """OpStats.observe: by the op's and the status's names (the reference loop's call)."""
-        opnum = _op_names().get(op)
+        opnum = _OPNUM_BY_NAME.get(op)
         if opnum is None:
             raise KeyError(f"no op named {op!r}")
         code = _ref.STATUS_CODES.get(status)
@@ -763,14 +762,6 @@ cdef class OpCounters:
         for key, n in other.items():
             counts[(_NAMES[key >> 32], _status_name(key & 0xFFFFFFFF))] = n
         return {"counts": counts, "hist": out_hist, "bytes_read": read, "bytes_written": written}
-
-
-cdef dict _op_names():
-    if not _OPNUM_BY_NAME:
-        for num in range(NOPS):
-            if _NAMES[num] is not None:
-                _OPNUM_BY_NAME[_NAMES[num]] = num
-    return _OPNUM_BY_NAME
 
 
 import nfsd.compound as _compound   # binds this module (nfsd/compound.py calls bind())
