@@ -19,14 +19,15 @@ import structlog
 from cache.api import DataState, FileType, RemoteInfo, StoreError
 
 from .gate import RequestGate
-from .keys import (DIR_CONTENT_TYPE, INO_META, NODE_JOB_TYPES, STORE_META, KeyMap, object_metadata, part_ranges,
-                   part_size_for)
+from .keys import (DIR_CONTENT_TYPE, INO_META, NODE_JOB_TYPES, SEQ_META, STORE_META, KeyMap, object_metadata,
+                   part_ranges, part_size_for)
 from .objectclient import (NotFoundError, ObjectClient, PartInfo, PermanentError, PreconditionFailedError,
                            PutResult, TransientError, checksum_b64)
 from .manifest import is_manifest_key, manifest_path
 from .series import has_tmp_component
 from .settings import S3_MAX_COPY, UploadSettings
 from .stats import Counters
+from .verify import COMPOSITE, FULL_OBJECT, checksum_form, local_checksums, split_checksum
 
 log = structlog.get_logger(__name__)
 
@@ -79,6 +80,9 @@ class UploadProgress:
 # the data sequence; dropped with the rest)
 _UPLOAD_JOB_FIELDS = ("key", "upload_id", "upload_change", "part_size", "upload_data_seq", "upload_mtime_ns",
                       "upload_size")
+# an upload job's durable note "an attempt of mine may have written this data sequence's object"
+# (set before the attempt's first S3 write; kept when the fields above go)
+SENT_SEQ = "sent_seq"
 
 
 def _same_data(attr, data_seq) -> bool:
@@ -133,14 +137,26 @@ class Worker:
     async def _store(self, fn, *args):
         return await asyncio.to_thread(fn, *args)
 
-    def _begin_upload(self, ino: int, change: int) -> bool:
+    def _begin_upload(self, ino: int, change: int, data_seq: int | None = None, job_id: int | None = None,
+                      job: dict | None = None) -> bool:
         """*Blocking* (a worker thread: an index write txn waits for the lock a batch commit
         holds through its fdatasync). The file UPLOADING if its change counter is still
         `change`, else DIRTY (written again since: eligible after its next settle) and False;
-        then F_SENT (mark_sent) durable before the first S3 write."""
+        then F_SENT (mark_sent) and the job's SENT_SEQ = `data_seq` durable before the first
+        S3 write (one sync for both: the job's note costs an index write, no request, no
+        fdatasync of its own). A later attempt of the job at the same data sequence may be
+        repeating one whose object reached S3 unrecorded (a crash before mark_uploaded):
+        that attempt looks first (`_adopt`)."""
         if not self.store.set_data_state(ino, DataState.UPLOADING, change):
             self.store.set_data_state(ino, DataState.DIRTY)
             return False
+        if job is not None and job_id is not None and job.get(SENT_SEQ) != data_seq:
+            job[SENT_SEQ] = data_seq
+            try:
+                self.store.queue_update(job_id, job)
+            except StoreError as e:
+                if e.errno != errno.ENOENT:
+                    raise        # (ENOENT: the job is gone; nothing will repeat it)
         self.store.sync()
         return True
 
@@ -203,7 +219,10 @@ class Worker:
         if change != job.get("change", change) and not _same_data(attr, job.get("data_seq")):
             await self._store(self.store.set_data_state, ino, DataState.DIRTY)
             return "changed"
-        if not await self._store(self._begin_upload, ino, change):
+        # an earlier attempt of this job may have written exactly these bytes' object: a crash
+        # (or a stop) came between its PUT/CompleteMultipartUpload and mark_uploaded
+        repeat = job.get(SENT_SEQ) is not None and job.get(SENT_SEQ) == attr.data_seq
+        if not await self._store(self._begin_upload, ino, change, attr.data_seq, job_id, job):
             return "changed"
         multipart = attr.size >= self.settings.multipart_threshold
         # an imported (or evicted) file written in part: the object is the old bytes where
@@ -214,7 +233,9 @@ class Worker:
         key = self.keys.file_key(path)
         meta = object_metadata(attr, is_dir=False, store_id=self.store_id)
         try:
-            result = await self._copy_from_source(attr, remote, key, meta, prog)
+            result = await self._adopt(attr, key, meta, prog, "repeated attempt") if repeat else None
+            if result is None:
+                result = await self._copy_from_source(attr, remote, key, meta, prog)
             if result is None and multipart:
                 result = await self._multipart(job_id, job, attr, key, path, remote, meta, prog)
             elif result is None:
@@ -263,8 +284,11 @@ class Worker:
 
     async def _put(self, attr, key: str, meta: dict, prog: UploadProgress) -> PutResult:
         ino, size = attr.ino, attr.size
+        attempts = 0
 
         def send() -> PutResult:
+            nonlocal attempts
+            attempts += 1
             fd = self.store.open_data_fd(ino)
             try:
                 data = _pread_exact(fd, 0, size)
@@ -272,8 +296,17 @@ class Worker:
                 os.close(fd)
             if not _same_data(self.store.getattr(ino), attr.data_seq):
                 raise DataChanged()
-            return self.client.put_object(key, data, metadata=meta,
-                                          checksum=checksum_b64(self.algorithm, data))
+            checksum = checksum_b64(self.algorithm, data)
+            if attempts > 1:
+                # the failed attempt may have been stored with its reply lost (a timeout, a
+                # reset, a 500 after the write): then that object is this one, not sent again
+                info = self.client.head_object(key)
+                if self._is_this_upload(info, attr, meta) and info.checksum in (
+                        None, f"{self.algorithm.lower()}:{checksum}"):
+                    log.info("upload_adopted", ino=ino, key=key, etag=info.etag, version_id=info.version_id,
+                             data_seq=attr.data_seq, why="retry after a lost reply")
+                    return PutResult(info.etag, f"{self.algorithm.lower()}:{checksum}", info.version_id)
+            return self.client.put_object(key, data, metadata=meta, checksum=checksum)
 
         def sending() -> None:
             prog.bytes_in_flight = size
@@ -285,6 +318,66 @@ class Worker:
         prog.bytes_done = size
         self.counters.bytes_uploaded += size
         return result
+
+    def _is_this_upload(self, info, attr, meta: dict) -> bool:
+        """Whether object `info` (a HEAD's) was written by this store for this inode,
+        generation and data sequence (the identity metadata: the store's data sequence names
+        the file's bytes, durable before any upload of them), with this size and the very
+        metadata this upload sends (a chmod or touch since: not adopted, sent again)."""
+        if info is None or info.size != attr.size or not self.store_id:
+            return False
+        m = info.metadata
+        if (m.get(STORE_META) != self.store_id or m.get(INO_META) != str(attr.ino)
+                or m.get(SEQ_META) != str(attr.data_seq)):
+            return False
+        return all(m.get(k) == v for k, v in meta.items())
+
+    def _adoptable_checksum(self, info, attr, meta: dict) -> str | None:
+        """*Blocking* (reads the file). The checksum to record if object `info` is the one this
+        upload would write (`_is_this_upload`, and its checksum, as S3 reports it, that of the
+        local bytes: full-object, or composite in our part layout for a multipart upload),
+        else None. A server that reports no checksum: the identity decides."""
+        if not self._is_this_upload(info, attr, meta):
+            return None
+        algo = self.algorithm.lower()
+        part_size = nparts = None
+        if attr.size and attr.size >= self.settings.multipart_threshold:
+            part_size = part_size_for(attr.size, self.settings.part_size_min)
+            nparts = len(part_ranges(attr.size, part_size))
+        full, composite = local_checksums(self.store, attr.ino, attr.size, algo, part_size)
+        ours = f"{algo}:{composite}-{nparts}" if composite is not None else f"{algo}:{full}"
+        reported, _, value = (info.checksum or "").partition(":")
+        if not value:
+            return ours
+        if reported != algo:
+            return None
+        try:
+            digest, parts = split_checksum(value)
+        except ValueError:
+            return None
+        form = checksum_form(info.checksum_type, parts)
+        if form != COMPOSITE and parts is None and digest == full:
+            return f"{algo}:{full}"            # a PUT's, or a server-side copy's
+        if form != FULL_OBJECT and composite is not None and digest == composite and parts in (None, nparts):
+            return ours
+        return None
+
+    async def _adopt(self, attr, key: str, meta: dict, prog: UploadProgress, why: str) -> PutResult | None:
+        """Exactly once in S3 (issue 38): HEAD the key, and if the object there is the one this
+        upload would write (`_adoptable_checksum`), that object is its result: an earlier
+        attempt's PUT, CompleteMultipartUpload or copy that reached S3 but not the store's
+        record. None: send as usual."""
+        info = await self.gate.call("HeadObject", lambda: self.client.head_object(key), what=key)
+        checksum = await self._store(self._adoptable_checksum, info, attr, meta)
+        if checksum is None:
+            log.info("upload_not_adopted", ino=attr.ino, key=key, why=why, found=info is not None,
+                     data_seq=attr.data_seq,
+                     found_seq=info.metadata.get(SEQ_META) if info is not None else None)
+            return None
+        prog.bytes_done = attr.size
+        log.info("upload_adopted", ino=attr.ino, key=key, etag=info.etag, version_id=info.version_id,
+                 data_seq=attr.data_seq, why=why)
+        return PutResult(info.etag, checksum, info.version_id)
 
     async def _copy_from_source(self, attr, remote: RemoteInfo, key: str, meta: dict,
                                 prog: UploadProgress) -> PutResult | None:
@@ -324,6 +417,12 @@ class Worker:
                          or _same_data(attr, job.get("upload_data_seq"))))
             if same:
                 done = await self._resumable_parts(key, remote, ranges)
+                if done is None:
+                    # unknown to S3: aborted, expired, or completed by an attempt whose record
+                    # a crash lost; then the object it made is this upload's result
+                    adopted = await self._adopt(attr, key, meta, prog, "recorded multipart upload gone")
+                    if adopted is not None:
+                        return adopted
                 if done is not None:
                     upload_id = remote.upload_id
                     self.counters.parts_resumed += len(done)
@@ -421,6 +520,10 @@ class Worker:
                 "CompleteMultipartUpload",
                 lambda: self.client.complete_multipart_upload(key, upload_id, parts), what=key)
         except NotFoundError:
+            # a retried CompleteMultipartUpload whose first try completed it (reply lost)
+            adopted = await self._adopt(attr, key, meta, prog, "multipart upload gone at completion")
+            if adopted is not None:
+                return adopted
             await self._forget_upload(job_id, job, ino, remote)
             raise Restart("multipart upload vanished before completion")
         except PermanentError as e:

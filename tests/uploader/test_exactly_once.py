@@ -1,0 +1,227 @@
+"""Issue 38, exactly once: an upload S3 accepted but the store never recorded (kill -9 between
+the PUT's or CompleteMultipartUpload's answer and `mark_uploaded`, or a reply lost on the way
+back) is adopted by the next attempt, not sent again: the key keeps one version. The next
+attempt HEADs the key only when its job's durable note (`sent_seq`) says an attempt at the same
+data sequence went before it; it adopts only an object of this store, inode, generation and data
+sequence with the local bytes' size and checksum. Anything else at the key: uploaded as before.
+
+The kill lands in the window on purpose: the uploader subprocess (uploader_proc.py) has a
+`mark_uploaded` that never returns, and is killed once it was called. Versioned buckets count
+the PUTs that stuck (the HA failover test's `repeated`).
+"""
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cache.api import DataState
+from cache.store import Store
+from tests.uploader.conftest import SMALL_PART, make_uploader, object_sha, payload, s3_settings, sha
+from testkit.storefiles import write_file
+from uploader.keys import SEQ_META, STORE_META
+from uploader.objectclient import Boto3ObjectClient, checksum_b64
+from uploader.worker import SENT_SEQ
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def _client(moto, bucket) -> Boto3ObjectClient:
+    client = Boto3ObjectClient(s3_settings(moto.endpoint, bucket))
+    client._s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    return client
+
+
+def _versions(client, key: str) -> list[dict]:
+    resp = client._s3.list_object_versions(Bucket=client.bucket, Prefix=key)
+    return [v for v in resp.get("Versions", []) if v["Key"] == key]
+
+
+def _kill_before_record(proxy, bucket, store_dir, tmp_path) -> str:
+    """Run the uploader over the store until it calls mark_uploaded (S3 has the object), then
+    kill -9 it. Returns what it was about to record."""
+    stall = tmp_path / "stalled"
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    log = open(tmp_path / "uploader.log", "w")
+    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "uploader_proc.py"), store_dir,
+                             proxy.endpoint, bucket, str(1 << 30), str(stall)], stdout=log, stderr=log, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not (stall.exists() and stall.read_text().endswith("\n")):
+            assert proc.poll() is None, open(tmp_path / "uploader.log").read()
+            assert time.monotonic() < deadline, "the upload did not reach mark_uploaded"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    return stall.read_text()
+
+
+def _restart_and_drain(store, proxy, bucket) -> dict:
+    async def main():
+        up = make_uploader(store, proxy.endpoint, bucket)
+        await up.start()
+        try:
+            assert await up.flush(timeout=120)
+            return up.status()
+        finally:
+            await up.stop()
+    return asyncio.run(main())
+
+
+def _sends_to(records, key: str) -> list:
+    """PUTs (PutObject, UploadPart) and POSTs (Create/CompleteMultipartUpload) on `key`."""
+    path = f"/{key}"
+    return [r for r in records if r.method in ("PUT", "POST") and r.path.endswith(path)]
+
+
+def _ino(store, path: str) -> int:
+    ino = 1
+    for part in path.split("/"):
+        ino = store.lookup(ino, part.encode()).ino
+    return ino
+
+
+def test_regression_a_put_that_reached_s3_before_a_crash_is_adopted_not_sent_again(moto, proxy, bucket, tmp_path):
+    client = _client(moto, bucket)
+    data = payload(10_000, 38)
+    store_dir = str(tmp_path / "store")
+    store = Store.open(store_dir, capacity=1 << 30)
+    write_file(store, "run/shard-00025", data)
+    store.close()
+
+    _kill_before_record(proxy, bucket, store_dir, tmp_path)
+    key = "gw/run/shard-00025"
+    assert len(_versions(client, key)) == 1                  # S3 took it...
+
+    store = Store.open(store_dir, capacity=1 << 30)
+    try:
+        ino = _ino(store, "run/shard-00025")
+        assert store.remote_info(ino).etag is None            # ...the store never heard
+        n_before = len(proxy.records)
+        _restart_and_drain(store, proxy, bucket)
+        versions = _versions(client, key)
+        assert len(versions) == 1, versions                   # exactly once
+        assert _sends_to(proxy.records[n_before:], key) == []  # one HEAD, no bytes
+        remote = store.remote_info(ino)
+        assert (remote.etag, remote.version_id) == (versions[0]["ETag"], versions[0]["VersionId"])
+        assert remote.checksum and remote.checksum.startswith("crc32:")
+        assert store.getattr(ino).data_state == DataState.CLEAN
+        assert object_sha(client, key) == sha(data)
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("note", ["kept", "dropped"])
+def test_regression_a_completed_multipart_upload_before_a_crash_is_adopted_not_sent_again(
+        moto, proxy, bucket, tmp_path, note):
+    """kept: the job's note makes the next attempt HEAD first. dropped (a job queued by an
+    older version, no note): the recorded upload id is unknown to S3 (ListParts: NoSuchUpload,
+    it was completed), so the attempt HEADs before it starts over."""
+    client = _client(moto, bucket)
+    data = payload(3 * SMALL_PART + 123, 39)
+    store_dir = str(tmp_path / "store")
+    store = Store.open(store_dir, capacity=1 << 30)
+    write_file(store, "run/model.pt", data)
+    store.close()
+
+    _kill_before_record(proxy, bucket, store_dir, tmp_path)
+    key = "gw/run/model.pt"
+    assert len(_versions(client, key)) == 1
+
+    store = Store.open(store_dir, capacity=1 << 30)
+    try:
+        ino = _ino(store, "run/model.pt")
+        assert store.remote_info(ino).upload_id and not store.remote_info(ino).etag
+        [(job_id, job)] = [(i, j) for i, j in store.queue_list(1 << 30) if j.get("ino") == ino]
+        assert job[SENT_SEQ] == store.getattr(ino).data_seq
+        if note == "dropped":
+            del job[SENT_SEQ]
+            store.queue_update(job_id, job)
+            store.sync()
+        n_before = len(proxy.records)
+        _restart_and_drain(store, proxy, bucket)
+        versions = _versions(client, key)
+        assert len(versions) == 1, versions
+        assert _sends_to(proxy.records[n_before:], key) == []
+        remote = store.remote_info(ino)
+        assert (remote.etag, remote.version_id) == (versions[0]["ETag"], versions[0]["VersionId"])
+        assert remote.upload_id is None and remote.checksum.endswith("-4")
+        assert store.getattr(ino).data_state == DataState.CLEAN
+        assert client.list_multipart_uploads("gw/") == []
+        assert object_sha(client, key) == sha(data)
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("other", ["store", "data_seq"])
+def test_an_object_at_the_key_not_from_this_upload_is_replaced_by_it(moto, proxy, bucket, tmp_path, other):
+    """The crash as above, then the key gets an object with the same bytes but another store's
+    identity (another gateway) or another data sequence of the file: not this upload's, so it
+    is sent."""
+    client = _client(moto, bucket)
+    data = payload(10_000, 40)
+    store_dir = str(tmp_path / "store")
+    store = Store.open(store_dir, capacity=1 << 30)
+    write_file(store, "run/shard-1", data)
+    store.close()
+    _kill_before_record(proxy, bucket, store_dir, tmp_path)
+    key = "gw/run/shard-1"
+    head = client.head_object(key)
+    meta = dict(head.metadata)
+    if other == "store":
+        meta[STORE_META] = "0" * len(meta[STORE_META])
+    else:
+        meta[SEQ_META] = str(int(meta[SEQ_META]) + 1)
+    client.put_object(key, data, metadata=meta, checksum=checksum_b64("CRC32", data))
+
+    store = Store.open(store_dir, capacity=1 << 30)
+    try:
+        ino = _ino(store, "run/shard-1")
+        n_before = len(proxy.records)
+        _restart_and_drain(store, proxy, bucket)
+        assert len([r for r in _sends_to(proxy.records[n_before:], key) if r.method == "PUT"]) == 1
+        versions = _versions(client, key)
+        assert len(versions) == 3
+        latest = client.head_object(key)
+        assert latest.metadata[STORE_META] == store.instance_id.hex()
+        assert latest.metadata[SEQ_META] == str(store.getattr(ino).data_seq)
+        assert store.remote_info(ino).etag == latest.etag
+        [newest] = [v for v in versions if v["IsLatest"]]
+        assert store.remote_info(ino).version_id == newest["VersionId"] == latest.version_id
+        assert object_sha(client, key) == sha(data)
+    finally:
+        store.close()
+
+
+def test_regression_a_put_whose_reply_was_lost_is_adopted_by_its_retry(moto, proxy, bucket, store):
+    """S3 stored the PUT, its answer never came back (the connection dropped): the gate's
+    retry HEADs first and records that object instead of storing a second one."""
+    client = _client(moto, bucket)
+    key = "gw/run/lost-reply"
+    lost = []
+
+    def drop_first_put_reply(method, path, head):
+        if method == "PUT" and path.endswith("/" + key) and not lost:
+            lost.append(path)
+            raise ConnectionResetError("reply lost")
+        return head
+
+    proxy.proxy.rewrite_head = drop_first_put_reply
+    data = payload(5000, 41)
+    ino = write_file(store, "run/lost-reply", data)
+    _restart_and_drain(store, proxy, bucket)
+    assert lost
+    versions = _versions(client, key)
+    assert len(versions) == 1, versions
+    assert len([r for r in proxy.records if r.method == "PUT" and r.path.endswith("/" + key)]) == 1
+    remote = store.remote_info(ino)
+    assert (remote.etag, remote.version_id) == (versions[0]["ETag"], versions[0]["VersionId"])
+    assert store.getattr(ino).data_state == DataState.CLEAN
