@@ -774,6 +774,18 @@ class Sim:
                 raise Violation(f"object {v.key!r} version {v.version_id} ({v.op}, {len(v.data)} bytes) "
                                 f"holds bytes its file never held under that name (only under "
                                 f"{sorted(set().union(*(self.names.get(o, set()) for o in v.origin)))})")
+            # 7. exactly once (issue 38): no upload stores at a key the very object the key
+            #    holds already (same bytes, same metadata: the same file version of the same
+            #    store sent again), e.g. a PUT repeated after a kill -9 before its record, or
+            #    after a lost reply
+            if v.op in ("PutObject", "CompleteMultipartUpload") and not v.deleted and self._is_file_object(v):
+                hist = self.fake.history[v.key]
+                i = hist.index(v)
+                prev = hist[i - 1] if i else None
+                if (prev is not None and not prev.deleted and prev.data == v.data
+                        and prev.metadata == v.metadata and INO_META in v.metadata):
+                    raise Violation(f"object {v.key!r} version {v.version_id} ({v.op}) repeats version "
+                                    f"{prev.version_id} ({prev.op}): the same bytes and metadata sent twice")
         self._seen_seq = max(self._seen_seq, self.fake.last_seq)
         # 4. once S3 held a good object at a path, it keeps one while that path names a file
         #    (a rename over it must leave the old or the new object, never neither)
