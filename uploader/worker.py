@@ -700,7 +700,11 @@ class Worker:
         ino, old, new = job["ino"], job["old_path"], job["new_path"]
         remote = self._job_remote(job)
         if remote is not None and not remote.etag:
-            return "nothing-to-move"      # never uploaded
+            if job.get("sent") is False:
+                return "nothing-to-move"  # never uploaded
+            # an upload had begun (F_SENT): one that S3 took but a crash kept from its record
+            # left an object of ours at `old` that nothing names (issue 38)
+            return await self._move_unrecorded(ino, old, new)
         if remote is None and job.get("sent") is False:
             return "nothing-to-move"      # gone, and no object was ever written for it
         recorded = job.get("object")
@@ -762,6 +766,31 @@ class Worker:
         await self._delete_if(old, etag)
         log.info("moved", ino=ino, src=old, dst=new, size=size)
         return "moved"
+
+    async def _move_unrecorded(self, ino: int, old: str, new: str) -> str:
+        """The object an upload of file `ino` put at `old` before a crash lost its record: it
+        holding the file's current bytes (its data sequence), copied to `new`, where the file's
+        upload then adopts it instead of sending the bytes; the old one goes either way (no
+        record names it, and the file's bytes are local: a file with no object is never
+        evicted). Nothing of ours there (the usual case: the upload was cut before S3 took
+        it): nothing to move."""
+        info = await self._is_ours(old, ino)
+        if info is None:
+            return "nothing-to-move"
+        try:
+            seq = int(info.metadata.get(SEQ_META, ""))
+        except ValueError:
+            seq = None
+        outcome = "unrecorded-deleted"
+        if seq is not None and not self._object_is_stale(ino, RemoteInfo(data_seq=seq)):
+            try:
+                await self._copy(self.keys.file_key(old), self.keys.file_key(new), info.size, info.etag)
+                outcome = "unrecorded-moved"
+            except (NotFoundError, PreconditionFailedError):
+                return "nothing-to-move"        # gone or replaced since the HEAD: not ours to move
+        await self._delete_if(old, info.etag)
+        log.info("move_unrecorded_object", ino=ino, src=old, dst=new, etag=info.etag, outcome=outcome)
+        return outcome
 
     async def _fetch_before_leaving(self, ino: int) -> None:
         """Bring a file's absent ranges (evicted, or an import's never read) in from its stale

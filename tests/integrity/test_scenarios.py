@@ -814,3 +814,31 @@ def test_upload_applied_with_its_reply_lost_is_not_sent_again(sim, size, kill):
     sim.drain()
     sim.check_drained()
     assert len([v for v in sim.fake.history["latest.pt"] if not v.deleted]) == 1
+
+
+@pytest.mark.parametrize("written", [False, True])
+@pytest.mark.parametrize("size", [3000, 6000])
+def test_upload_applied_unrecorded_then_killed_and_renamed_leaves_no_object_at_the_old_name(sim, size, written):
+    """The same crash window, then `mv a latest.pt` before the upload runs again: the object S3
+    took at `a` is named by no record, and the rename's job found nothing to move, so it stayed
+    in S3 for ever (after the drain the bucket held `a`; failed before this fix, on the worker
+    before 553abfe too). The move now looks at the old name when the file's upload had begun
+    (F_SENT): our object of the file's current bytes is copied to the new name, where the upload
+    adopts it, and removed from the old one (written: the file was written again after the
+    restart, so that object is stale: only removed, and the new bytes uploaded)."""
+    sim.save("a", sim.payload(size))
+    sim.enqueue(flush=True)
+    sim.dispatch()
+    grant_until(sim, "PutObject" if size < sim.settings.multipart_threshold else "CompleteMultipartUpload")
+    sim.set_faults(lost_reply=1.0)
+    sim.grant(sim.pending[0])
+    sim.set_faults()
+    sim.kill9()
+    sim.check()
+    if written:
+        sim.write("a", 0, b"new", stable=True)
+    sim.rename("a", "latest.pt")
+    sim.drain()
+    sim.check_drained()
+    sent = "PutObject" if size < sim.settings.multipart_threshold else "CompleteMultipartUpload"
+    assert [v.op for v in sim.fake.history["latest.pt"]] == [sent if written else "CopyObject"]
