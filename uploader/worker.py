@@ -741,6 +741,11 @@ class Worker:
                 # stays until then (RemoteInfo.replaces). A replay decides the same way.
                 await self._fetch_before_leaving(ino)
                 log.info("move_not_copied_stale", ino=ino, src=old, dst=new, data_seq=remote.data_seq)
+                # unless an upload of the new bytes replaced it there and a crash kept that from
+                # the record (issue 38): the upload's drop of the recorded ETag would miss it
+                info = await self._is_ours(old, ino)
+                if info is not None and info.etag != remote.etag:
+                    return await self._move_unrecorded(ino, old, new, info)
                 return "stale-not-copied"
             etag, size = remote.etag, remote.size
         else:
@@ -767,14 +772,14 @@ class Worker:
         log.info("moved", ino=ino, src=old, dst=new, size=size)
         return "moved"
 
-    async def _move_unrecorded(self, ino: int, old: str, new: str) -> str:
+    async def _move_unrecorded(self, ino: int, old: str, new: str, info=None) -> str:
         """The object an upload of file `ino` put at `old` before a crash lost its record: it
         holding the file's current bytes (its data sequence), copied to `new`, where the file's
         upload then adopts it instead of sending the bytes; the old one goes either way (no
         record names it, and the file's bytes are local: a file with no object is never
         evicted). Nothing of ours there (the usual case: the upload was cut before S3 took
-        it): nothing to move."""
-        info = await self._is_ours(old, ino)
+        it): nothing to move. `info`: that object, HEADed already."""
+        info = info or await self._is_ours(old, ino)
         if info is None:
             return "nothing-to-move"
         try:
@@ -782,7 +787,7 @@ class Worker:
         except ValueError:
             seq = None
         outcome = "unrecorded-deleted"
-        if seq is not None and not self._object_is_stale(ino, RemoteInfo(data_seq=seq)):
+        if seq is not None and not self._unrecorded_is_stale(info):
             try:
                 await self._copy(self.keys.file_key(old), self.keys.file_key(new), info.size, info.etag)
                 outcome = "unrecorded-moved"
@@ -791,6 +796,17 @@ class Worker:
         await self._delete_if(old, info.etag)
         log.info("move_unrecorded_object", ino=ino, src=old, dst=new, etag=info.etag, outcome=outcome)
         return outcome
+
+    def _unrecorded_is_stale(self, info) -> bool:
+        """Whether an object of ours that no record names holds bytes its regular file has
+        written over since (its ckptgw-seq is not the file's data sequence). Unknown (no
+        sequence, a file gone, not a regular file): False, the callers' older rules decide."""
+        try:
+            ino, seq = int(info.metadata[INO_META]), int(info.metadata[SEQ_META])
+            attr = self.store.getattr(ino)
+        except (KeyError, ValueError, StoreError):
+            return False
+        return attr.type == FileType.REG and attr.data_seq != seq
 
     async def _fetch_before_leaving(self, ino: int) -> None:
         """Bring a file's absent ranges (evicted, or an import's never read) in from its stale
@@ -880,12 +896,18 @@ class Worker:
                    for x in [(r.key, r.etag), *r.replaces]}
         moved = 0
 
+        stale: set[tuple[str, str]] = set()     # unrecorded objects of ours whose file moved on
+
         async def ours(rel: str, etag: str, dst_rel: str) -> bool:
             if (rel, etag) in owners or rel.endswith("/") or is_manifest_key(rel) or (dst_rel, etag) in rekeyed:
                 return True      # a record's, a marker, a manifest, or copied and re-keyed before a crash
             key = self.keys.file_key(rel)
             info = await self.gate.call("HeadObject", lambda: self.client.head_object(key), what=key)
-            return info is not None and info.etag == etag and self._written_here(info)
+            if info is None or info.etag != etag or not self._written_here(info):
+                return False
+            if self._unrecorded_is_stale(info):
+                stale.add((rel, etag))
+            return True
 
         async def move_one(obj) -> None:
             nonlocal moved
@@ -899,6 +921,13 @@ class Worker:
                 return
             if not await ours(rel, obj.etag, dst_rel):
                 log.info("move_left_foreign_object", key=obj.key, etag=obj.etag)
+                return
+            if (rel, obj.etag) in stale:
+                # an upload's object no record names (a crash before mark_uploaded, issue 38), of
+                # bytes its file has written over since: copied, it would put them under a name
+                # the file never held them at; the file's upload sends its bytes there
+                await self._delete_if(rel, obj.etag)
+                log.info("move_dropped_stale_unrecorded", key=obj.key, etag=obj.etag)
                 return
             mine = own.get((rel, obj.etag))
             if mine is not None and self._object_is_stale(*mine):

@@ -842,3 +842,56 @@ def test_upload_applied_unrecorded_then_killed_and_renamed_leaves_no_object_at_t
     sim.check_drained()
     sent = "PutObject" if size < sim.settings.multipart_threshold else "CompleteMultipartUpload"
     assert [v.op for v in sim.fake.history["latest.pt"]] == [sent if written else "CopyObject"]
+
+
+@pytest.mark.parametrize("written", [False, True])
+@pytest.mark.parametrize("size", [3000, 6000])
+def test_upload_applied_unrecorded_then_killed_and_its_directory_renamed(sim, size, written):
+    """The crash window under `d`, then `mv d e` (written: the file written again first). The
+    directory move copies every object of ours it lists; a stale unrecorded one put bytes at
+    e/a that the file never held there (invariant 6), so it is now only removed; a current one
+    is copied and the upload adopts the copy (invariant 7: not sent again)."""
+    sim.mkdir("d")
+    sim.save("d/a", sim.payload(size))
+    sim.enqueue(flush=True)
+    sim.dispatch()
+    grant_until(sim, "PutObject" if size < sim.settings.multipart_threshold else "CompleteMultipartUpload",
+                limit=50)
+    sim.set_faults(lost_reply=1.0)
+    sim.grant(sim.pending[0])
+    sim.set_faults()
+    sim.kill9()
+    sim.check()
+    if written:
+        sim.write("d/a", 0, b"new", stable=True)
+    sim.rename("d", "e")
+    sim.drain()
+    sim.check_drained()
+
+
+@pytest.mark.parametrize("written", [False, True])
+@pytest.mark.parametrize("size", [3000, 6000])
+def test_new_bytes_uploaded_over_the_recorded_object_unrecorded_then_renamed(sim, size, written):
+    """An uploaded file saved again; the upload of its new bytes replaced its recorded object
+    at `a` in S3, and a kill -9 kept that from the record; then `mv a b` (written: after yet
+    another write). The move saw a stale record and left the object for the upload, whose
+    drop of the recorded ETag then missed it (412): `a` stayed in S3 for ever. The move now
+    HEADs that name: an object of ours other than the recorded one is moved (current) or
+    removed (stale)."""
+    sim.save("a", sim.payload(size))
+    sim.drain()
+    sim.save("a", sim.payload(size))
+    sim.enqueue(flush=True)
+    sim.dispatch()
+    grant_until(sim, "PutObject" if size < sim.settings.multipart_threshold else "CompleteMultipartUpload",
+                limit=50)
+    sim.set_faults(lost_reply=1.0)
+    sim.grant(sim.pending[0])
+    sim.set_faults()
+    sim.kill9()
+    sim.check()
+    if written:
+        sim.write("a", 0, b"new", stable=True)
+    sim.rename("a", "b")
+    sim.drain()
+    sim.check_drained()
