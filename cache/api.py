@@ -182,6 +182,10 @@ class NfsStore(Protocol):
         """ENOENT, ENOTDIR (parent not a dir), ESTALE (parent gone). Shared Attr as getattr's."""
         ...
 
+    def find(self, parent: int, name: bytes) -> Attr | None:
+        """lookup(), None for an absent name (other errors raise): LOOKUP's no-exception path."""
+        ...
+
     def lookup_parent(self, ino: int) -> Attr:
         """Parent directory of a directory (root's parent is root)."""
         ...

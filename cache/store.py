@@ -361,13 +361,18 @@ class Store(Fences, WritePath, SparseCopy, Eviction, RemoteRecords, UploadQueue)
 
     def lookup(self, parent: int, name: bytes) -> Attr:
         """ENOENT, ENOTDIR (parent not a dir), ESTALE (parent gone). Shared Attr as getattr's."""
+        attr = self.find(parent, name)
+        if attr is None:
+            raise StoreError(errno.ENOENT, f"{bytes(name)!r} not in directory {parent}")
+        return attr
+
+    def find(self, parent: int, name: bytes) -> Attr | None:
+        """lookup(), None for an absent name (other errors raise): LOOKUP's no-exception path."""
         validate_name(name)
         name = bytes(name)
         attr, snap = self._reads.get((parent, name), self._read_lookup, parent, name)
         if attr is not None and (self._pending or snap < self._last_landing):
             attr = self._live_attr(attr, snap, self._read_lookup, parent, name)
-        if attr is None:
-            raise StoreError(errno.ENOENT, f"{name!r} not in directory {parent}")
         return attr
 
     def _read_lookup(self, parent: int, name: bytes) -> tuple[Attr | None, int]:

@@ -16,7 +16,10 @@ flags, and every rule that depends on the op number reads its row instead of a s
   `last_client_op`, and the uploader's drain yields to it (uploader/foreground.py). Not SEQUENCE,
   GETATTR, LOOKUP and the like: a mounted, idle cluster renews and revalidates all the time;
 - `handler`: `async handler(ctx, args) -> X4res` from the op's family module in nfsd/ops
-  (None: not offered, NFS4ERR_NOTSUPP; SEQUENCE is the COMPOUND loop's own).
+  (None: not offered, NFS4ERR_NOTSUPP; SEQUENCE is the COMPOUND loop's own);
+- `native`: the handler's typed twin (nfsd/native/fileops.pyx), a plain function with the same
+  results and errors that the native COMPOUND loop calls without a coroutine, or None. Swapping
+  the handler drops it.
 
 The table is a list indexed by op number (the native engine keeps the same rows as C arrays).
 Op numbers above the highest declared one (75, REMOVEXATTR), OP_ILLEGAL included, have no row.
@@ -55,6 +58,7 @@ class OpDesc:
     non_idempotent: bool = False
     client_work: bool = False
     handler: Handler | None = None
+    native: Callable | None = None
 
 
 def _since(num: int) -> int:
@@ -86,13 +90,16 @@ class OpTable:
 
     __slots__ = ("rows",)
 
-    def __init__(self, handlers: dict[int, Handler]):
-        unknown = set(handlers) - set(DESCRIPTORS)
+    def __init__(self, handlers: dict[int, Handler], native: dict[int, Callable] | None = None):
+        native = native or {}
+        unknown = (set(handlers) | set(native)) - set(DESCRIPTORS)
         if unknown:
             raise ValueError(f"handlers for undeclared ops {sorted(unknown)}")
+        if set(native) - set(handlers):
+            raise ValueError(f"native forms without a handler: {sorted(set(native) - set(handlers))}")
         self.rows: list[OpDesc | None] = [None] * (max(DESCRIPTORS) + 1)
         for num, desc in DESCRIPTORS.items():
-            self.rows[num] = replace(desc, handler=handlers.get(num))
+            self.rows[num] = replace(desc, handler=handlers.get(num), native=native.get(num))
 
     def __getitem__(self, num: int) -> OpDesc | None:
         rows = self.rows
@@ -106,7 +113,7 @@ class OpTable:
         row = self[num]
         if row is None:
             raise KeyError(f"op {num} is not declared")
-        self.rows[num] = replace(row, handler=handler)
+        self.rows[num] = replace(row, handler=handler, native=None)
 
     def handlers(self) -> dict[int, Handler]:
         return {row.num: row.handler for row in self.rows if row is not None and row.handler}

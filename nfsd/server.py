@@ -76,7 +76,9 @@ class NfsServer:
         self.sessions.reclaim_needed = self.grace.reclaim_needed
         if handlers is None:
             from nfsd.ops import HANDLERS as handlers
-        self.ops = OpTable(handlers)          # nfsd/optable.py: every op's row, with its handler
+        from nfsd.ops import native_forms
+        # nfsd/optable.py: every op's row, with its handler and the handler's typed twin
+        self.ops = OpTable(handlers, native=native_forms(handlers))
         if opens is None:
             from nfsd.openstate import OpenStateTable
             opens = OpenStateTable(store)

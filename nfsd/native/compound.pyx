@@ -446,6 +446,7 @@ async def run_compound(server, cred, peer, conn, args_buf, bytearray out not Non
     cdef Outcome outcome
     cdef bint cachethis = False
     cdef list ops = args.ops
+    cdef bint debug = _debug_enabled()
     ctx = CompoundContext(server=server, cred=cred, peer=peer, conn=conn,
                           minorversion=args.minorversion, tag=args.tag)
     body_start = PyByteArray_GET_SIZE(out)
@@ -473,7 +474,7 @@ async def run_compound(server, cred, peer, conn, args_buf, bytearray out not Non
                 if slot is not None:
                     cachethis = bool(ops[0].value.sa_cachethis)
             if first >= 0:
-                await _run_ops(ctx, args, first, results)
+                await _run_ops(ctx, args, first, results, not debug)
         results.finish()
         outcome.status = results.status
         outcome.tail = results.tail
@@ -485,7 +486,7 @@ async def run_compound(server, cred, peer, conn, args_buf, bytearray out not Non
     finally:
         if slot is not None:         # cancelled or crashed: free the slot, keep nothing
             slot.in_progress = False
-        if _debug_enabled():        # as _log_compound's own test, without its call
+        if debug:                   # as _log_compound's own test, without its call
             _log_compound(ctx, args, outcome, started)
 
 
@@ -603,7 +604,10 @@ cdef object _new_request(ctx, sa, Py_ssize_t request_size, Py_ssize_t nops, tupl
     return slot
 
 
-async def _run_ops(ctx, Args args, Py_ssize_t first, Results results):
+async def _run_ops(ctx, Args args, Py_ssize_t first, Results results, bint twins):
+    """The ops from `first` on. `twins`: call an op's typed twin (its row's `native`, a plain
+    function; nfsd/native/fileops.pyx) where it has one; off while debug logging is on (a twin
+    may return a routine error as an int, with no detail to log)."""
     cdef list ops = args.ops
     cdef list rows = ctx.server.ops.rows     # nfsd/optable.py; decode let declared ops through only
     cdef long long minor = args.minorversion
@@ -618,8 +622,6 @@ async def _run_ops(ctx, Args args, Py_ssize_t first, Results results):
     for i in range(first, last + 1):
         op = ops[i]
         opnum = op.tag
-        extra["last_op"] = i == last and no_illegal
-        extra["reply_room"] = results.room()      # READ clips its data to this
         if _since[opnum] > minor:
             results.add_error(OP_ILLEGAL, E_OP_ILLEGAL)
             return
@@ -629,14 +631,22 @@ async def _run_ops(ctx, Args args, Py_ssize_t first, Results results):
         if minor >= 1 and _v40_only[opnum]:
             results.add_error(opnum, E_NOTSUPP)
             return
-        handler = (<object>rows[opnum]).handler
+        row = <object>rows[opnum]
+        handler = row.handler
         if handler is None:        # pNFS, delegations, locks, 4.2 extras: not offered
             results.add_error(opnum, E_NOTSUPP)
             return
+        twin = row.native if twins else None
+        if twin is None:           # what the handlers read of the loop (the twins read none)
+            extra["last_op"] = i == last and no_illegal
+            extra["reply_room"] = results.room()      # READ clips its data to this
         op_started = _monotonic()
         res = None
         try:
-            res = await handler(ctx, op.value)
+            if twin is not None:
+                res = twin(ctx, op.value)
+            else:
+                res = await handler(ctx, op.value)
         except NfsError as err:
             _op_error(ctx, opnum, err)
             status = results.add_error(opnum, err.status)
@@ -644,7 +654,11 @@ async def _run_ops(ctx, Args args, Py_ssize_t first, Results results):
             log.exception("op_failed", op=_NAMES[opnum], client=_client_name(ctx))
             status = results.add_error(opnum, E_SERVERFAULT)
         else:
-            status = results.add_result(opnum, res)
+            if type(res) is int:   # a twin's routine error (fileops.pyx)
+                status = results.add_error(opnum, <long long>res)
+                res = None
+            else:
+                status = results.add_result(opnum, res)
         if observer is not None:
             _observe(observer, opnum, status, _monotonic() - op_started, res)
         if status != NFS4_OK:

@@ -51,3 +51,14 @@ def load_handlers(modules=OP_MODULES) -> dict:
 
 
 HANDLERS = load_handlers()
+
+
+def native_forms(handlers: dict) -> dict:
+    """The typed twins (nfsd/native/fileops.pyx) of those of `handlers` that are the stock
+    handlers, for the op table's `native` column: only the native COMPOUND loop calls them, so
+    none when it does not run (CKPTGW_ENGINE=python, or not built)."""
+    from nfsd import compound, native
+    if compound.COMPOUND_ENGINE != "native" or native.engine("fileops") != "native":
+        return {}
+    from nfsd.native.fileops import TWINS
+    return {num: twin for num, (ref, twin) in TWINS.items() if handlers.get(num) is ref}

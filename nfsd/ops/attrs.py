@@ -45,7 +45,11 @@ def attr_env(ctx, obj: Obj, **kw) -> fattr.AttrEnv:
 
 
 async def op_getattr(ctx, args) -> GETATTR4res:
-    obj = current(ctx)
+    return getattr_of(ctx, current(ctx), args)
+
+
+def getattr_of(ctx, obj: Obj, args) -> GETATTR4res:
+    """GETATTR of `obj` (the current object); its typed twin (nfsd/native/fileops.pyx) shares it."""
     if fattr.names_write_only(args.attr_request, ctx.minorversion):
         raise NfsError(NFS4ERR_INVAL, "write-only attribute requested")
     with store_errors():
@@ -156,7 +160,11 @@ async def apply_setattr(ctx, obj: Obj, sa: SetAttr):
 
 
 async def op_access(ctx, args) -> ACCESS4res:
-    obj = current(ctx)
+    return access_of(ctx, current(ctx), args)
+
+
+def access_of(ctx, obj: Obj, args) -> ACCESS4res:
+    """ACCESS of `obj` (the current object); its typed twin (nfsd/native/fileops.pyx) shares it."""
     req = args.access
     if req & ~_ACCESS_KNOWN:
         raise NfsError(NFS4ERR_INVAL, f"unknown access bits {req:#x}")

@@ -77,12 +77,13 @@ def test_the_nfsd_fake_store_implements_nfs_store():
 
 def test_every_member_is_used():
     """The Protocols list exactly what the callers use: each member is named in the code
-    of its room (nfsd/ or uploader/), as a store attribute (or one probed with getattr)."""
+    of its room (nfsd/ or uploader/, its Cython included), as a store attribute (or one probed
+    with getattr)."""
     def used_in(room: str) -> set[str]:
         names = set()
         for dirpath, _, files in os.walk(os.path.join(ROOT, room)):
             for f in files:
-                if f.endswith(".py"):
+                if f.endswith((".py", ".pyx")):
                     with open(os.path.join(dirpath, f)) as fh:
                         text = fh.read()
                     for attr, probed in re.findall(r'store\.([a-z_]+)\b|store, "([a-z_]+)"', text):

@@ -71,6 +71,7 @@ class FakeStore:
     # ---- files: there are none ---------------------------------------------------------------
     def getattr(self, ino): raise _no_files()
     def lookup(self, parent, name): raise _no_files()
+    def find(self, parent, name): raise _no_files()
     def lookup_parent(self, ino): raise _no_files()
     def setattr(self, ino, sa): raise _no_files()
     def setattr_submit(self, ino, sa, loop=None): raise _no_files()
