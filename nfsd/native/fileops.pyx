@@ -21,7 +21,7 @@ from libc.string cimport memchr
 
 from cache.api import NAME_MAX, FileType, StoreError
 from nfsd.errors import NfsError
-from nfsd.exports import MAY_EXEC, permitted
+from nfsd.exports import AUTH_SYS
 from nfsd.fh import KIND_PSEUDO, BadHandle, codec_for
 from nfsd.ops import _common, attrs as _attrs_ops, filehandle as _fh_ops
 from nfsd.xdr.nfs4 import (
@@ -32,6 +32,7 @@ from nfsd.xdr.nfs4 import (
 )
 
 cdef Py_ssize_t _NAME_MAX = NAME_MAX
+cdef long long _AUTH_SYS = AUTH_SYS
 cdef object _DIR = FileType.DIR
 cdef object _LNK = FileType.LNK
 cdef object _Obj = _common.Obj
@@ -111,6 +112,40 @@ cdef bytes _check_name(name):
     return b
 
 
+cdef bint _may_search(exp, cred, attr) except -1:
+    """exports.permitted(attr, Exports.effective_cred(exp, cred), MAY_EXEC) for a directory's
+    `attr`, without building the EffectiveCred (a frozenset and an object per LOOKUP): the
+    export's squash rules, then the owner, group or other bits (root may always search a
+    directory). Held to the pair by tests/nfsd/test_fileops_native.py."""
+    cdef long long uid, gid, anongid, owner_gid
+    cdef bint squash_root, in_group
+    cdef long long mode = attr.mode
+    anongid = exp.anongid
+    owner_gid = attr.gid
+    if cred.flavor != _AUTH_SYS or exp.all_squash:
+        uid = exp.anonuid
+        in_group = owner_gid == anongid
+    else:
+        uid = cred.uid
+        gid = cred.gid
+        squash_root = exp.root_squash
+        if squash_root:
+            if uid == 0:
+                uid = exp.anonuid
+            if gid == 0:
+                gid = anongid
+        # gids after the squash: a 0 among them became anongid
+        in_group = owner_gid == gid or (owner_gid in cred.gids and not (squash_root and owner_gid == 0)) \
+            or (squash_root and owner_gid == anongid and 0 in cred.gids)
+    if uid == 0:
+        return True                     # a directory: root's search needs no exec bit
+    if uid == attr.uid:
+        return (mode >> 6) & 1
+    if in_group:
+        return (mode >> 3) & 1
+    return mode & 1
+
+
 def putfh(ctx, args):
     """filehandle.op_putfh."""
     try:
@@ -166,10 +201,9 @@ def lookup(ctx, args):
     t = pattr.type
     if t is not _DIR and t != _DIR:      # _common.require_dir
         raise NfsError(NFS4ERR_SYMLINK if t == _LNK else NFS4ERR_NOTDIR)
-    server = ctx.server
-    if not permitted(pattr, server.exports.effective_cred(exp, ctx.cred), MAY_EXEC):
+    if not _may_search(exp, ctx.cred, pattr):
         raise NfsError(NFS4ERR_ACCESS)
-    store = server.store
+    store = ctx.server.store
     try:
         attr = store.find(pattr.ino, name)
     except StoreError as e:

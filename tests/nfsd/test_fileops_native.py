@@ -22,10 +22,10 @@ from nfsd.fh import FH_LEN, codec_for
 from nfsd.ops import HANDLERS
 from nfsd.xdr.core import encode
 from nfsd.xdr.nfs4 import (
-    FATTR4_MODE, FATTR4_SIZE, FATTR4_TIME_ACCESS_SET, FATTR4_TYPE, NF4LNK, NFS4ERR_NOENT, OP_ACCESS,
-    OP_CREATE, OP_GETATTR, OP_GETFH, OP_LOOKUP, OP_PUTFH, OP_REMOVE, OP_RESTOREFH, OP_SAVEFH,
-    ACCESS4args, CREATE4args, GETATTR4args, LOOKUP4args, PUTFH4args, REMOVE4args, createtype4,
-    nfs_resop4, stateid4,
+    FATTR4_MODE, FATTR4_SIZE, FATTR4_TIME_ACCESS_SET, FATTR4_TYPE, NF4LNK, NFS4ERR_ACCESS, NFS4ERR_NOENT,
+    OP_ACCESS, OP_CREATE, OP_GETATTR, OP_GETFH, OP_LOOKUP, OP_PUTFH, OP_REMOVE, OP_RESTOREFH, OP_SAVEFH,
+    ACCESS4args, CREATE4args, GETATTR4args, LOOKUP4args, PUTFH4args, REMOVE4args, createtype4, nfs_resop4,
+    stateid4,
 )
 from testkit.ops_harness import FakeServer, Fs, attrs_of, bitmap_of
 
@@ -34,18 +34,26 @@ fileops = pytest.importorskip("nfsd.native.fileops")
 ROOT = Cred(AUTH_SYS, uid=0, gid=0, gids=(0,))
 OWNER = Cred(AUTH_SYS, uid=1000, gid=1000, gids=(1000,))
 STRANGER = Cred(AUTH_SYS, uid=2000, gid=2000, gids=())
-NAMES = [b"d", b"f", b"x", b"link", b"private", b"none", "é".encode(), b".", b"..", b"a/b", b"a\0b", b"",
+GROUP0 = Cred(AUTH_SYS, uid=1000, gid=1000, gids=(0, 5))       # in root's group by a supplementary gid
+PRIMARY0 = Cred(AUTH_SYS, uid=1000, gid=0, gids=())            # ... by its primary gid
+ANONYMOUS = Cred(0)                                            # AUTH_NONE
+CREDS = [ROOT, OWNER, STRANGER, GROUP0, PRIMARY0, ANONYMOUS]
+NAMES = [b"d", b"f", b"x", b"link", b"private", b"grp", b"none", "é".encode(), b".", b"..", b"a/b", b"a\0b", b"",
          b"n" * 256, b"\xff\xfe", b"checkpoints", b"\xc3"]
 PEERS = [("127.0.0.1", 900), ("127.0.0.1", 40000), ("10.1.2.3", 900), ()]
 
 
 def _tree(tmp_path):
-    """A store with d/ (d/x), f, link, private/ (0700, root's), é/, and handles of each; servers
-    on it whose export squashes root or not, and admits unprivileged ports or not."""
+    """A store with d/ (d/x), f, link, private/ (0700, root's), é/, grp/ (0710) and handles of
+    each; servers on it whose export squashes root, all or none (anongid 0 or not), and admits
+    unprivileged ports or not."""
     from cache.store import Store
     store = Store.open(str(tmp_path / "store"))
-    servers = [FakeServer(store, Exports([Export(1, "/checkpoints", root_squash=squash, secure=secure)]))
-               for squash, secure in ((False, True), (True, True), (False, False))]
+    servers = [FakeServer(store, Exports([Export(1, "/checkpoints", root_squash=squash, secure=secure,
+                                                 all_squash=all_squash, anongid=anongid)]))
+               for squash, secure, all_squash, anongid in ((False, True, False, 65534), (True, True, False, 65534),
+                                                           (False, False, False, 65534), (True, True, False, 0),
+                                                           (False, True, True, 0))]
     fs = Fs(servers[0])
 
     async def build():
@@ -53,6 +61,7 @@ def _tree(tmp_path):
         pseudo = (await fs.run([(0x18, None), (OP_GETFH, None)]))[-1].value.object   # PUTROOTFH
         d = await fs.mkdir(root, "d", 0o755)
         await fs.mkdir(root, "private", 0o700)
+        await fs.mkdir(root, "grp", 0o710)                   # only the owner and root's group may search
         await fs.mkdir(root, "é", 0o777)
         fh_f, sid, _ = await fs.open(root, "f")
         await fs.close(fh_f, sid)
@@ -65,11 +74,11 @@ def _tree(tmp_path):
         await fs.close(gone, sid)
         await fs.run([(OP_PUTFH, PUTFH4args(root)), (OP_REMOVE, REMOVE4args(b"gone"))])
         named = [root, pseudo, d, fh_f, fh_x, gone]
-        for name in ("link", "private", "é"):
+        for name in ("link", "private", "é", "grp"):
             named.append(await fs.fh(root, name))
         forged = bytearray(root)
         forged[-1] ^= 1
-        return named + [bytes(forged), root[:-1], b""]
+        return named + [bytes(forged), root[:-1], b""]     # the first 10 verify
     return store, servers, asyncio.run(build())
 
 
@@ -81,13 +90,13 @@ def tree(tmp_path_factory):
 
 
 def _ops(handles):
-    fh = st.sampled_from(handles[:9] * 2 + handles)
+    fh = st.sampled_from(handles[:10] * 2 + handles)
     bitmaps = st.lists(st.sampled_from([FATTR4_TYPE, FATTR4_SIZE, FATTR4_MODE, FATTR4_TIME_ACCESS_SET]),
                        max_size=3, unique=True)
     return st.one_of(
         st.tuples(st.just(OP_PUTFH), fh.map(PUTFH4args)),
         st.tuples(st.just(OP_LOOKUP), st.sampled_from(NAMES).map(LOOKUP4args)),
-        st.tuples(st.just(OP_LOOKUP), st.sampled_from(NAMES[:7]).map(LOOKUP4args)),
+        st.tuples(st.just(OP_LOOKUP), st.sampled_from(NAMES[:8]).map(LOOKUP4args)),
         st.tuples(st.just(OP_GETFH), st.none()),
         st.tuples(st.just(OP_SAVEFH), st.none()),
         st.tuples(st.just(OP_RESTOREFH), st.none()),
@@ -108,19 +117,19 @@ def _state(ctx):
     return (ctx.current_fh, ctx.saved_fh, ctx.current_stateid, ctx.saved_stateid)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_twins_answer_as_the_reference_handlers(tree, data):
     servers, handles = tree
     server = data.draw(st.sampled_from(servers))
-    cred = data.draw(st.sampled_from([ROOT, OWNER, STRANGER]))
+    cred = data.draw(st.sampled_from(CREDS))
     peer = data.draw(st.sampled_from(PEERS[:1] * 6 + PEERS))
     minor = data.draw(st.sampled_from([0, 1]))
     stateid = stateid4(1, b"s" * 12)
     contexts = [CompoundContext(server=server, cred=cred, peer=peer, conn=None, minorversion=minor)
                 for _ in range(2)]
     ops = data.draw(st.lists(_ops(handles), min_size=1, max_size=8))
-    decoded = [codec_for(server.store).decode(h) for h in handles[:9]]     # the MAC holds
+    decoded = [codec_for(server.store).decode(h) for h in handles[:10]]    # the MAC holds
     start = data.draw(st.sampled_from(decoded * 3 + [None]))
     saved = data.draw(st.sampled_from(decoded + [None]))
     for ctx in contexts:
@@ -144,6 +153,38 @@ def test_twins_answer_as_the_reference_handlers(tree, data):
             break                     # a COMPOUND stops at its first error
 
 
+def _same(opnum, args, server, cred, peer, start):
+    contexts = [CompoundContext(server=server, cred=cred, peer=peer, conn=None, minorversion=1) for _ in range(2)]
+    for ctx in contexts:
+        ctx.current_fh = start
+    ref = _outcome(lambda: asyncio.run(HANDLERS[opnum](contexts[0], args)))
+    twin = _outcome(lambda: fileops.TWINS[opnum][1](contexts[1], args))
+    if type(twin) is int:
+        assert ref[:2] == ("error", twin), (ref, twin)
+    elif isinstance(ref, tuple):
+        assert twin == ref
+    else:
+        assert encode(nfs_resop4, nfs_resop4(opnum, twin)) == encode(nfs_resop4, nfs_resop4(opnum, ref))
+    assert _state(contexts[1]) == _state(contexts[0])
+    return ref[1] if isinstance(ref, tuple) else 0
+
+
+def test_lookup_twin_in_every_directory_for_every_caller(tree):
+    """Every (export, caller, directory, name): the squash and group rules meet rarely in the
+    random sequences above (a 0710 directory, a caller in its group only by a gid the export
+    squashes), so LOOKUP is also checked exhaustively."""
+    servers, handles = tree
+    seen = set()
+    for server in servers:
+        decoded = [codec_for(server.store).decode(h) for h in handles[:10]]
+        for cred in CREDS:
+            for start in decoded:
+                for name in NAMES:
+                    for peer in PEERS[:2]:
+                        seen.add(_same(OP_LOOKUP, LOOKUP4args(name), server, cred, peer, start))
+    assert {0, NFS4ERR_NOENT, NFS4ERR_ACCESS} <= seen, seen
+
+
 def test_every_twin_is_the_table_entry_of_its_reference():
     for opnum, (ref, _twin) in fileops.TWINS.items():
         assert HANDLERS[opnum] is ref
@@ -151,4 +192,4 @@ def test_every_twin_is_the_table_entry_of_its_reference():
 
 def test_the_tree_covers_what_it_claims(tree):
     _, handles = tree
-    assert len(handles[0]) == FH_LEN and len(handles) == 12
+    assert len(handles[0]) == FH_LEN and len(handles) == 13
