@@ -987,9 +987,10 @@ class Worker:
             # after the move to the next name re-keyed the record): only it is left to remove;
             # by its ETag, since an imported object carries no identity of ours
             etag = recorded[1]
-        elif cur is None and job.get("type") not in NODE_JOB_TYPES and (
-                remote is not None or job.get("sent") is False):
+        elif cur is None and job.get("type") not in NODE_JOB_TYPES and job.get("sent") is False:
             return "never-uploaded"       # (gone now, but no object was ever written for it)
+        # (no object recorded but an upload had begun, F_SENT: one S3 took before a crash kept it
+        # from the record is found below by its identity, issue 38)
         else:
             if last_link and cur is not None and cur[0] != old:
                 # removed before its move ran (a move finds an imported object, which carries

@@ -895,3 +895,24 @@ def test_new_bytes_uploaded_over_the_recorded_object_unrecorded_then_renamed(sim
     sim.rename("a", "b")
     sim.drain()
     sim.check_drained()
+
+
+@pytest.mark.parametrize("size", [3000, 6000])
+def test_upload_applied_unrecorded_then_killed_and_its_name_unlinked_while_a_link_stays(sim, size):
+    """The crash window, then `ln a c; rm a`: the unlink's job saw a record with no object and
+    answered "never uploaded", so the object S3 took at `a` stayed for ever (the bucket after the
+    drain held `a`). Only a job saying `sent: False` (F_SENT unset) skips the look now."""
+    sim.save("a", sim.payload(size))
+    sim.enqueue(flush=True)
+    sim.dispatch()
+    grant_until(sim, "PutObject" if size < sim.settings.multipart_threshold else "CompleteMultipartUpload",
+                limit=50)
+    sim.set_faults(lost_reply=1.0)
+    sim.grant(sim.pending[0])
+    sim.set_faults()
+    sim.kill9()
+    sim.check()
+    sim.link("a", "c")
+    sim.remove("a")
+    sim.drain()
+    sim.check_drained()
