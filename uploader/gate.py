@@ -13,7 +13,7 @@ from typing import Callable, TypeVar
 
 import structlog
 
-from .objectclient import NotFoundError, ThrottledError, TransientError, classify
+from .objectclient import NotFoundError, ThrottledError, TransientError, classify, may_have_applied
 from .ratelimit import AimdLimiter, Backoff, TokenBucket
 from .settings import UploadSettings
 from .stats import Counters
@@ -40,14 +40,28 @@ class RequestGate:
 
     async def call(self, op: str, fn: Callable[[], T], *, nbytes: int = 0, what: str = "",
                    retry_not_found: bool = False, priority: int = 0, max_attempts: int = 0,
-                   on_send: Callable[[], None] | None = None, on_done: Callable[[], None] | None = None) -> T:
+                   on_send: Callable[[], None] | None = None, on_done: Callable[[], None] | None = None,
+                   recheck: Callable[[], T | None] | None = None, recheck_op: str = "HeadObject") -> T:
         """on_send/on_done bracket every attempt that actually goes out (after the slot and
         the tokens), so callers can tell bytes on the wire from bytes still waiting.
         max_attempts > 0: give the last TransientError back after that many attempts, so the
-        caller can check whether retrying still makes sense (0: retry for ever)."""
+        caller can check whether retrying still makes sense (0: retry for ever).
+        recheck: a blocking ObjectClient call (a HEAD) run before the attempt that follows a
+        failure S3 may have applied with its reply lost (`may_have_applied`: a timeout, a reset
+        after sending, a 500; never after a throttle or another refusal). It is a request of
+        its own: through this gate (slot, request token, retries), counted as `recheck_op`.
+        A non-None result is this call's result (the failed attempt did take effect); None:
+        the next attempt goes out. `fn` itself must make exactly one S3 request."""
         loop = asyncio.get_running_loop()
         attempt = 0
+        unsure = False           # the last failed attempt may have been applied
         while True:
+            if unsure and recheck is not None:
+                found = await self.call(recheck_op, recheck, what=what, priority=priority,
+                                        max_attempts=max_attempts)
+                if found is not None:
+                    return found
+            unsure = False
             started = await self.limiter.acquire(priority)
             try:
                 await self.requests.take(1)
@@ -77,6 +91,7 @@ class RequestGate:
                     raise err
             elif not isinstance(err, TransientError):
                 raise err                # PermanentError: the caller surfaces it
+            unsure = may_have_applied(err)
             attempt += 1
             if max_attempts and attempt >= max_attempts:
                 raise err

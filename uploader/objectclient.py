@@ -146,6 +146,23 @@ def classify(exc: BaseException) -> ObjectClientError:
     raise exc
 
 
+# TransientErrors that are S3's answer refusing the request (it was read and not applied:
+# the body came short or did not match its digest, the clock is off, a conflicting operation),
+# and failures to open a connection at all (nothing was sent)
+_REFUSED_CODES = {"RequestTimeout", "RequestTimeTooSkewed", "BadDigest", "InvalidDigest",
+                  "XAmzContentSHA256Mismatch", "IncompleteBody", "OperationAborted",
+                  "EndpointConnectionError", "ConnectTimeoutError", "ConnectionRefusedError"}
+
+
+def may_have_applied(err: ObjectClientError) -> bool:
+    """Whether a failed request may have been carried out by S3 with its reply lost: a
+    TransientError that is not a refusal (a read timeout, a connection reset or closed after
+    sending, a 500/502/504). Not a throttle (503 SlowDown, 429: refused, nothing applied), not
+    an answer in `_REFUSED_CODES`, not a NotFound or Permanent error (S3 said no)."""
+    return (isinstance(err, TransientError) and not isinstance(err, ThrottledError)
+            and err.code not in _REFUSED_CODES)
+
+
 # ---- checksums ---------------------------------------------------------------------
 def checksum_b64(algorithm: str, data) -> str:
     """Base64 of the big-endian CRC32 or SHA-256 digest, as S3's x-amz-checksum-* headers."""

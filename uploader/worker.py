@@ -284,11 +284,10 @@ class Worker:
 
     async def _put(self, attr, key: str, meta: dict, prog: UploadProgress) -> PutResult:
         ino, size = attr.ino, attr.size
-        attempts = 0
+        sent_checksum: str | None = None       # "crc32:..." of the bytes the last attempt sent
 
         def send() -> PutResult:
-            nonlocal attempts
-            attempts += 1
+            nonlocal sent_checksum
             fd = self.store.open_data_fd(ino)
             try:
                 data = _pread_exact(fd, 0, size)
@@ -297,16 +296,20 @@ class Worker:
             if not _same_data(self.store.getattr(ino), attr.data_seq):
                 raise DataChanged()
             checksum = checksum_b64(self.algorithm, data)
-            if attempts > 1:
-                # the failed attempt may have been stored with its reply lost (a timeout, a
-                # reset, a 500 after the write): then that object is this one, not sent again
-                info = self.client.head_object(key)
-                if self._is_this_upload(info, attr, meta) and info.checksum in (
-                        None, f"{self.algorithm.lower()}:{checksum}"):
-                    log.info("upload_adopted", ino=ino, key=key, etag=info.etag, version_id=info.version_id,
-                             data_seq=attr.data_seq, why="retry after a lost reply")
-                    return PutResult(info.etag, f"{self.algorithm.lower()}:{checksum}", info.version_id)
+            sent_checksum = f"{self.algorithm.lower()}:{checksum}"
             return self.client.put_object(key, data, metadata=meta, checksum=checksum)
+
+        def recheck() -> PutResult | None:
+            # the gate runs this (a HEAD, a request of its own, with its own token) only before
+            # retrying an attempt that may have been stored with its reply lost (a timeout, a
+            # reset after sending, a 500; not a throttle): then that object is this one
+            info = self.client.head_object(key)
+            if (sent_checksum is None or not self._is_this_upload(info, attr, meta)
+                    or info.checksum not in (None, sent_checksum)):
+                return None
+            log.info("upload_adopted", ino=ino, key=key, etag=info.etag, version_id=info.version_id,
+                     data_seq=attr.data_seq, why="retry after a lost reply")
+            return PutResult(info.etag, sent_checksum, info.version_id)
 
         def sending() -> None:
             prog.bytes_in_flight = size
@@ -314,7 +317,8 @@ class Worker:
         def sent() -> None:
             prog.bytes_in_flight = 0
 
-        result = await self.gate.call("PutObject", send, nbytes=size, what=key, on_send=sending, on_done=sent)
+        result = await self.gate.call("PutObject", send, nbytes=size, what=key, on_send=sending, on_done=sent,
+                                      recheck=recheck)
         prog.bytes_done = size
         self.counters.bytes_uploaded += size
         return result

@@ -35,7 +35,7 @@ from cache.api import DataState, FileType, ROOT_INO, SetAttr, StoreError
 from cache.store import Store
 from uploader.jobs import NS, UPLOAD
 from uploader.keys import DIR_CONTENT_TYPE, INO_META
-from uploader.objectclient import NotFoundError, ObjectClientError, TransientError, classify
+from uploader.objectclient import NotFoundError, ObjectClientError, TransientError, classify, may_have_applied
 from uploader.service import Uploader
 from uploader.settings import UploadSettings
 
@@ -88,9 +88,16 @@ class StepGate:
         pass
 
     async def call(self, op, fn, *, nbytes=0, what="", retry_not_found=False, priority=0, max_attempts=0,
-                   on_send=None, on_done=None):
+                   on_send=None, on_done=None, recheck=None, recheck_op="HeadObject"):
         attempt = 0
-        while True:
+        unsure = False           # as the real gate: recheck (a request of its own) only after
+        while True:              # a failure S3 may have applied with its reply lost
+            if unsure and recheck is not None:
+                found = await self.call(recheck_op, recheck, what=what, priority=priority,
+                                        max_attempts=max_attempts)
+                if found is not None:
+                    return found
+            unsure = False
             if not self.auto:
                 req = Pending(op, what, JOB.get(), asyncio.get_running_loop().create_future())
                 self.sim.pending.append(req)
@@ -112,6 +119,7 @@ class StepGate:
                     raise err
             elif not isinstance(err, TransientError):
                 raise err
+            unsure = may_have_applied(err)
             attempt += 1
             if (max_attempts and attempt >= max_attempts) or (self.auto and attempt >= AUTO_ATTEMPTS):
                 raise err

@@ -20,10 +20,12 @@ import pytest
 
 from cache.api import DataState
 from cache.store import Store
-from tests.uploader.conftest import SMALL_PART, make_uploader, object_sha, payload, s3_settings, sha
+from tests.uploader.conftest import (SMALL_PART, make_uploader, object_sha, payload, s3_settings, sha,
+                                     uploader_settings)
 from testkit.storefiles import write_file
 from uploader.keys import SEQ_META, STORE_META
-from uploader.objectclient import Boto3ObjectClient, checksum_b64
+from uploader.objectclient import Boto3ObjectClient, ThrottledError, TransientError, checksum_b64
+from uploader.service import Uploader
 from uploader.worker import SENT_SEQ
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -225,3 +227,68 @@ def test_regression_a_put_whose_reply_was_lost_is_adopted_by_its_retry(moto, pro
     remote = store.remote_info(ino)
     assert (remote.etag, remote.version_id) == (versions[0]["ETag"], versions[0]["VersionId"])
     assert store.getattr(ino).data_state == DataState.CLEAN
+
+
+class _FirstPutFails:
+    """The ObjectClient, but the first PutObject of `key` fails with `err`, after S3 stored it
+    (`applied`) or before; counts HEADs."""
+
+    def __init__(self, inner, key: str, err, applied: bool):
+        self.inner, self.key, self.err, self.applied = inner, key, err, applied
+        self.failed = False
+        self.heads: list[str] = []
+        self.puts = 0               # PutObject calls on `key`
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def put_object(self, key, *args, **kwargs):
+        self.puts += key == self.key
+        if key == self.key and not self.failed:
+            self.failed = True
+            if self.applied:
+                self.inner.put_object(key, *args, **kwargs)
+            raise self.err
+        return self.inner.put_object(key, *args, **kwargs)
+
+    def head_object(self, key):
+        self.heads.append(key)
+        return self.inner.head_object(key)
+
+
+@pytest.mark.parametrize("case", ["throttled", "timeout-after-store", "500-not-stored"])
+def test_regression_a_retried_put_heads_only_after_an_ambiguous_failure_and_through_the_gate(
+        moto, bucket, store, case):
+    """553abfe's retry HEAD ran inside the PutObject's gate call on every retry: a second
+    request on one request token, outside the rate limit (under 503 SlowDown every retry was
+    HEAD + PUT). A throttle says nothing was stored: no HEAD. A timeout or a 500 may have
+    stored it: one HEAD, gated (its own token, counted as HeadObject), then adopt or send."""
+    client = _client(moto, bucket)
+    key = "gw/run/retried"
+    err, applied = {"throttled": (ThrottledError("SlowDown", "reduce your request rate", 503), False),
+                    "timeout-after-store": (TransientError("ReadTimeoutError", "read timed out"), True),
+                    "500-not-stored": (TransientError("InternalError", "", 500), False)}[case]
+    failing = _FirstPutFails(client, key, err, applied)
+    data = payload(5000, 42)
+    ino = write_file(store, "run/retried", data)
+
+    async def main():
+        up = Uploader(store, failing, uploader_settings(), s3=s3_settings(moto.endpoint, bucket))
+        await up.start()
+        try:
+            assert await up.flush(timeout=60)
+            return up.counters
+        finally:
+            await up.stop()
+
+    counters = asyncio.run(main())
+    assert failing.failed
+    assert failing.heads.count(key) == (0 if case == "throttled" else 1)
+    assert counters.requests["HeadObject"] == len(failing.heads)     # every HEAD went through the gate
+    versions = _versions(client, key)
+    assert len(versions) == 1, versions
+    assert failing.puts == (1 if case == "timeout-after-store" else 2)   # adopted, or sent again
+    remote = store.remote_info(ino)
+    assert (remote.etag, remote.version_id) == (versions[0]["ETag"], versions[0]["VersionId"])
+    assert store.getattr(ino).data_state == DataState.CLEAN
+    assert object_sha(client, key) == sha(data)

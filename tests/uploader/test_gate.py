@@ -104,3 +104,103 @@ def test_errors_not_from_s3_are_not_retried():
     finally:
         gate.close()
     assert len(calls) == 1 and gate.counters.retries == 0 and gate.limiter.in_flight == 0
+
+
+def _counting_tokens(gate) -> list:
+    taken = []
+    take = gate.requests.take
+
+    async def counted(n=1):
+        taken.append(n)
+        return await take(n)
+
+    gate.requests.take = counted
+    return taken
+
+
+@pytest.mark.parametrize("err", [ThrottledError("SlowDown", status=503), ThrottledError("ServiceUnavailable", status=503),
+                                 TransientError("BadDigest", status=400), TransientError("RequestTimeout", status=400),
+                                 TransientError("EndpointConnectionError")])
+def test_a_refused_attempt_is_retried_without_a_recheck(err):
+    """A throttle (503 SlowDown) or another answer that says S3 did not apply the request:
+    nothing can have been stored, so no HEAD before the retry (issue 38's recheck, which
+    553abfe made on every retry, doubled the requests under SlowDown)."""
+    gate = _gate()
+    taken = _counting_tokens(gate)
+    sends, checks = [], []
+
+    def fn():
+        sends.append(1)
+        if len(sends) < 3:
+            raise err
+        return "sent"
+
+    try:
+        assert asyncio.run(gate.call("PutObject", fn, recheck=lambda: checks.append(1))) == "sent"
+    finally:
+        gate.close()
+    assert len(sends) == 3 and checks == [] and len(taken) == 3
+    assert "HeadObject" not in gate.counters.requests
+
+
+@pytest.mark.parametrize("err", [TransientError("ReadTimeoutError"), TransientError("ConnectionClosedError"),
+                                 TransientError("InternalError", status=500), TransientError("504", status=504)])
+@pytest.mark.parametrize("found", [None, "adopted"])
+def test_an_attempt_that_may_have_been_applied_is_rechecked_once_through_the_gate(err, found):
+    """A timeout, a reset after sending, a 500: S3 may have stored it. The recheck runs once
+    before the retry as a request of its own (a request token, counted as HeadObject); what it
+    finds ends the call, None sends again."""
+    gate = _gate()
+    taken = _counting_tokens(gate)
+    sends, checks = [], []
+
+    def fn():
+        sends.append(len(taken))
+        if len(sends) == 1:
+            raise err
+        return "sent"
+
+    def recheck():
+        checks.append(len(taken))
+        return found
+
+    try:
+        result = asyncio.run(gate.call("PutObject", fn, recheck=recheck))
+    finally:
+        gate.close()
+    c = gate.counters
+    assert checks == [2]                                # after its own token (the 2nd taken)
+    assert c.requests["HeadObject"] == 1
+    if found:
+        assert result == "adopted" and sends == [1] and len(taken) == 2 and "PutObject" not in c.requests
+    else:
+        assert result == "sent" and sends == [1, 3] and len(taken) == 3 and c.requests["PutObject"] == 1
+    assert gate.limiter.in_flight == 0
+
+
+def test_a_failed_recheck_is_retried_and_a_throttle_after_it_needs_none():
+    """The recheck is an S3 request like any: retried by the gate. Once it answered (nothing
+    there), a throttled attempt after it is not rechecked again."""
+    gate = _gate()
+    errors = [TransientError("ReadTimeoutError"), ThrottledError("SlowDown", status=503)]
+    head_errors = [ThrottledError("SlowDown", status=503), TransientError("InternalError", status=500)]
+    sends, checks = [], []
+
+    def fn():
+        sends.append(1)
+        if errors:
+            raise errors.pop(0)
+        return "sent"
+
+    def recheck():
+        checks.append(1)
+        if head_errors:
+            raise head_errors.pop(0)
+        return None
+
+    try:
+        assert asyncio.run(gate.call("PutObject", fn, recheck=recheck)) == "sent"
+    finally:
+        gate.close()
+    assert len(sends) == 3 and len(checks) == 3
+    assert gate.counters.requests == {"HeadObject": 1, "PutObject": 1}
