@@ -812,6 +812,19 @@ class Worker:
             return False
         return attr.type == FileType.REG and attr.data_seq != seq
 
+    def _file_gone(self, info) -> bool:
+        """Whether the inode an object of ours names (its ckptgw-ino) no longer exists in the
+        store (unlinked and reclaimed). Unknown (no inode metadata): False."""
+        try:
+            self.store.getattr(int(info.metadata[INO_META]))
+        except (KeyError, ValueError):
+            return False
+        except StoreError as e:
+            if e.errno in (errno.ESTALE, errno.ENOENT):
+                return True
+            raise
+        return False
+
     async def _fetch_before_leaving(self, ino: int) -> None:
         """Bring a file's absent ranges (evicted, or an import's never read) in from its stale
         object before a job leaves that object at a name the file no longer has: once the job
@@ -909,7 +922,7 @@ class Worker:
             info = await self.gate.call("HeadObject", lambda: self.client.head_object(key), what=key)
             if info is None or info.etag != etag or not self._written_here(info):
                 return False
-            if self._unrecorded_is_stale(info):
+            if self._unrecorded_is_stale(info) or self._file_gone(info):
                 stale.add((rel, etag))
             return True
 
@@ -927,9 +940,11 @@ class Worker:
                 log.info("move_left_foreign_object", key=obj.key, etag=obj.etag)
                 return
             if (rel, obj.etag) in stale:
-                # an upload's object no record names (a crash before mark_uploaded, issue 38), of
-                # bytes its file has written over since: copied, it would put them under a name
-                # the file never held them at; the file's upload sends its bytes there
+                # an upload's object no record names (a crash before mark_uploaded, issue 38, or
+                # a file removed after the rename, its record reclaimed before this move ran), of
+                # bytes its file has written over since or of a file that is gone: copied, it
+                # would put them under a name the file never held them at (or no file holds); the
+                # file's upload sends its bytes there, a gone file's unlink finds nothing left
                 await self._delete_if(rel, obj.etag)
                 log.info("move_dropped_stale_unrecorded", key=obj.key, etag=obj.etag)
                 return

@@ -916,3 +916,18 @@ def test_upload_applied_unrecorded_then_killed_and_its_name_unlinked_while_a_lin
     sim.remove("a")
     sim.drain()
     sim.check_drained()
+
+
+def test_imported_file_truncated_written_unstable_then_removed_after_its_directory_moved(sim):
+    """Found by the model run of 553abfe (fails the same on dd7d78a): an imported file
+    truncated to 0 and drained, written 1 byte (unstable), its directory renamed and the file
+    removed before the directory's move ran: the move copied the removed file's 0-byte
+    object to a/x (invariant 6), which only the unlink's job removed later."""
+    sim.import_external("imp/x", sim.payload(10))
+    sim.truncate("imp/x", 0)
+    sim.drain()
+    sim.write("imp/x", 0, b"z")
+    sim.rename("imp", "a")
+    sim.remove("a/x")
+    sim.drain()
+    sim.check_drained()
