@@ -75,3 +75,6 @@ class CompoundContext:
     saved_stateid: Any = None
     tag: bytes = b""
     extra: dict = field(default_factory=dict)
+    # (current_fh, export, attr) as the typed ops (nfsd/native/fileops.pyx) resolved it during
+    # their run of consecutive ops; the native loop clears it before any other op
+    resolved: Any = None

@@ -474,7 +474,7 @@ async def run_compound(server, cred, peer, conn, args_buf, bytearray out not Non
                 if slot is not None:
                     cachethis = bool(ops[0].value.sa_cachethis)
             if first >= 0:
-                await _run_ops(ctx, args, first, results, not debug)
+                await _run_ops(ctx, args, first, results, debug)
         results.finish()
         outcome.status = results.status
         outcome.tail = results.tail
@@ -604,10 +604,10 @@ cdef object _new_request(ctx, sa, Py_ssize_t request_size, Py_ssize_t nops, tupl
     return slot
 
 
-async def _run_ops(ctx, Args args, Py_ssize_t first, Results results, bint twins):
-    """The ops from `first` on. `twins`: call an op's typed twin (its row's `native`, a plain
-    function; nfsd/native/fileops.pyx) where it has one; off while debug logging is on (a twin
-    may return a routine error as an int, with no detail to log)."""
+async def _run_ops(ctx, Args args, Py_ssize_t first, Results results, bint debug):
+    """The ops from `first` on. An op with a typed twin (its row's `native`, a plain function;
+    nfsd/native/fileops.pyx) runs that, without a coroutine; a twin returns a routine error
+    as an int (logged, at debug level, without the reference's detail)."""
     cdef list ops = args.ops
     cdef list rows = ctx.server.ops.rows     # nfsd/optable.py; decode let declared ops through only
     cdef long long minor = args.minorversion
@@ -636,10 +636,11 @@ async def _run_ops(ctx, Args args, Py_ssize_t first, Results results, bint twins
         if handler is None:        # pNFS, delegations, locks, 4.2 extras: not offered
             results.add_error(opnum, E_NOTSUPP)
             return
-        twin = row.native if twins else None
+        twin = row.native
         if twin is None:           # what the handlers read of the loop (the twins read none)
             extra["last_op"] = i == last and no_illegal
             extra["reply_room"] = results.room()      # READ clips its data to this
+            ctx.resolved = None    # the twins' resolved handle: this op may change anything
         op_started = _monotonic()
         res = None
         try:
@@ -655,6 +656,8 @@ async def _run_ops(ctx, Args args, Py_ssize_t first, Results results, bint twins
             status = results.add_error(opnum, E_SERVERFAULT)
         else:
             if type(res) is int:   # a twin's routine error (fileops.pyx)
+                if debug:
+                    _op_error(ctx, opnum, NfsError(res))
                 status = results.add_error(opnum, <long long>res)
                 res = None
             else:

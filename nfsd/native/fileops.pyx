@@ -13,8 +13,8 @@ resolves the current handle typed.
 
 One difference in form: LOOKUP of an absent name returns NFS4ERR_NOENT (an int) instead of
 raising it, so a save's exists() costs no exception chain; the loop answers the int as it
-answers a raised error. NOENT is a routine error, logged only at debug level, and with debug
-on the loop runs the reference handlers (their op_error line carries the detail).
+answers a raised error. NOENT is a routine error, logged only at debug level, where the twin's
+op_error line lacks the reference's detail (the name and directory).
 """
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from libc.string cimport memchr
@@ -77,6 +77,20 @@ cdef tuple _export_attr(ctx, fh):
     return exp, attr
 
 
+cdef tuple _current_export_attr(ctx, fh):
+    """_export_attr() of the current handle `fh`, once per run of these ops: a COMPOUND's ops
+    resolve the handle the op before them set (PUTFH, LOOKUP, LOOKUP, GETATTR...), and these
+    ops run one after the other with nothing awaited in between, so the answer the previous
+    one had (ctx.resolved) is as current as a new read (a change landing meanwhile is ordered
+    after this op instead of before it). The loop clears it before any other op runs."""
+    r = ctx.resolved
+    if r is not None and (<tuple>r)[0] is fh:
+        return (<tuple>r)[1:]
+    exp, attr = _export_attr(ctx, fh)
+    ctx.resolved = (fh, exp, attr)
+    return exp, attr
+
+
 cdef object _current_obj(ctx):
     """_common.current()."""
     fh = ctx.current_fh
@@ -84,7 +98,7 @@ cdef object _current_obj(ctx):
         raise NfsError(NFS4ERR_NOFILEHANDLE)
     if fh.kind == KIND_PSEUDO:
         return _common.resolve(ctx, fh)
-    exp, attr = _export_attr(ctx, fh)
+    exp, attr = _current_export_attr(ctx, fh)
     return _Obj(fh, exp, None, attr)
 
 
@@ -155,7 +169,8 @@ def putfh(ctx, args):
     if fh.kind == KIND_PSEUDO:
         _common.resolve(ctx, fh)
     else:
-        _export_attr(ctx, fh)
+        exp, attr = _export_attr(ctx, fh)
+        ctx.resolved = (fh, exp, attr)
     ctx.current_fh = fh
     ctx.current_stateid = None
     return _PUTFH_OK
@@ -196,7 +211,7 @@ def lookup(ctx, args):
         parent = _common.resolve(ctx, fh)
         _common.set_current(ctx, _fh_ops.lookup_child(ctx, parent, _check_name(args.objname)))
         return _LOOKUP_OK
-    exp, pattr = _export_attr(ctx, fh)
+    exp, pattr = _current_export_attr(ctx, fh)
     name = _check_name(args.objname)
     t = pattr.type
     if t is not _DIR and t != _DIR:      # _common.require_dir
@@ -210,8 +225,10 @@ def lookup(ctx, args):
         raise _common.nfs_error(e) from e
     if attr is None:
         return NFS4ERR_NOENT
-    ctx.current_fh = _codec_of(store).export(exp.export_id, attr.ino, attr.gen)
+    fh = _codec_of(store).export(exp.export_id, attr.ino, attr.gen)
+    ctx.current_fh = fh
     ctx.current_stateid = None
+    ctx.resolved = (fh, exp, attr)       # what resolving it now would give: same export, live attr
     return _LOOKUP_OK
 
 

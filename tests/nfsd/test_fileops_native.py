@@ -22,10 +22,10 @@ from nfsd.fh import FH_LEN, codec_for
 from nfsd.ops import HANDLERS
 from nfsd.xdr.core import encode
 from nfsd.xdr.nfs4 import (
-    FATTR4_MODE, FATTR4_SIZE, FATTR4_TIME_ACCESS_SET, FATTR4_TYPE, NF4LNK, NFS4ERR_ACCESS, NFS4ERR_NOENT,
-    OP_ACCESS, OP_CREATE, OP_GETATTR, OP_GETFH, OP_LOOKUP, OP_PUTFH, OP_REMOVE, OP_RESTOREFH, OP_SAVEFH,
-    ACCESS4args, CREATE4args, GETATTR4args, LOOKUP4args, PUTFH4args, REMOVE4args, createtype4, nfs_resop4,
-    stateid4,
+    FATTR4_MODE, FATTR4_OWNER, FATTR4_SIZE, FATTR4_TIME_ACCESS_SET, FATTR4_TYPE, NF4DIR, NF4LNK, NFS4_OK,
+    NFS4ERR_ACCESS, NFS4ERR_NOENT, OP_ACCESS, OP_CREATE, OP_GETATTR, OP_GETFH, OP_LOOKUP, OP_PUTFH, OP_REMOVE,
+    OP_RESTOREFH, OP_SAVEFH, OP_SETATTR, ACCESS4args, CREATE4args, GETATTR4args, LOOKUP4args, PUTFH4args,
+    REMOVE4args, SETATTR4args, createtype4, nfs_resop4, stateid4,
 )
 from testkit.ops_harness import FakeServer, Fs, attrs_of, bitmap_of
 
@@ -193,3 +193,30 @@ def test_every_twin_is_the_table_entry_of_its_reference():
 def test_the_tree_covers_what_it_claims(tree):
     _, handles = tree
     assert len(handles[0]) == FH_LEN and len(handles) == 13
+
+
+def test_an_op_between_twins_is_seen_by_the_twin_after_it(nfs_client):
+    """The twins keep the handle they resolved (ctx.resolved) only while they run one after the
+    other: here a SETATTR (no twin) between PUTFH and LOOKUP takes the directory's search bit
+    from its owner, and the LOOKUP after it must see that. Named regression: without the loop
+    clearing ctx.resolved before SETATTR, LOOKUP used PUTFH's attributes and answered OK."""
+    from testkit.nfsclient import op, status_of
+
+    async def body(c):
+        root = await c.lookup_path("/checkpoints")
+        res = await c.compound([op(OP_PUTFH, PUTFH4args(root)),
+                                op(OP_CREATE, CREATE4args(createtype4(NF4DIR), b"d",
+                                                          attrs_of({FATTR4_MODE: 0o755, FATTR4_OWNER: b"2000"}))),
+                                op(OP_GETFH)])
+        d = res.resarray[-1].value.value.object
+        fh, sid = await c.open_create(d, "x")
+        await c.close_file(fh, sid)
+        c.cred = OWNER_2000
+        res = await c.compound([op(OP_PUTFH, PUTFH4args(d)),
+                                op(OP_SETATTR, SETATTR4args(stateid4(0, bytes(12)), attrs_of({FATTR4_MODE: 0o600}))),
+                                op(OP_LOOKUP, LOOKUP4args(b"x"))])
+        return [status_of(r) for r in res.resarray]
+    assert nfs_client(body) == [NFS4_OK, NFS4_OK, NFS4ERR_ACCESS]
+
+
+OWNER_2000 = Cred(AUTH_SYS, uid=2000, gid=2000, gids=())
