@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 
-from nfsd.compound import GarbageArgs, minorversion_of, run_compound
+from nfsd.compound import COMPOUND_ENGINE, GarbageArgs, minorversion_of, run_compound
 from nfsd.drc import IN_PROGRESS, ReplyCache, request_key
 from nfsd.errors import NfsError
 from nfsd.grace import Grace
@@ -294,6 +294,15 @@ class NfsServer:
         if any_client_work(outcome.opnums):
             self.last_client_op = time.monotonic()
         return finish_reply(out, outcome.tail), outcome.opnums
+
+    python_handle_call = handle_call          # the reference, whichever engine runs
+
+
+if COMPOUND_ENGINE == "native":
+    # handle_call's typed twin, _run_compound in it (nfsd/native/compound.pyx; held to the two
+    # by tests/nfsd/test_compound_native.py)
+    from nfsd.native.compound import handle_call as _native_handle_call
+    NfsServer.handle_call = _native_handle_call
 
 
 async def serve(store, exports, host: str, port: int, *, stop_event: asyncio.Event | None = None,

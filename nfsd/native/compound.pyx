@@ -781,5 +781,107 @@ cdef class OpCounters:
         return {"counts": counts, "hist": out_hist, "bytes_read": read, "bytes_written": written}
 
 
+# ---- one call -------------------------------------------------------------------
+
+cdef enum:
+    REPLY_HEAD = 28                      # record mark, then xid REPLY MSG_ACCEPTED AUTH_NONE 0 SUCCESS
+
+cdef unsigned char _client_work[NOPS]    # nfsd/optable.py's client_work column
+for _num, _d in _DESCRIPTORS.items():
+    _client_work[_num] = _d.client_work
+cdef unsigned int LAST_FRAGMENT = 0x80000000
+
+from nfsd.drc import IN_PROGRESS as _IN_PROGRESS, request_key as _request_key
+from nfsd.rpc import (Reply as _Reply, auth_error_reply as _auth_error_reply,
+                      garbage_args_reply as _garbage_args_reply, system_err_reply as _system_err_reply)
+from nfsd.xdr.rpc import AUTH_TOOWEAK as _AUTH_TOOWEAK
+import structlog as _structlog
+_server_log = _structlog.get_logger("nfsd.server")
+
+
+async def handle_call(server, call, conn):
+    """nfsd.server.NfsServer.handle_call with its _run_compound (the reference, kept as
+    NfsServer.python_handle_call): one coroutine instead of two, the reply's RPC header and
+    record mark and the client-work stamp written here. Never raises."""
+    reply = server.immediate_reply(call, conn)
+    if reply is not None:
+        return reply
+    xid = call.xid
+    if not conn.port_ok:
+        server.ratelog.warning("insecure_port_refused", conn.peer[0], port=conn.peer[1],
+                               reason="every export admitting this client is `secure` "
+                                      "(source port must be < 1024)")
+        return _auth_error_reply(xid, _AUTH_TOOWEAK)
+    args = call.args
+    if _minorversion_of(args) != 0:
+        return (await _run_call(server, call, conn))[0]
+    # NFSv4.0: a retransmission gets the first run's reply (nfsd/drc.py).
+    key = _request_key(conn.peer, xid, call.proc, args)
+    cache = server.replies_v40
+    cached = cache.begin(key)
+    if cached is _IN_PROGRESS:
+        return None                  # the original still runs: drop, as knfsd does
+    if cached is not None:
+        return cached
+    reply, opnums = None, ()
+    try:
+        reply, opnums = await _run_call(server, call, conn)
+        return reply
+    finally:
+        cache.finish(key, reply, opnums)
+
+
+cdef long long _minorversion_of(buf) except -2:
+    """nfsd.compound.minorversion_of: -1 for None (too short)."""
+    cdef Py_buffer view
+    cdef const unsigned char* p
+    cdef Py_ssize_t n, pos
+    cdef uint32_t taglen
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    try:
+        p = <const unsigned char*>view.buf
+        n = view.len
+        if n < 4:
+            return -1
+        taglen = _r32(p)
+        pos = 4 + <Py_ssize_t>taglen + (-<Py_ssize_t>taglen & 3)
+        if pos + 4 > n:
+            return -1
+        return _r32(p + pos)
+    finally:
+        PyBuffer_Release(&view)
+
+
+async def _run_call(server, call, conn):
+    """NfsServer._run_compound: the framed reply and the ops that ran."""
+    cdef uint32_t xid = call.xid
+    cdef bytearray out = bytearray(REPLY_HEAD)
+    cdef unsigned char* q = <unsigned char*>PyByteArray_AS_STRING(out)
+    cdef Outcome outcome
+    cdef Py_ssize_t n
+    _w32(q + 4, xid)
+    _w32(q + 8, 1)                       # REPLY; MSG_ACCEPTED, AUTH_NONE, 0, SUCCESS are zeros
+    try:
+        outcome = await run_compound(server, call.cred, conn.peer, conn, call.args, out)
+    except GarbageArgs as exc:
+        server.ratelog.warning("rpc_garbage_args", conn.peer[0], xid=xid, error=str(exc))
+        return _garbage_args_reply(xid), []
+    except Exception:
+        _server_log.exception("compound_failed", peer=conn.peer[0], xid=xid)
+        return _system_err_reply(xid), []
+    for opnum in outcome.opnums:
+        if 0 <= opnum < NOPS and _client_work[<int>opnum]:
+            server.last_client_op = _monotonic()
+            break
+    n = PyByteArray_GET_SIZE(out) - 4
+    tail = outcome.tail
+    if tail is None:
+        _p32(out, 0, LAST_FRAGMENT | <uint32_t>n)
+        return out, outcome.opnums
+    data, pad = tail
+    _p32(out, 0, LAST_FRAGMENT | <uint32_t>(n + len(data) + pad))
+    return _Reply(out, data, pad), outcome.opnums
+
+
 import nfsd.compound as _compound   # binds this module (nfsd/compound.py calls bind())
 bind(_compound)

@@ -365,3 +365,78 @@ def test_a_new_request_takes_the_typed_sequence_path(monkeypatch):
     monkeypatch.setattr(session_ops, "sequence", None)
     server = FakeServer({num: "ok" for num in SCRIPTED}, 1 << 20, 4096, 8)
     assert asyncio.run(_run(NATIVE.run_compound, server, raw)) == python[0][0]
+
+
+# ---- handle_call: the RPC call around the loop ----------------------------------------------
+
+def _call(xid, args: bytes, proc=1):
+    from nfsd.rpc import CallReceived
+    record = bytearray(args)
+    return CallReceived(xid, 100003, 4, proc, Cred(flavor=1, uid=0, gid=0, gids=(0,)), memoryview(record), record)
+
+
+def _masked(reply):
+    """A reply's bytes with its xid (after the record mark) zeroed; None stays None."""
+    if reply is None:
+        return None
+    raw = bytearray(bytes(reply))
+    raw[4:8] = bytes(4)
+    return bytes(raw)
+
+
+def test_handle_call_twin_answers_as_the_reference():
+    """nfsd/native/compound.pyx handle_call against NfsServer.python_handle_call (and its
+    _run_compound) on one server: NULL, a connection no export admits, a `secure` export's
+    refused port, garbage arguments, too short to hold a minor version, a 4.1 COMPOUND without
+    SEQUENCE, 4.0 COMPOUNDs (an idempotent one and a REMOVE the duplicate-request cache keeps:
+    its retransmission answered from the cache, and dropped while the first still runs), the
+    client-work stamp (REMOVE is client work, GETFH is not)."""
+    from types import SimpleNamespace
+
+    from nfsd.drc import IN_PROGRESS, request_key
+    from nfsd.server import NfsServer
+    from nfsd.xdr.nfs4 import OP_PUTROOTFH, OP_REMOVE, REMOVE4args
+    from tests.nfsd.conftest import FakeStore, open_exports
+
+    server = NfsServer(FakeStore(), open_exports())
+    getfh = [nfs_argop4(OP_PUTROOTFH, None), nfs_argop4(OP_GETFH, None)]
+    remove = [nfs_argop4(OP_PUTROOTFH, None), nfs_argop4(OP_REMOVE, REMOVE4args(b"x"))]
+    cases = [
+        ("null", 0, b"", {}),
+        ("not admitted", 1, _compound_bytes(getfh, minor=0), {"allowed": False}),
+        ("port refused", 1, _compound_bytes(getfh, minor=0), {"port_ok": False}),
+        ("garbage", 1, b"\0\0\0\0\0\0\0\1\0\0", {}),
+        ("too short", 1, b"\0\0", {}),
+        ("4.1 without SEQUENCE", 1, _compound_bytes(getfh, minor=1), {}),
+        ("4.0 getfh", 1, _compound_bytes(getfh, minor=0), {}),
+        ("4.0 remove", 1, _compound_bytes(remove, minor=0), {}),
+    ]
+    xids = iter(range(1000, 2000))
+    for name, proc, args, conn_kw in cases:
+        seen = []
+        for handle in (server.python_handle_call, server.handle_call):
+            conn = SimpleNamespace(allowed=True, port_ok=True, peer=("127.0.0.1", 800 + len(seen)), closed=False)
+            for key, value in conn_kw.items():
+                setattr(conn, key, value)
+            server.last_client_op = 0.0
+            call = _call(next(xids), args, proc)
+            reply = asyncio.run(handle(call, conn))
+            stamped = server.last_client_op != 0.0
+            again = asyncio.run(handle(call, conn))          # the same call once more: a retransmission
+            seen.append((_masked(reply), stamped, _masked(again)))
+        assert seen[0] == seen[1], name
+        if name == "4.0 remove":
+            assert seen[0][1] and seen[0][2] == seen[0][0]           # stamped; replayed from the cache
+        if name == "4.0 getfh":
+            assert not seen[0][1]
+    # a retransmission while the first still runs is dropped
+    for handle in (server.python_handle_call, server.handle_call):
+        conn = SimpleNamespace(allowed=True, port_ok=True, peer=("127.0.0.1", 900), closed=False)
+        call = _call(next(xids), _compound_bytes(remove, minor=0))
+        server.replies_v40.begin(request_key(conn.peer, call.xid, call.proc, call.args))
+        assert asyncio.run(handle(call, conn)) is None
+        assert server.replies_v40.begin(request_key(conn.peer, call.xid, call.proc, call.args)) is IN_PROGRESS
+
+
+def _compound_bytes(ops, minor):
+    return encode(COMPOUND4args, COMPOUND4args(tag=b"t", minorversion=minor, argarray=ops))
