@@ -479,8 +479,8 @@ async def run_compound(server, cred, peer, conn, args_buf, bytearray out not Non
         outcome.status = results.status
         outcome.tail = results.tail
         if slot is not None:
-            _session_ops.store_reply(server.sessions, ctx.session, slot, out, body_start,
-                                     cachethis, out_of_line=results.tail_data is not None)
+            _store_reply(server.sessions, ctx.session, slot, out, body_start, cachethis,
+                         results.tail_data is not None)
             slot = None
         return outcome
     finally:
@@ -488,6 +488,38 @@ async def run_compound(server, cred, peer, conn, args_buf, bytearray out not Non
             slot.in_progress = False
         if debug:                   # as _log_compound's own test, without its call
             _log_compound(ctx, args, outcome, started)
+
+
+cdef Py_ssize_t REPLY_CACHE_LIMIT = _session_ops.REPLY_CACHE_LIMIT
+
+
+cdef int _store_reply(mgr, session, slot, bytearray out, Py_ssize_t start, bint cachethis,
+                      bint out_of_line) except -1:
+    """nfsd/ops/session.py store_reply with SessionManager.keep_reply and forget_reply
+    (nfsd/state.py) written out: keep the reply in its slot within the slot's reservation,
+    in the shared extra pool while it lasts, else remember it as uncached."""
+    cdef Py_ssize_t size = PyByteArray_GET_SIZE(out) - start
+    cdef bint kept = False
+    if not out_of_line and size <= REPLY_CACHE_LIMIT:
+        mgr.drc_extra -= slot.extra          # forget_reply, as keep_reply begins
+        slot.extra = 0
+        slot.reply = None
+        slot.cached = False
+        if size <= session.slot_bytes:
+            kept = True
+        elif not session.destroyed and mgr.drc_extra + size <= mgr.drc_extra_budget:
+            slot.extra = size
+            mgr.drc_extra += size
+            kept = True
+        if kept:
+            slot.reply = bytes(out[start:])
+            slot.cached = True
+    if not kept:
+        mgr.forget_reply(slot)
+        if cachethis:       # cannot happen: such a reply is held to the session's cached size
+            _session_ops.log.warning("reply_too_big_to_cache", size=size)
+    slot.in_progress = False
+    return 0
 
 
 cdef tuple _start_session_part(ctx, Args args, Results results, Py_ssize_t request_size):
@@ -583,12 +615,13 @@ cdef object _new_request(ctx, sa, Py_ssize_t request_size, Py_ssize_t nops, tupl
     client = session.client
     ctx.session = session
     ctx.client = client
-    client.renew()
-    if session.backchannel is None and client.reclaim_complete:
+    client.last_renew = _monotonic()          # Client.renew(): time.monotonic()'s clock
+    bc = session.backchannel
+    if client.reclaim_complete and (bc is None or not bc.wanted or not bc.path_down):
         flags_obj = client.revoked_flags      # all status_flags() can report then
     else:
         flags_obj = _session_ops.status_flags(mgr, session)
-    highest_obj = session.highest_slotid
+    highest_obj = len(slots) - 1              # Session.highest_slotid
     # EXPIRED_ALL_STATE_REVOKED is told once (as sequence()).
     client.revoked_flags &= ~_SEQ4_STATUS_EXPIRED_ALL_STATE_REVOKED
     _set_limit(results, fore, sa.sa_cachethis)

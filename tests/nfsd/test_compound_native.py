@@ -97,8 +97,8 @@ class FakeServer:
         self.observed.append((op, status, nbytes))
 
     def slots(self):
-        return [(s.seqid, s.used, s.cached, s.in_progress, s.reply, s.signature)
-                for s in self.session.slots]
+        return ([(s.seqid, s.used, s.cached, s.in_progress, s.reply, s.signature, s.extra)
+                 for s in self.session.slots], self.sessions.drc_extra)
 
 
 async def _run(loop_fn, server, raw: bytes):
@@ -296,6 +296,29 @@ def test_replay_retry_and_too_big_alike(cachethis, maxcached):
     other = _raw([_seq(0, 1, cachethis), nfs_argop4(OP_GETFH, None)])      # a false retry
     python, native = run_both(script, (1 << 20, maxcached, 8), [first, first, big, big, other])
     assert native == python
+
+
+@pytest.mark.parametrize("budget", [0, 5000, 1 << 20])
+def test_replies_kept_beyond_the_slot_reservation_alike(budget):
+    """Replies above the slot's reservation (2,048 bytes here) are kept from the shared extra
+    pool while it lasts (SessionManager.keep_reply, written out in the native loop): the same
+    slots, extra bytes and pool total. A pool of 5,000 bytes keeps the first 3,000-byte READ
+    reply and not the second; a new request in the first slot gives its bytes back."""
+    script = {num: "ok" for num in SCRIPTED}
+    reads = [_raw([_seq(slot, seqid), nfs_argop4(OP_PUTROOTFH, None), nfs_argop4(OP_READ, READ4args(SID0, 0, n))])
+             for slot, seqid, n in ((0, 1, 3000), (1, 1, 3000), (2, 1, 1500), (0, 2, 0))]
+    results = []
+    for loop_fn in (compound.python_run_compound, NATIVE.run_compound):
+        server = FakeServer(script, 1 << 20, 4096, 8)
+        server.sessions.drc_extra_budget = budget
+        states = []
+        for raw in reads:
+            asyncio.run(_run(loop_fn, server, raw))
+            states.append(server.slots())
+        results.append(states)
+    assert results[1] == results[0]
+    extras = [total for _, total in results[0]]
+    assert extras == {0: [0, 0, 0, 0], 5000: [3084, 3084, 3084, 0], 1 << 20: [3084, 6168, 6168, 3084]}[budget]
 
 
 @pytest.mark.parametrize("loop_fn", ["python", "native"])
