@@ -171,3 +171,29 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if str(item.fspath).startswith(here) and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(600 if os.environ.get("CKPTGW_LONG") == "1" else 240))
+
+
+def kill_uploader_when(tmp_path, args: list[str], ready, what: str) -> None:
+    """Run uploader_proc.py (its `args`: store dir, endpoint, bucket, byte rate[, stall file])
+    in a subprocess until `ready()` holds, then kill -9 it: the crash-safety tests' one way of
+    killing the uploader at a chosen point. `what`: the failure message if it never gets there."""
+    import signal
+    import subprocess
+    import time
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(here))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    with open(tmp_path / "uploader.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, os.path.join(here, "uploader_proc.py"), *args],
+                                stdout=log, stderr=log, env=env)
+        try:
+            deadline = time.monotonic() + 60
+            while not ready():
+                assert proc.poll() is None, open(tmp_path / "uploader.log").read()
+                assert time.monotonic() < deadline, what
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()

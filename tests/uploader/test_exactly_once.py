@@ -10,26 +10,18 @@ The kill lands in the window on purpose: the uploader subprocess (uploader_proc.
 the PUTs that stuck (the HA failover test's `repeated`).
 """
 import asyncio
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
 from cache.api import DataState
 from cache.store import Store
-from tests.uploader.conftest import (SMALL_PART, make_uploader, object_sha, payload, s3_settings, sha,
-                                     uploader_settings)
+from tests.uploader.conftest import (SMALL_PART, kill_uploader_when, make_uploader, object_sha, payload,
+                                     s3_settings, sha, uploader_settings)
 from testkit.storefiles import write_file
 from uploader.keys import SEQ_META, STORE_META
 from uploader.objectclient import Boto3ObjectClient, ThrottledError, TransientError, checksum_b64
 from uploader.service import Uploader
 from uploader.worker import SENT_SEQ
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 def _client(moto, bucket) -> Boto3ObjectClient:
@@ -47,22 +39,9 @@ def _kill_before_record(proxy, bucket, store_dir, tmp_path) -> str:
     """Run the uploader over the store until it calls mark_uploaded (S3 has the object), then
     kill -9 it. Returns what it was about to record."""
     stall = tmp_path / "stalled"
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    log = open(tmp_path / "uploader.log", "w")
-    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "uploader_proc.py"), store_dir,
-                             proxy.endpoint, bucket, str(1 << 30), str(stall)], stdout=log, stderr=log, env=env)
-    try:
-        deadline = time.monotonic() + 60
-        while not (stall.exists() and stall.read_text().endswith("\n")):
-            assert proc.poll() is None, open(tmp_path / "uploader.log").read()
-            assert time.monotonic() < deadline, "the upload did not reach mark_uploaded"
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        log.close()
+    kill_uploader_when(tmp_path, [store_dir, proxy.endpoint, bucket, str(1 << 30), str(stall)],
+                       lambda: stall.exists() and stall.read_text().endswith("\n"),
+                       "the upload did not reach mark_uploaded")
     return stall.read_text()
 
 

@@ -1,19 +1,12 @@
 """Crash safety: kill -9 mid multipart upload, restart, resume from the recorded UploadId."""
 import asyncio
-import os
-import signal
-import subprocess
-import sys
-import time
 from urllib.parse import parse_qs
 
 from cache.store import Store
-from tests.uploader.conftest import SMALL_PART, make_uploader, object_sha, objects, payload, s3_settings, sha
+from tests.uploader.conftest import (SMALL_PART, kill_uploader_when, make_uploader, object_sha, objects, payload,
+                                     s3_settings, sha)
 from testkit.storefiles import write_file
 from uploader.objectclient import Boto3ObjectClient
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 def _part_number(query: str) -> int:
@@ -28,22 +21,10 @@ def test_multipart_resumes_after_kill_9_and_orphans_are_aborted(moto, proxy, buc
     write_file(store, "ck/model.pt", data)
     store.close()
 
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    log = open(tmp_path / "uploader.log", "w")
-    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "uploader_proc.py"), store_dir,
-                             proxy.endpoint, bucket, str(3 * SMALL_PART)], stdout=log, stderr=log, env=env)
-    try:
-        deadline = time.monotonic() + 60
-        while len([r for r in proxy.requests("PUT") if "partNumber" in r.query and r.status == 200]) < 4:
-            assert proc.poll() is None, open(tmp_path / "uploader.log").read()
-            assert time.monotonic() < deadline, "the uploader did not get going"
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        log.close()
+    kill_uploader_when(tmp_path, [store_dir, proxy.endpoint, bucket, str(3 * SMALL_PART)],
+                       lambda: len([r for r in proxy.requests("PUT")
+                                    if "partNumber" in r.query and r.status == 200]) >= 4,
+                       "the uploader did not get going")
     sent_first = {r.query for r in proxy.requests("PUT") if "partNumber" in r.query and r.status == 200}
 
     # a multipart upload under our prefix that no job knows: aborted at start
