@@ -463,3 +463,23 @@ def test_handle_call_twin_answers_as_the_reference():
 
 def _compound_bytes(ops, minor):
     return encode(COMPOUND4args, COMPOUND4args(tag=b"t", minorversion=minor, argarray=ops))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=40),
+                 st.builds(lambda taglen, rest: taglen.to_bytes(4, "big") + rest,
+                           st.sampled_from([0, 1, 3, 4, 5, 8, 0xFFFFFFFC, 0xFFFFFFFF]), st.binary(max_size=24))))
+def test_handle_call_twin_answers_any_arguments_as_the_reference(args):
+    """Whatever the arguments' bytes (a tag length past the end, no room for the minor version,
+    garbage after it): the same reply from both, the typed minor-version read included."""
+    from types import SimpleNamespace
+
+    from nfsd.server import NfsServer
+    from tests.nfsd.conftest import FakeStore, open_exports
+
+    server = NfsServer(FakeStore(), open_exports())
+    replies = []
+    for xid, handle in ((1, server.python_handle_call), (2, server.handle_call)):
+        conn = SimpleNamespace(allowed=True, port_ok=True, peer=("127.0.0.1", 800 + xid), closed=False)
+        replies.append(_masked(asyncio.run(handle(_call(xid, args), conn))))
+    assert replies[0] == replies[1]
