@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -54,7 +55,10 @@ def count_serving(workload, **env_extra: str) -> int:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=300)
-    return _total(out)
+    try:
+        return _total(out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _serve_and_count(engine: str, nulls: int, compounds: int, loop: str) -> int:
@@ -90,7 +94,10 @@ def _floor_count(calls: int, loop: str) -> int:
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=300)
-    return _total(out)
+    try:
+        return _total(out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def floor_per_call(low: int, high: int, loop: str = "uvloop") -> float:
