@@ -182,4 +182,10 @@ def _scan(store, unborn_before: set[int]) -> tuple[list[str], bool, set[int]]:
             if ino not in inodes:
                 p(f"extents of missing inode {ino}")
                 break
+        # reply records (replies.py) live only beside their client's record
+        for k in txn.cursor(db=ix.replies).iternext(values=False):
+            if txn.get(bytes(k[:32]), db=ix.clients) is None:
+                p(f"reply record {bytes(k[:32]).hex()[:16]}/{U64.unpack_from(k, 32)[0]} "
+                  "of a client without a client record")
+                break
     return problems, in_flight, unborn

@@ -45,6 +45,9 @@ date, so the new mark makes it refuse the store.
   clients   blake2b(owner) -> u32 len + owner + record: opaque records of NFS clients that
             hold state, for reclaim after a restart (the store does not interpret them;
             the key is a digest because an owner may be longer than LMDB's 511-byte keys)
+  replies   blake2b(owner) + u64 seq -> reply record (cache/replies.py): a RENAME's or REMOVE's
+            answer to a recorded client, written in the op's own txn, the client's newest
+            few, deleted with its client record; an older ckptgw ignores the database
 Every index that depends on an inode's fields (dirty, lru, the used/dirty byte counters) is
 maintained in one place, `Writer.put_inode`, so they cannot drift apart.
 """
@@ -82,7 +85,7 @@ MAP_SIZE = 64 << 30           # sparse; LMDB only uses what it writes
 MAP_SIZE_ENV = "CKPTGW_INDEX_MAP_BYTES"
 DB_NAMES = (b"meta", b"inodes", b"dirents", b"cookies", b"links", b"extents", b"symlinks",
             b"dirty", b"unsettled", b"ready", b"lru", b"orphans", b"remote", b"pins",
-            b"queue", b"drops", b"clients", b"rkeys")
+            b"queue", b"drops", b"clients", b"rkeys", b"replies")
 RKEY_MAX = 480                # bytes of an S3 key an rkeys entry keeps (+ 8 of ino <= 511)
 
 DIRENT = struct.Struct("<QQB")        # child ino, cookie, type

@@ -111,6 +111,7 @@ from .queuecache import DecodedJobs
 from .readcache import ReadCache
 from .recovery import recover
 from .remote import RemoteRecords
+from .replies import ReplyRecords, drop_replies
 from .space import Space
 from .sparsecopy import SparseCopy
 from .storebase import MAX_FILE_SIZE, _log_failure, _not_local
@@ -127,10 +128,10 @@ FILES_TOTAL = 1 << 40
 CLOSE_COMMIT_CHUNK = 1024   # files committed per index txn by close()
 
 
-class Store(Fences, WritePath, SparseCopy, Eviction, RemoteRecords, UploadQueue):
+class Store(Fences, WritePath, SparseCopy, Eviction, RemoteRecords, UploadQueue, ReplyRecords):
     """The store (see the module's docstring); the methods of its bases are its own, on the
     state this class sets up: cache/fences.py, writepath.py, sparsecopy.py, eviction.py,
-    remote.py, uploadqueue.py."""
+    remote.py, uploadqueue.py, replies.py."""
 
     # ---- lifecycle -------------------------------------------------------------
     @classmethod
@@ -908,6 +909,7 @@ class Store(Fences, WritePath, SparseCopy, Eviction, RemoteRecords, UploadQueue)
     def _ns_client_record(self, w: Writer, owner: bytes, record: bytes | None) -> None:
         if record is None:
             w.txn.delete(client_key(owner), db=self.ix.clients)
+            drop_replies(w, self.ix.replies, owner)      # its reply records go with it
         else:
             w.txn.put(client_key(owner), pack_client(owner, record), db=self.ix.clients)
 
