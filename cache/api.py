@@ -311,6 +311,20 @@ class NfsStore(Protocol):
         """Every client record: {owner: record}."""
         ...
 
+    # -- reply records of RENAME and REMOVE, for their replay after a restart (cache/replies.py)
+    def submit_noted(self, op: str, note, *args, loop=None):
+        """submit(op, *args) of a "rename" or "remove" that also records its answer for
+        `note`'s client (a cache.replies.ReplyNote), in the op's own txn."""
+        ...
+
+    def reply_records(self, owner: bytes) -> list:
+        """The records kept for client `owner` (cache.replies.ReplyRecord), oldest first."""
+        ...
+
+    def submit_reply_consumed(self, owner: bytes, seq: int, loop=None):
+        """Delete one record in the next batch; a Future set at its commit."""
+        ...
+
 
 class UploaderStore(Protocol):
     """What the uploader (worker, service, read-through, import, retention) calls on the store."""

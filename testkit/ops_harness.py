@@ -73,6 +73,7 @@ class FakeClient:
     minorversion: int = 1
     reclaim_complete: bool = True
     recorded: bool = False
+    verifier: bytes = b"harness1"     # EXCHANGE_ID's client verifier (nfsd/ops/replay.py)
 
     @property
     def owner(self) -> bytes:

@@ -20,12 +20,13 @@ from nfsd.exports import MAY_WRITE, EffectiveCred, sticky_allows_delete
 from nfsd.ops._common import (Obj, change_info, check_name, current, export_obj, require_dir,
                               namespace_op, require_dir_modify, require_perm, saved,
                               set_current, store_errors, sync_namespace)
+from nfsd.ops import replay
 from nfsd.ops.attrs import apply_setattr, setattr_request
 from nfsd.xdr.nfs4 import (
     FATTR4_MODE, FATTR4_OWNER, FATTR4_OWNER_GROUP, FATTR4_TIME_ACCESS_SET,
     FATTR4_TIME_MODIFY_SET, NF4DIR, NF4LNK, NFS4ERR_BADTYPE, NFS4ERR_INVAL, NFS4ERR_ISDIR,
-    NFS4ERR_PERM, NFS4ERR_ROFS, NFS4ERR_XDEV, NFS4_OK, OP_CREATE, OP_LINK, OP_READLINK,
-    OP_REMOVE, OP_RENAME,
+    NFS4ERR_NOENT, NFS4ERR_PERM, NFS4ERR_ROFS, NFS4ERR_XDEV, NFS4_OK, OP_CREATE, OP_LINK,
+    OP_READLINK, OP_REMOVE, OP_RENAME,
     CREATE4res, CREATE4resok, LINK4res, LINK4resok, READLINK4res, READLINK4resok,
     REMOVE4res, REMOVE4resok, RENAME4res, RENAME4resok,
 )
@@ -126,9 +127,16 @@ async def op_remove(ctx, args) -> REMOVE4res:
     ctx.server.grace.refuse_in_grace("REMOVE")   # the file may hold a lock being reclaimed
     name = check_name(args.target)
     cred = require_dir_modify(ctx, d)
-    _check_sticky(ctx, d, name, cred)
+    try:
+        _check_sticky(ctx, d, name, cred)
+    except NfsError as e:
+        # a REMOVE whose reply a restart lost, re-sent (nfsd/ops/replay.py)
+        if e.status != NFS4ERR_NOENT or (rec := await replay.replayed(
+                ctx, replay.REMOVE, d.ino, name)) is None:
+            raise
+        return REMOVE4res(NFS4_OK, REMOVE4resok(cinfo=change_info(rec.cinfo[0])))
     with store_errors():
-        ci = await namespace_op(ctx, "remove", d.ino, name)
+        ci = await replay.noted_op(ctx, "remove", d.ino, name)
     log.info("remove", client=ctx.peer[0] if ctx.peer else None, parent=d.ino, name=_text(name))
     return REMOVE4res(NFS4_OK, REMOVE4resok(cinfo=change_info(ci)))
 
@@ -144,7 +152,15 @@ async def op_rename(ctx, args) -> RENAME4res:
     _same_fs(src_dir, dst_dir)
     cred = require_dir_modify(ctx, src_dir)
     require_dir_modify(ctx, dst_dir)
-    victim = _check_sticky(ctx, src_dir, oldname, cred)
+    try:
+        victim = _check_sticky(ctx, src_dir, oldname, cred)
+    except NfsError as e:
+        # a RENAME whose reply a restart lost, re-sent (nfsd/ops/replay.py)
+        if e.status != NFS4ERR_NOENT or (rec := await replay.replayed(
+                ctx, replay.RENAME, src_dir.ino, oldname, dst_dir.ino, newname)) is None:
+            raise
+        return RENAME4res(NFS4_OK, RENAME4resok(source_cinfo=change_info(rec.cinfo[0]),
+                                                target_cinfo=change_info(rec.cinfo[1])))
     store = ctx.server.store
     try:
         target = store.lookup(dst_dir.ino, newname)
@@ -156,8 +172,8 @@ async def op_rename(ctx, args) -> RENAME4res:
         # Moving a directory rewrites its "..": needs write permission on it (as Linux).
         require_perm(Obj(src_dir.fh, src_dir.export, None, victim), cred, MAY_WRITE)
     with store_errors():
-        ci_src, ci_dst = await namespace_op(ctx, "rename", src_dir.ino, oldname, dst_dir.ino,
-                                            newname)
+        ci_src, ci_dst = await replay.noted_op(ctx, "rename", src_dir.ino, oldname,
+                                               dst_dir.ino, newname)
     log.info("rename", client=ctx.peer[0] if ctx.peer else None, src_dir=src_dir.ino,
              old=_text(oldname), dst_dir=dst_dir.ino, new=_text(newname), ino=victim.ino)
     return RENAME4res(NFS4_OK, RENAME4resok(source_cinfo=change_info(ci_src),

@@ -77,6 +77,9 @@ class FakeStore:
     def setattr_submit(self, ino, sa, loop=None): raise _no_files()
     def setattr_unchanged(self, ino, sa): raise _no_files()
     def submit(self, op, *args, loop=None): return _failed(_no_files(), loop)
+    def submit_noted(self, op, note, *args, loop=None): return _failed(_no_files(), loop)
+    def reply_records(self, owner): return []
+    def submit_reply_consumed(self, owner, seq, loop=None): return _failed(_no_files(), loop)
     def create(self, parent, name, mode, uid, gid, *, exclusive=False): raise _no_files()
     def readlink(self, ino): raise _no_files()
     def readdir(self, ino, cookie=0): raise _no_files()
