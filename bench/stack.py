@@ -1,7 +1,10 @@
 """The servers a benchmark runs, each as a context manager that yields a `Running` handle:
 
   s3_server()      moto's S3 server on loopback, every thread SCHED_IDLE and at nice 19 (the test
-                   S3 is not the product: its CPU must not be taken from the gateway); moto spills
+                   S3 is not the product: its CPU must not be taken from the gateway), over TLS
+                   unless tls=False, as S3 is reached in production (over plain http boto3 signs
+                   a SHA-256 of every uploaded byte, ~0.6 ms of CPU per MiB that a gateway talking
+                   to S3 over https does not spend: uploader/objectclient._tls); moto spills
                    every value over its key buffer size (about 5 MiB) to a temporary file, which
                    is on tmpfs unless in_memory=False, so the test S3's writes do not queue on the
                    gateway's disk ahead of its fdatasyncs (a real S3 is not on that disk)
@@ -43,10 +46,20 @@ class Running:
     extra: dict = field(default_factory=dict)
 
 
+# the certificate to trust for each test S3 over TLS that s3_server() runs, by endpoint
+_CA_BUNDLES: dict[str, str] = {}
+
+
+def ca_bundle(endpoint: str) -> str | None:
+    """The CA bundle of a test S3 that s3_server() runs over TLS at `endpoint`, else None."""
+    return _CA_BUNDLES.get(endpoint)
+
+
 def s3_client(endpoint: str, **config):
     import boto3
     from botocore.config import Config
-    return boto3.client("s3", endpoint_url=endpoint, config=Config(**config) if config else None, **CREDS)
+    return boto3.client("s3", endpoint_url=endpoint, config=Config(**config) if config else None,
+                        verify=ca_bundle(endpoint), **CREDS)
 
 
 def _spill_dir() -> str | None:
@@ -61,19 +74,24 @@ def _spill_dir() -> str | None:
 
 
 @contextmanager
-def s3_server(*, nice: int = S3_NICE, bucket: str | None = BUCKET, in_memory: bool = True):
+def s3_server(*, nice: int = S3_NICE, bucket: str | None = BUCKET, in_memory: bool = True,
+              tls: bool = True):
     """in_memory: moto's temporary files on tmpfs, if SPILL_ROOT has SPILL_MIN_FREE bytes free
-    (False for a scenario whose objects do not fit in a few GiB: the 8 GiB RSS save)."""
+    (False for a scenario whose objects do not fit in a few GiB: the 8 GiB RSS save). tls=False:
+    plain http (a fault proxy in front of it speaks http)."""
     spill = _spill_dir() if in_memory else None
-    moto = MotoServer(spill_dir=spill)
+    moto = MotoServer(spill_dir=spill, tls=tls)
+    if moto.ca_bundle:
+        _CA_BUNDLES[moto.endpoint] = moto.ca_bundle
     try:
         renice_all(moto.proc.pid, nice)
         idle_all(moto.proc.pid)
         if bucket:
             s3_client(moto.endpoint).create_bucket(Bucket=bucket)
         yield Running("moto", moto.proc.pid, moto.port, moto.endpoint, handle=moto,
-                      extra={"spill": "tmpfs" if spill else "disk"})
+                      extra={"spill": "tmpfs" if spill else "disk", "tls": tls})
     finally:
+        _CA_BUNDLES.pop(moto.endpoint, None)
         moto.stop()
         if spill:
             shutil.rmtree(spill, ignore_errors=True)
@@ -94,7 +112,9 @@ def gateway(workdir: Path, s3_endpoint: str, *, bucket: str = BUCKET, settle: fl
     from testkit.appliance_live import LiveDaemon
 
     workdir.mkdir(parents=True, exist_ok=True)
-    d = LiveDaemon(workdir, *gateway_args(s3_endpoint, bucket, settle=settle), *extra, cache_dir=cache_dir)
+    ca = ca_bundle(s3_endpoint)
+    d = LiveDaemon(workdir, *gateway_args(s3_endpoint, bucket, settle=settle), *extra, cache_dir=cache_dir,
+                   env={"AWS_CA_BUNDLE": ca} if ca else None)
     mask = os.sched_getaffinity(0)
     t0 = time.perf_counter()
     try:

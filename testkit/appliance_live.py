@@ -22,10 +22,12 @@ class LiveDaemon:
     """`python -m appliance.cli serve` with its own notify socket, cache dir and log file."""
 
     def __init__(self, workdir: Path, *extra: str, config: Path | None = None, cache_dir: Path | None = None,
-                 bare: bool = False):
+                 bare: bool = False, env: dict[str, str] | None = None):
         """bare: only `--config FILE serve` (the file must set listen, admin socket, cache...),
-        so every option comes from the file and a reload can change each of them."""
+        so every option comes from the file and a reload can change each of them. env: added
+        to the daemon's environment (e.g. AWS_CA_BUNDLE for a test S3 over TLS)."""
         self.bare = bare
+        self.env = env or {}
         self.workdir = workdir
         self.cache_dir = cache_dir or workdir / "cache"
         self.socket = workdir / "admin.sock"
@@ -50,7 +52,7 @@ class LiveDaemon:
         args += [*self.extra]
         if not self.config and "--export" not in self.extra:
             args += ["--export", "/checkpoints:127.0.0.0/8:rw:none:insecure"]   # nfs-rs: noresvport
-        env = dict(os.environ, NOTIFY_SOCKET=str(self.notify_path))
+        env = dict(os.environ, **self.env, NOTIFY_SOCKET=str(self.notify_path))
         self.log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=self.log, cwd=self.workdir, env=env)
         self.wait_notify("READY=1", START_TIMEOUT)

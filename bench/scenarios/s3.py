@@ -43,7 +43,7 @@ def save_vs_faults(run: Run) -> None:
                          max_concurrency=CONCURRENCY)
     group = f"{STEPS} saves of {s.save_shards} x {s.save_shard_mib} MiB"
     for rep in range(s.reps):
-        with s3_server() as s3:
+        with s3_server(tls=False) as s3:       # the fault proxy speaks http
             proxy = ThreadedFaultProxy(s3.port, seed=rep)
             try:
                 secs = {}
@@ -82,7 +82,7 @@ def drain(run: Run) -> None:
     s = run.sizes
     blobs = [os.urandom(s.drain_file_mib * MiB) for _ in range(s.drain_files)]
     args = argparse.Namespace(part_mib=PART_MIB, concurrency=CONCURRENCY, rounds=s.reps)
-    with s3_server(bucket=None) as s3:
+    with s3_server(bucket=None, tls=False) as s3:    # upload_drain: its own clients and proxy, http
         res = upload_drain.bench_drain(s3.handle, args, blobs)
         for rep in range(s.reps):
             amp = upload_drain.bench_amplification(s3.handle, s3.port, mib=s.drain_file_mib)
@@ -104,7 +104,7 @@ def restart_read(run: Run) -> None:
     size = s.restart_mib * MiB
     block = os.urandom(MiB)
     for rep in range(s.reps):
-        with s3_server() as s3:
+        with s3_server(tls=False) as s3:       # the fault proxy speaks http
             proxy = ThreadedFaultProxy(s3.port, seed=rep)
             try:
                 cache = run.workdir / f"restart{rep}" / "cache"

@@ -165,3 +165,33 @@ def test_a_part_and_a_put_go_out_in_one_send_as_the_bytes_given(moto, bucket, mo
     client.complete_multipart_upload("gw/big", up, [info])
     assert client._s3.get_object(Bucket=bucket, Key="gw/big")["Body"].read() == part
     assert client._s3.get_object(Bucket=bucket, Key="gw/small")["Body"].read() == whole
+
+
+def test_an_upload_over_tls_to_the_test_s3_verifies_its_certificate_and_signs_no_payload(monkeypatch):
+    """The benchmarks' S3 is moto over TLS (bench/stack.py, as S3 is reached in production):
+    the client trusts only the throwaway certificate it is given, and sends the body unsigned."""
+    import botocore.exceptions
+    from testkit.motoserver import MotoServer
+    from uploader.objectclient import Boto3ObjectClient
+
+    moto = MotoServer(tls=True)
+    try:
+        assert moto.endpoint.startswith("https://")
+        settings = S3Settings(bucket="bkt", endpoint_url=moto.endpoint, access_key="a", secret_key="b",
+                              addressing_style="path")
+        monkeypatch.delenv("AWS_CA_BUNDLE", raising=False)
+        with pytest.raises(botocore.exceptions.SSLError):      # not trusted by default
+            Boto3ObjectClient(settings)._s3.create_bucket(Bucket="bkt")
+        monkeypatch.setenv("AWS_CA_BUNDLE", moto.ca_bundle)
+        client = Boto3ObjectClient(settings)
+        client._s3.create_bucket(Bucket="bkt")
+        sent = []
+        client._s3.meta.events.register(
+            "before-send.s3.PutObject", lambda request, **kw: sent.append(request.headers["x-amz-content-sha256"]))
+        body = b"y" * 5000
+        client.put_object("k", body, metadata={}, checksum=checksum_b64("CRC32", body))
+        assert sent == [b"UNSIGNED-PAYLOAD"]
+        assert client._s3.get_object(Bucket="bkt", Key="k")["Body"].read() == body
+    finally:
+        moto.stop()
+    assert not os.path.exists(moto.ca_bundle)
