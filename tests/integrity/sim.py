@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from cache.api import DataState, FileType, ROOT_INO, SetAttr, StoreError
+from cache.replies import REMOVE, RENAME, ReplyNote
 from cache.store import Store
 from uploader.jobs import NS, UPLOAD
 from uploader.keys import DIR_CONTENT_TYPE, INO_META
@@ -45,6 +46,9 @@ from testkit.fakes3 import FakeS3
 
 SCRATCH = "/dev/shm"
 SETTLE_SECONDS = 3600.0      # the settle window: nothing written during a test run is ever quiet that long
+MODEL_CLIENT = b"model-client"  # the NFS client whose renames and removes keep reply records
+REPLY_KEEP = 2                  # its records kept: few, so the bound is exercised
+MODEL_NOTE = ReplyNote(MODEL_CLIENT, b"verifier", b"instance", REPLY_KEEP)
 AUTO_ATTEMPTS = 3            # a client-side request (read-through, import) gives up after this many faults
 JOB = contextvars.ContextVar("sim_job", default=None)
 GRAVEYARD: list = []         # tasks of killed simulated processes (see Sim._abandon_loop)
@@ -200,6 +204,10 @@ class Sim:
         structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
         asyncio.to_thread = _inline_to_thread
         self.store = Store.open(self.dir)
+        # the client's renames and removes record their answers (cache/replies.py, issue 38):
+        # `replies` is what the store must hold for it, through kills, the newest REPLY_KEEP
+        self.store.put_client_record(MODEL_CLIENT, b"\x01\x01")
+        self.replies: list[tuple] = []
         self._boot()
 
     # ---- process lifecycle -------------------------------------------------------------
@@ -490,7 +498,7 @@ class Sim:
         if s is None:
             code = errno.ENOENT
         elif s is d:
-            self.store.rename(*args)
+            self._noted("rename", s.ino, *args)
             return
         elif d is not None and isinstance(s, MDir) and not isinstance(d, MDir):
             code = errno.ENOTDIR
@@ -501,9 +509,9 @@ class Sim:
         elif isinstance(s, MDir) and (dst == src or dst.startswith(src + "/")):
             code = errno.EINVAL
         if code is not None:
-            self._expect(code, self.store.rename, *args)
+            self._expect(code, self._noted, "rename", 0, *args)
             return
-        self.store.rename(*args)
+        self._noted("rename", s.ino, *args)
         if d is not None:
             del dd.entries[dname]
             if isinstance(d, MFile):
@@ -514,6 +522,17 @@ class Sim:
         if isinstance(s, MDir):
             self._drop_held_under(dst)
         self._note_names()
+
+    def _noted(self, op: str, ino: int, *args):
+        """The client's RENAME or REMOVE with its reply record; the model's record once it
+        succeeded (a failed op records nothing)."""
+        result = self.store.submit_noted(op, MODEL_NOTE, *args).result()
+        if op == "rename":
+            self.replies.append((RENAME, *args, ino))
+        else:
+            self.replies.append((REMOVE, *args, 0, b"", ino))
+        del self.replies[:-REPLY_KEEP]
+        return result
 
     def link(self, src: str, dst: str) -> None:
         f = self.node(src)
@@ -530,12 +549,12 @@ class Sim:
         parent, name = self._parent(path)
         node = parent.entries.get(name)
         if node is None:
-            self._expect(errno.ENOENT, self.store.remove, parent.ino, name.encode())
+            self._expect(errno.ENOENT, self._noted, "remove", 0, parent.ino, name.encode())
             return
         if isinstance(node, MDir) and node.entries:
-            self._expect(errno.ENOTEMPTY, self.store.remove, parent.ino, name.encode())
+            self._expect(errno.ENOTEMPTY, self._noted, "remove", 0, parent.ino, name.encode())
             return
-        self.store.remove(parent.ino, name.encode())
+        self._noted("remove", node.ino, parent.ino, name.encode())
         del parent.entries[name]
         if isinstance(node, MFile):
             node.nlink -= 1
@@ -827,6 +846,12 @@ class Sim:
                     if (k.endswith("/") and is_temp(k) and not v.deleted
                             and not any(lo < v.seq <= hi for lo, hi in self.flush_windows)):
                         raise Violation(f"directory marker of a temporary directory reached S3: {k!r}")
+        # 6. the reply records of the client's acknowledged renames and removes are all there,
+        # its newest REPLY_KEEP, through kills and recovery
+        got = [(r.op, r.src_dir, r.old, r.dst_dir, r.new, r.ino)
+               for r in s.reply_records(MODEL_CLIENT)]
+        if got != self.replies:
+            raise Violation(f"reply records {got}, the client was answered {self.replies}")
         problems = s.check()
         if problems:
             raise Violation(f"store check: {problems}")

@@ -13,6 +13,8 @@ version of every key. The simulation (tests/integrity/sim.py) checks after EVERY
   - a path that held a good object keeps one while it names a file (rename over: old or new);
   - nothing is queued for upload inside its settle window, whatever the file's mtime, and no
     temporary directory's marker reaches S3;
+  - the client's acknowledged renames and removes have their reply records (issue 38,
+    cache/replies.py), its newest few, through kills and recovery, and no others;
 and after every drain (faults off, flush, every job run) the bucket equals the namespace.
 
 CI runs a short budget; CKPTGW_LONG=1 runs >= 100,000 steps and prints the count at the end.
