@@ -7,8 +7,9 @@ is durable exactly when the namespace change is, and never without it. Records a
 by the client's owner digest (the key of its client record, index.client_key) and a
 per-client sequence; only a client with a client record gets them, it keeps only its newest
 `keep` (nfsd passes its slot bound), and they go with its client record (`drop_replies`,
-called by the client record's delete in the same txn): a record never outlives its client's. The store does not interpret them beyond that: which instance
-wrote one (`boot`), and whether it matches a re-sent op, is nfsd's business.
+called by the client record's delete in the same txn): a record never outlives its
+client's (check.py holds the store to that). The store does not interpret them beyond
+that: which instance wrote one (`boot`), and whether it matches a re-sent op, is nfsd's.
 """
 from __future__ import annotations
 
