@@ -96,17 +96,31 @@ def _records(txn, db, prefix: bytes):
 def put_reply(w: Writer, db, note: ReplyNote, op: int, src_dir: int, old: bytes, dst_dir: int,
               new: bytes, ino: int, cinfo: tuple[ChangeInfo, ChangeInfo]) -> None:
     """Record one answer in `w`'s txn, if the client has a client record (records never
-    outlive it: check.py holds the store to that); its oldest go beyond `note.keep`."""
+    outlive it: check.py holds the store to that); records older than the newest
+    `note.keep` sequence numbers go (a consumed one leaves a gap: then fewer are kept).
+    Two cursor steps, not a walk of the client's records: this runs in every RENAME's and
+    REMOVE's commit, on the small-file save's path."""
     prefix = client_key(note.owner)
     if w.txn.get(prefix, db=w.ix.clients) is None:
         return
-    have = [key for key, _, _ in _records(w.txn, db, prefix)]
-    seq = U64.unpack_from(have[-1], 32)[0] + 1 if have else 0
+    cur = w.txn.cursor(db=db)
+    # the client's newest key: one step back from the first key past its prefix (no seq
+    # reaches 2**64 - 1), or the database's last key when none follows
+    if cur.set_range(prefix + b"\xff" * U64.size):
+        found = cur.prev()
+    else:
+        found = cur.last()
+    key = bytes(cur.key()) if found else b""
+    seq = U64.unpack_from(key, 32)[0] + 1 if key.startswith(prefix) else 0
     rec = ReplyRecord(seq, op, src_dir, bytes(old), dst_dir, bytes(new), ino, note.boot,
                       note.verifier, cinfo)
     w.txn.put(prefix + U64.pack(seq), rec.pack(), db=db)
-    for key in have[:max(0, len(have) + 1 - max(1, note.keep))]:
-        w.txn.delete(key, db=db)
+    keep_from = seq + 1 - max(1, note.keep)
+    while keep_from > 0 and cur.set_range(prefix):
+        key = bytes(cur.key())
+        if not key.startswith(prefix) or U64.unpack_from(key, 32)[0] >= keep_from:
+            break
+        cur.delete()
 
 
 def drop_replies(w: Writer, db, owner: bytes) -> None:

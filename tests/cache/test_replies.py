@@ -72,6 +72,28 @@ def test_only_the_newest_are_kept_per_client(store):
     assert [r.old for r in store.reply_records(b"client-b")] == [b"other"]
 
 
+def test_interleaved_clients_and_gaps_keep_each_clients_newest(store):
+    """The newest key of a client is found next to other clients' keys on both sides (the
+    store sorts them by digest), and a consumed record's gap never lets one beyond the bound."""
+    owners = [b"client-a", b"client-b", b"client-c"]
+    store.put_client_record(b"client-c", b"\x01\x01")
+    assert len({client_key(o) < client_key(p) for o in owners for p in owners if o != p}) == 2
+    removed = {o: [] for o in owners}
+    for i in range(15):
+        owner = owners[i % 3]
+        mkfile(store, b"f%d" % i)
+        store.submit_noted("remove", note(owner=owner, keep=3), ROOT_INO, b"f%d" % i).result()
+        removed[owner].append(b"f%d" % i)
+        if i == 7:          # client-b holds 3: its middle one consumed, a gap
+            middle = store.reply_records(b"client-b")[1]
+            store.submit_reply_consumed(b"client-b", middle.seq).result()
+    for owner in owners:
+        recs = store.reply_records(owner)
+        assert [r.seq for r in recs] == sorted(r.seq for r in recs)
+        assert 1 <= len(recs) <= 3 and recs[-1].old == removed[owner][-1], (owner, recs)
+        assert {r.old for r in recs} <= set(removed[owner][-3:]), (owner, recs)
+
+
 def test_a_record_is_consumed_once(store):
     for name in (b"a", b"b"):
         mkfile(store, name)
