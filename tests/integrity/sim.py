@@ -801,11 +801,16 @@ class Sim:
                 raise Violation(f"object {v.key!r} version {v.version_id} ({v.op}, {len(v.data)} bytes) "
                                 f"holds bytes its file never held under that name (only under "
                                 f"{sorted(set().union(*(self.names.get(o, set()) for o in v.origin)))})")
-            # 7. exactly once (issue 38): no upload stores at a key the very object the key
-            #    holds already (same bytes, same metadata: the same file version of the same
+            # 7. exactly once (issue 38): no upload or move stores at a key the very object the
+            #    key holds already (same bytes, same metadata: the same file version of the same
             #    store sent again), e.g. a PUT repeated after a kill -9 before its record, or
-            #    after a lost reply
-            if v.op in ("PutObject", "CompleteMultipartUpload") and not v.deleted and self._is_file_object(v):
+            #    after a lost reply; a move's CopyObject (a file's, a directory's, a move to a
+            #    hard link's next name, an upload by copy) replayed after a kill -9 between the
+            #    copy and the re-key, or retried after a lost reply. (A multipart copy is a
+            #    CompleteMultipartUpload here; the fake's storage-class change, a copy onto the
+            #    key itself, is also a CopyObject, but the model never runs retention.)
+            if (v.op in ("PutObject", "CompleteMultipartUpload", "CopyObject") and not v.deleted
+                    and self._is_file_object(v)):
                 hist = self.fake.history[v.key]
                 i = hist.index(v)
                 prev = hist[i - 1] if i else None

@@ -32,15 +32,18 @@ def step_all(s: Sim, limit: int = 500) -> None:
     assert not s.pending, f"step_all gave up after {limit} grants with {len(s.pending)} pending"
 
 
-def grant_until(s: Sim, op: str, limit: int = 20) -> None:
+def grant_until(s: Sim, op: str, limit: int = 20, what: str | None = None) -> None:
     """Grant held requests one by one, checking the invariants after each, until the next one
-    is `op` (held: a kill can come right before it); fails if it never comes."""
+    is `op` (on key `what`, if given) (held: a kill can come right before it); fails if it
+    never comes."""
+    def due() -> bool:
+        return bool(s.pending) and s.pending[0].op == op and what in (None, s.pending[0].what)
     for _ in range(limit):
-        if not s.pending or s.pending[0].op == op:
+        if not s.pending or due():
             break
         s.grant(s.pending[0])
         s.check()
-    assert s.pending and s.pending[0].op == op, f"no {op} came: {[p.op for p in s.pending]}"
+    assert due(), f"no {op} came: {[(p.op, p.what) for p in s.pending]}"
 
 
 def step_outage(s: Sim, grants: int = 50) -> None:
@@ -931,3 +934,69 @@ def test_imported_file_truncated_written_unstable_then_removed_after_its_directo
     sim.remove("a/x")
     sim.drain()
     sim.check_drained()
+
+
+# issue 38: a move's CopyObject is sent again after a lost reply or a kill -9 before the re-key
+COPIED_AGAIN = pytest.mark.xfail(strict=True, reason="issue 38: a move's copy is sent again")
+
+
+def copy_applied_reply_lost(s: Sim, key: str, kill: bool) -> None:
+    """Run the queued jobs until the CopyObject to `key` is next, let S3 apply it and lose its
+    reply (the job retries), kill -9 first if `kill`, then drain: `key` holds one version, the
+    copy's."""
+    s.dispatch()
+    grant_until(s, "CopyObject", limit=50, what=key)
+    s.set_faults(lost_reply=1.0)
+    s.grant(s.pending[0])                 # applied, the reply lost: the job retries
+    s.set_faults()
+    s.check()
+    if kill:
+        s.kill9()                         # between the copy and the re-key: the move replays
+        s.check()
+    s.drain()
+    s.check_drained()
+    assert [v.op for v in s.fake.history[key]] == ["CopyObject"]
+
+
+@COPIED_AGAIN
+@pytest.mark.parametrize("kill", [False, True])
+@pytest.mark.parametrize("size", [3000, 6000])
+def test_move_copied_with_its_reply_lost_is_not_copied_again(sim, size, kill):
+    """Issue 38, exactly once for moves (invariant 7 on CopyObject): a checkpoint shard saved
+    under a temporary name, uploaded, then renamed to its final name; S3 applied the move's
+    CopyObject and the reply was lost. Then the gate's retry, or after a kill -9 between the
+    copy and the re-key the next start's replay of the move, copied the same object to the
+    final name again: a second version with the same bytes and metadata (tests/ha `repeated`).
+    6000 bytes: the source is a multipart upload, whose ETag the copy does not keep."""
+    sim.save("latest.pt.tmp", sim.payload(size))
+    sim.drain()
+    sim.rename("latest.pt.tmp", "latest.pt")
+    copy_applied_reply_lost(sim, "latest.pt", kill)
+
+
+@pytest.mark.parametrize("size,kill", [pytest.param(3000, False, marks=COPIED_AGAIN), (3000, True),
+                                       pytest.param(6000, False, marks=COPIED_AGAIN),
+                                       pytest.param(6000, True, marks=COPIED_AGAIN)])
+def test_directory_move_copied_with_its_reply_lost_is_not_copied_again(sim, size, kill):
+    """The same window in a directory move (`mv d e`, each object copy -> re-key -> delete):
+    the replay HEADs each destination and skipped an object whose ETag the copy there kept
+    (3000 bytes, killed: passed before), but a copy does not keep a multipart upload's ETag
+    (6000 bytes), so the replay copied it again."""
+    sim.mkdir("d")
+    sim.save("d/a", sim.payload(size))
+    sim.drain()
+    sim.rename("d", "e")
+    copy_applied_reply_lost(sim, "e/a", kill)
+
+
+@COPIED_AGAIN
+@pytest.mark.parametrize("kill", [False, True])
+@pytest.mark.parametrize("size", [3000, 6000])
+def test_object_moved_to_the_next_link_with_its_reply_lost_is_not_copied_again(sim, size, kill):
+    """The same window in the move of an unlinked name's object to the file's next link (`ln a
+    c; rm a`: copy to c, re-key, then a's object goes)."""
+    sim.save("a", sim.payload(size))
+    sim.drain()
+    sim.link("a", "c")
+    sim.remove("a")
+    copy_applied_reply_lost(sim, "c", kill)
