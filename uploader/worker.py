@@ -19,8 +19,8 @@ import structlog
 from cache.api import DataState, FileType, RemoteInfo, StoreError
 
 from .gate import RequestGate
-from .keys import (DIR_CONTENT_TYPE, INO_META, NODE_JOB_TYPES, SEQ_META, STORE_META, KeyMap, object_metadata,
-                   part_ranges, part_size_for)
+from .keys import (DIR_CONTENT_TYPE, GEN_META, INO_META, NODE_JOB_TYPES, SEQ_META, STORE_META, KeyMap,
+                   object_metadata, part_ranges, part_size_for)
 from .objectclient import (NotFoundError, ObjectClient, PartInfo, PermanentError, PreconditionFailedError,
                            PutResult, TransientError, checksum_b64)
 from .manifest import is_manifest_key, manifest_path
@@ -83,6 +83,9 @@ _UPLOAD_JOB_FIELDS = ("key", "upload_id", "upload_change", "part_size", "upload_
 # an upload job's durable note "an attempt of mine may have written this data sequence's object"
 # (set before the attempt's first S3 write; kept when the fields above go)
 SENT_SEQ = "sent_seq"
+# a move's (file, or an unlinked name's object to the next link) durable note "an attempt of mine
+# may have copied [old, etag] to new": [old, etag, new], synced before its CopyObject
+COPY_SENT = "copy_sent"
 
 
 def _same_data(attr, data_seq) -> bool:
@@ -595,7 +598,7 @@ class Worker:
                 return await self._move_dir(job, job_id)
             return await self._move_file(job, job_id)
         if op == "unlink":
-            return await self._delete_file(job)
+            return await self._delete_file(job, job_id)
         if op == "link":
             return "nothing-to-do"        # a hard link shares the object of its first name
         if op in ("symlink", "mknod"):
@@ -657,23 +660,63 @@ class Worker:
         await self._store(self.store.forget_replaced, ino, path, etag)
         return outcome
 
-    async def _copy(self, src: str, dst: str, size: int, etag: str, metadata: dict | None = None) -> PutResult:
+    async def _copy(self, src: str, dst: str, size: int, etag: str, metadata: dict | None = None, *,
+                    look: bool = False, there=None, ready=None) -> PutResult:
         """Server-side copy of exactly the object `etag` at `src` (NotFoundError if none,
         PreconditionFailedError if another object is there now). The HEAD covers endpoints
         that ignore x-amz-copy-source-if-match (moto 5.2.5 does). `metadata`: the copy's
-        own (another file's identity), else the source's is kept."""
-        info = await self.gate.call("HeadObject", lambda: self.client.head_object(src), what=src)
+        own (another file's identity), else the source's is kept.
+        Exactly once (issue 38): an object at `dst` that is this copy already (`_is_copy`:
+        one an earlier attempt sent before a crash, `look` HEADs it, or `there`, the caller's
+        HEAD) is the result, nothing is sent; a CopyObject whose reply was lost is checked the
+        same way (the gate's recheck, a HEAD of `dst`) before it is retried. `ready`: awaited
+        after the source's HEAD, before the copy is sent (a durable note, made meanwhile)."""
+        try:
+            info = await self.gate.call("HeadObject", lambda: self.client.head_object(src), what=src)
+        finally:
+            if ready is not None:
+                await ready
         if info is None:
             raise NotFoundError("NoSuchKey", src)
         if info.etag != etag:
             raise PreconditionFailedError("PreconditionFailed", f"{src} is {info.etag}, not {etag}")
+        want = info.metadata if metadata is None else metadata
+        if look:
+            there = await self.gate.call("HeadObject", lambda: self.client.head_object(dst), what=dst)
+        if there is not None and self._is_copy(there, want, size, etag):
+            log.info("copy_adopted", src=src, dst=dst, etag=there.etag, version_id=there.version_id)
+            return PutResult(there.etag, there.checksum, there.version_id)
+
+        def recheck() -> PutResult | None:
+            found = self.client.head_object(dst)
+            if found is None or not self._is_copy(found, want, size, etag):
+                return None
+            log.info("copy_adopted", src=src, dst=dst, etag=found.etag, version_id=found.version_id,
+                     why="retry after a lost reply")
+            return PutResult(found.etag, found.checksum, found.version_id)
+
         if size <= S3_MAX_COPY:
             res = await self.gate.call(
-                "CopyObject", lambda: self.client.copy_object(src, dst, if_match=etag, metadata=metadata), what=dst)
+                "CopyObject", lambda: self.client.copy_object(src, dst, if_match=etag, metadata=metadata), what=dst,
+                recheck=recheck)
         else:
             res = await self._copy_multipart(src, dst, size, info.metadata if metadata is None else metadata)
         self.counters.bytes_copied += size
         return res
+
+    def _is_copy(self, there, want: dict, size: int, etag: str) -> bool:
+        """Whether object `there` (a HEAD's) is a copy of the source object (`etag`, `size`)
+        with metadata `want`: that size and metadata, and either the source's ETag (a copy of
+        a single-part object keeps it) or identity metadata of this store (store, inode,
+        generation, data sequence: the same bytes; a copy of a multipart upload gets an
+        ETag of its own)."""
+        if there.size != size or there.metadata != want:
+            return False
+        if there.etag == etag:
+            return True
+        m = there.metadata
+        return (bool(self.store_id) and m.get(STORE_META) == self.store_id
+                and all(m.get(k) is not None for k in (INO_META, GEN_META, SEQ_META)))
 
     async def _copy_multipart(self, src: str, dst: str, size: int, meta: dict) -> PutResult:
         """UploadPartCopy for objects above CopyObject's 5 GiB limit (`meta` given, since
@@ -698,9 +741,11 @@ class Worker:
     async def _move_file(self, job: dict, job_id: int) -> str:
         """Copy, re-key the record (durable), then delete the source only if it is still the
         object we copied. A crash anywhere replays to the same end: before the re-key the
-        source is still there and is copied again; after it, the record names the new key
-        and the replay only removes the old object: one written here by its identity, an
-        imported one (no identity of ours) by the ETag the job recorded before the copy."""
+        source is still there, and the replay re-keys to the copy an earlier attempt left at
+        the new key, else copies (`_copy_rekey`: the job's durable COPY_SENT note); after it,
+        the record names the new key and the replay only removes the old object: one written
+        here by its identity, an imported one (no identity of ours) by the ETag the job
+        recorded before the copy."""
         ino, old, new = job["ino"], job["old_path"], job["new_path"]
         remote = self._job_remote(job)
         if remote is not None and not remote.etag:
@@ -764,12 +809,11 @@ class Worker:
                 log.info("move_file_gone", ino=ino, src=old, dst=new)
                 return "file-gone"
             etag, size = info.etag, info.size
-        if recorded != [old, etag]:
-            # what the replay removes if a crash comes between the re-key and the removal:
-            # durable with the re-key's sync, which follows it
-            job["object"] = [old, etag]
-            await self._store(self.store.queue_update, job_id, job)
-        copied = await self._copy_rekey(ino, old, new, etag, size, rekey=remote is not None)
+        # what the replay removes if a crash comes between the re-key and the removal: durable
+        # with the copy's note (_copy_rekey), before the copy
+        job["object"] = [old, etag]
+        copied = await self._copy_rekey(ino, old, new, etag, size, rekey=remote is not None, job=job,
+                                        job_id=job_id)
         if copied != "copied":
             return copied
         await self._delete_if(old, etag)
@@ -793,7 +837,10 @@ class Worker:
         outcome = "unrecorded-deleted"
         if seq is not None and not self._unrecorded_is_stale(info):
             try:
-                await self._copy(self.keys.file_key(old), self.keys.file_key(new), info.size, info.etag)
+                # (a replay of this after a crash finds the copy at `new`: look first, this is
+                # a path after a crash already)
+                await self._copy(self.keys.file_key(old), self.keys.file_key(new), info.size, info.etag,
+                                 look=True)
                 outcome = "unrecorded-moved"
             except (NotFoundError, PreconditionFailedError):
                 return "nothing-to-move"        # gone or replaced since the HEAD: not ours to move
@@ -864,12 +911,24 @@ class Worker:
                 return False             # gone: the other branches of the move decide
             raise
 
-    async def _copy_rekey(self, ino: int, old: str, new: str, etag: str, size: int, rekey: bool) -> str:
+    async def _copy_rekey(self, ino: int, old: str, new: str, etag: str, size: int, rekey: bool,
+                          job: dict | None = None, job_id: int | None = None) -> str:
         """The first half of a move: copy exactly the object `etag` from `old` to `new`, then
         (rekey) durably point the file's record at the copy. The caller removes the source
-        after, so a crash in between replays the copy or, once re-keyed, only the removal."""
+        after, so a crash in between replays the copy or, once re-keyed, only the removal.
+        Exactly once (issue 38): the job notes COPY_SENT = [old, etag, new] durably before
+        the copy is sent (its sync runs beside the source's HEAD); an attempt that finds the
+        note HEADs `new` first and re-keys to the copy found there (`_copy`'s `look`) instead
+        of copying again. A first attempt sends no extra request."""
+        note = [old, etag, new]
+        look = job is not None and job.get(COPY_SENT) == note
+        ready = None
+        if job is not None and job_id is not None and not look:
+            job[COPY_SENT] = note
+            ready = asyncio.ensure_future(self._store(self._note_job, job_id, job))
         try:
-            res = await self._copy(self.keys.file_key(old), self.keys.file_key(new), size, etag)
+            res = await self._copy(self.keys.file_key(old), self.keys.file_key(new), size, etag, look=look,
+                                   ready=ready)
         except NotFoundError:
             return "source-missing"
         except PreconditionFailedError:
@@ -883,6 +942,17 @@ class Worker:
             await self._delete_if(new, res.etag)
             return "file-gone"
         return "copied"
+
+    def _note_job(self, job_id: int, job: dict) -> None:
+        """*Blocking.* The job's notes durable (one index write and one sync); a job gone
+        meanwhile (ENOENT) has nothing to note."""
+        try:
+            self.store.queue_update(job_id, job)
+        except StoreError as e:
+            if e.errno != errno.ENOENT:
+                raise
+            return
+        self.store.sync()
 
     async def _move_dir(self, job: dict, job_id: int) -> str:
         """Move every object under the old prefix, each one copy -> re-key -> delete. The
@@ -961,7 +1031,9 @@ class Worker:
                 res = PutResult(there.etag, there.checksum, there.version_id)   # copied before a crash
             else:
                 try:
-                    res = await self._copy(obj.key, dst, obj.size, obj.etag)
+                    # (a copy of a multipart upload, before a crash, has its own ETag: _copy
+                    # recognises it by its identity)
+                    res = await self._copy(obj.key, dst, obj.size, obj.etag, there=there)
                 except (NotFoundError, PreconditionFailedError):
                     return                 # gone or replaced since the listing: not ours to move
             ino = owners.get((rel, obj.etag))
@@ -986,7 +1058,7 @@ class Worker:
         log.info("moved_dir", src=old_prefix, dst=self.keys.dir_prefix(new), objects=moved)
         return "moved-dir"
 
-    async def _delete_file(self, job: dict) -> str:
+    async def _delete_file(self, job: dict, job_id: int | None = None) -> str:
         """Remove a file's object, unless a file now at its name will replace it (a rename
         over it, `rm a; mv b a`): then S3 keeps it until that upload or move lands, so it
         never lacks both versions. Acts on the object the journal names (ETag recorded at
@@ -1039,7 +1111,8 @@ class Worker:
             # another name still links the file, and its object was at the name removed: move
             # it to the file's next name (copy, re-key, then the old one goes), never delete
             # first - the file may be evicted, and that object is then the only copy of its bytes
-            moved = await self._copy_rekey(ino, old, job["new_path"], etag, remote.size, rekey=True)
+            moved = await self._copy_rekey(ino, old, job["new_path"], etag, remote.size, rekey=True, job=job,
+                                           job_id=job_id)
             if moved == "copied":
                 outcome = await self._drop_replaced(old, etag, ino)
                 log.info("unlinked_object_moved", ino=ino, path=old, to=job["new_path"], etag=etag,

@@ -936,10 +936,6 @@ def test_imported_file_truncated_written_unstable_then_removed_after_its_directo
     sim.check_drained()
 
 
-# issue 38: a move's CopyObject is sent again after a lost reply or a kill -9 before the re-key
-COPIED_AGAIN = pytest.mark.xfail(strict=True, reason="issue 38: a move's copy is sent again")
-
-
 def copy_applied_reply_lost(s: Sim, key: str, kill: bool) -> None:
     """Run the queued jobs until the CopyObject to `key` is next, let S3 apply it and lose its
     reply (the job retries), kill -9 first if `kill`, then drain: `key` holds one version, the
@@ -958,7 +954,6 @@ def copy_applied_reply_lost(s: Sim, key: str, kill: bool) -> None:
     assert [v.op for v in s.fake.history[key]] == ["CopyObject"]
 
 
-@COPIED_AGAIN
 @pytest.mark.parametrize("kill", [False, True])
 @pytest.mark.parametrize("size", [3000, 6000])
 def test_move_copied_with_its_reply_lost_is_not_copied_again(sim, size, kill):
@@ -974,9 +969,8 @@ def test_move_copied_with_its_reply_lost_is_not_copied_again(sim, size, kill):
     copy_applied_reply_lost(sim, "latest.pt", kill)
 
 
-@pytest.mark.parametrize("size,kill", [pytest.param(3000, False, marks=COPIED_AGAIN), (3000, True),
-                                       pytest.param(6000, False, marks=COPIED_AGAIN),
-                                       pytest.param(6000, True, marks=COPIED_AGAIN)])
+@pytest.mark.parametrize("kill", [False, True])
+@pytest.mark.parametrize("size", [3000, 6000])
 def test_directory_move_copied_with_its_reply_lost_is_not_copied_again(sim, size, kill):
     """The same window in a directory move (`mv d e`, each object copy -> re-key -> delete):
     the replay HEADs each destination and skipped an object whose ETag the copy there kept
@@ -989,7 +983,6 @@ def test_directory_move_copied_with_its_reply_lost_is_not_copied_again(sim, size
     copy_applied_reply_lost(sim, "e/a", kill)
 
 
-@COPIED_AGAIN
 @pytest.mark.parametrize("kill", [False, True])
 @pytest.mark.parametrize("size", [3000, 6000])
 def test_object_moved_to_the_next_link_with_its_reply_lost_is_not_copied_again(sim, size, kill):

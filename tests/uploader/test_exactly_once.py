@@ -21,7 +21,7 @@ from testkit.storefiles import write_file
 from uploader.keys import SEQ_META, STORE_META
 from uploader.objectclient import Boto3ObjectClient, ThrottledError, TransientError, checksum_b64
 from uploader.service import Uploader
-from uploader.worker import SENT_SEQ
+from uploader.worker import COPY_SENT, SENT_SEQ
 
 
 def _client(moto, bucket) -> Boto3ObjectClient:
@@ -61,6 +61,21 @@ def _sends_to(records, key: str) -> list:
     """PUTs (PutObject, UploadPart) and POSTs (Create/CompleteMultipartUpload) on `key`."""
     path = f"/{key}"
     return [r for r in records if r.method in ("PUT", "POST") and r.path.endswith(path)]
+
+
+def _lose_first_put_reply(proxy, key: str) -> list:
+    """The proxy drops the answer to the first PUT on `key` (S3 applied it); the list returned
+    notes it."""
+    lost: list = []
+
+    def drop(method, path, head):
+        if method == "PUT" and path.endswith("/" + key) and not lost:
+            lost.append(path)
+            raise ConnectionResetError("reply lost")
+        return head
+
+    proxy.proxy.rewrite_head = drop
+    return lost
 
 
 def _ino(store, path: str) -> int:
@@ -187,15 +202,7 @@ def test_regression_a_put_whose_reply_was_lost_is_adopted_by_its_retry(moto, pro
     retry HEADs first and records that object instead of storing a second one."""
     client = _client(moto, bucket)
     key = "gw/run/lost-reply"
-    lost = []
-
-    def drop_first_put_reply(method, path, head):
-        if method == "PUT" and path.endswith("/" + key) and not lost:
-            lost.append(path)
-            raise ConnectionResetError("reply lost")
-        return head
-
-    proxy.proxy.rewrite_head = drop_first_put_reply
+    lost = _lose_first_put_reply(proxy, key)
     data = payload(5000, 41)
     ino = write_file(store, "run/lost-reply", data)
     _restart_and_drain(store, proxy, bucket)
@@ -270,4 +277,47 @@ def test_regression_a_retried_put_heads_only_after_an_ambiguous_failure_and_thro
     remote = store.remote_info(ino)
     assert (remote.etag, remote.version_id) == (versions[0]["ETag"], versions[0]["VersionId"])
     assert store.getattr(ino).data_state == DataState.CLEAN
+    assert object_sha(client, key) == sha(data)
+
+
+@pytest.mark.parametrize("size", [5000, 3 * SMALL_PART])
+@pytest.mark.parametrize("window", ["reply-lost", "crash-before-rekey"])
+def test_regression_a_move_whose_copy_reached_s3_is_not_copied_again(moto, proxy, bucket, store, window, size):
+    """A rename's CopyObject that S3 applied: its reply lost (the gate's retry HEADs the new key
+    first), or the attempt cut between the copy and the re-key (the job's durable `copy_sent`
+    note: the next attempt HEADs the new key first). Either way the record is re-keyed to that
+    copy and the new key keeps one version. 3 parts: a multipart source, whose ETag a copy does
+    not keep (moto), recognised by the identity metadata."""
+    client = _client(moto, bucket)
+    data = payload(size, 44)
+    ino = write_file(store, "run/a", data)
+    _restart_and_drain(store, proxy, bucket)
+    src_etag = store.remote_info(ino).etag
+    key = "gw/run/shard"
+    lost, cut = [], []
+    if window == "reply-lost":
+        lost = _lose_first_put_reply(proxy, key)      # (a CopyObject is a PUT on the new key)
+    else:
+        rekey = store.rekey_remote
+
+        def cut_first_rekey(*args):
+            if not cut:
+                # what a kill -9 here leaves: the store's job notes the copy (synced before it)
+                cut.append([j.get(COPY_SENT) for _, j in store.queue_list() if j.get("op") == "rename"])
+                raise OSError("cut between the copy and the re-key")
+            return rekey(*args)
+        store.rekey_remote = cut_first_rekey
+    run = _ino(store, "run")
+    store.rename(run, b"a", run, b"shard")
+    n_before = len(proxy.records)
+    _restart_and_drain(store, proxy, bucket)
+    assert lost or cut == [[["run/a", src_etag, "run/shard"]]]
+    versions = _versions(client, key)
+    assert len(versions) == 1, versions                               # exactly once
+    assert len(_sends_to(proxy.records[n_before:], key)) == 1         # one CopyObject
+    remote = store.remote_info(ino)
+    assert (remote.key, remote.etag, remote.version_id) == ("run/shard", versions[0]["ETag"],
+                                                            versions[0]["VersionId"])
+    assert _versions(client, "gw/run/a")[0]["Key"] == "gw/run/a"      # (versioned: the old one's history)
+    assert client.head_object("gw/run/a") is None
     assert object_sha(client, key) == sha(data)
