@@ -66,9 +66,10 @@ def every_acknowledged_save_is_there(pair, client: str, server: str, s3, rows) -
     out = stack.check(pair, server)
     assert "store is consistent" in out, out
 
-    # After the drain, S3 (outside the pair) holds what the namespace holds. A key may have more
-    # than one version only with the same bytes: the survivor PUT again an upload the dead node
-    # had finished but not yet recorded (at least once, never a different or torn object).
+    # After the drain, S3 (outside the pair) holds what the namespace holds, each key written
+    # once: an upload or a move's copy the dead node had S3 apply but never recorded is adopted
+    # by the survivor, not sent again (exactly once, issue 38: uploader/worker.py `_adopt`,
+    # `_copy`), so every key has one version.
     t_drain = time.monotonic()
     stack.wait_uploaded(pair, client, RUN_DIR, 900)
     drained = time.monotonic() - t_drain
@@ -84,6 +85,8 @@ def every_acknowledged_save_is_there(pair, client: str, server: str, s3, rows) -
     differing = {key: [v["ETag"] for v in vs] for key, vs in versions.items() if len({v["ETag"] for v in vs}) > 1}
     assert not differing, f"keys written with different contents: {differing}"
     repeated = sorted(key for key in objects if len(versions[key]) > 1)
+    assert not repeated, (f"keys written more than once (same bytes, not exactly once): "
+                          f"{ {key: [(v['VersionId'], v['ETag']) for v in versions[key]] for key in repeated} }")
     return drained, objects, versions, repeated
 
 
