@@ -187,7 +187,7 @@ class RemoteRecords(StoreBase):
 
     def owned_keys(self) -> set[str]:
         """Every S3 key (export-relative) the gateway still answers for: the key and the kept
-        (`replaces`) objects of every record, and the old names and objects of queued
+        (`replaces`) objects of every record, and the old and new names and objects of queued
         change-journal jobs (a move or delete not yet done in S3). Import must never bring
         such an object in as a new file: its move or delete would leave that file with no
         object (issue 13: imported objects are owned like uploaded ones). One scan of the
@@ -204,9 +204,16 @@ class RemoteRecords(StoreBase):
                 job = json.loads(bytes(val))
                 if job.get("kind") != "ns":
                     continue
-                old = job.get("old_path")
-                if old:
-                    out.add(old.rstrip("/") + "/" if job.get("type") == "dir" else old)
+                is_dir = job.get("type") == "dir"
+                names = [job.get("old_path")]
+                if job.get("op") in ("rename", "unlink"):
+                    # the destination too: a queued move copies there, and an unlink's move to
+                    # the file's next link (`rm a` of a hard-linked file) copies to that name as
+                    # it was, which a later rename may have left free for an import
+                    names.append(job.get("new_path"))
+                for name in names:
+                    if name:
+                        out.add(name.rstrip("/") + "/" if is_dir else name)
                 if job.get("object"):
                     out.add(job["object"][0])
                 out.update(k for k, _ in job.get("replaces", []))
