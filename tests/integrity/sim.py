@@ -26,7 +26,6 @@ import random
 import shutil
 import stat
 import tempfile
-import time
 from dataclasses import dataclass, field
 
 import structlog
