@@ -122,18 +122,28 @@ def _check_sticky(ctx, dir_obj: Obj, name: bytes, cred: EffectiveCred):
     return victim
 
 
+async def _source_or_replay(ctx, op: int, dir_obj: Obj, name: bytes, cred: EffectiveCred,
+                            dst_dir: int = 0, new: bytes = b""):
+    """(source entry's attributes after the sticky rule, None), or, when the source is
+    absent and this is a REMOVE/RENAME whose reply a restart lost, re-sent
+    (nfsd/ops/replay.py), (None, the reply record to answer it with). Any other failure,
+    and a NOENT with no record, is raised."""
+    try:
+        return _check_sticky(ctx, dir_obj, name, cred), None
+    except NfsError as e:
+        if e.status != NFS4ERR_NOENT or (rec := await replay.replayed(
+                ctx, op, dir_obj.ino, name, dst_dir, new)) is None:
+            raise
+        return None, rec
+
+
 async def op_remove(ctx, args) -> REMOVE4res:
     d = current(ctx)
     ctx.server.grace.refuse_in_grace("REMOVE")   # the file may hold a lock being reclaimed
     name = check_name(args.target)
     cred = require_dir_modify(ctx, d)
-    try:
-        _check_sticky(ctx, d, name, cred)
-    except NfsError as e:
-        # a REMOVE whose reply a restart lost, re-sent (nfsd/ops/replay.py)
-        if e.status != NFS4ERR_NOENT or (rec := await replay.replayed(
-                ctx, replay.REMOVE, d.ino, name)) is None:
-            raise
+    _victim, rec = await _source_or_replay(ctx, replay.REMOVE, d, name, cred)
+    if rec is not None:
         return REMOVE4res(NFS4_OK, REMOVE4resok(cinfo=change_info(rec.cinfo[0])))
     with store_errors():
         ci = await replay.noted_op(ctx, "remove", d.ino, name)
@@ -152,13 +162,9 @@ async def op_rename(ctx, args) -> RENAME4res:
     _same_fs(src_dir, dst_dir)
     cred = require_dir_modify(ctx, src_dir)
     require_dir_modify(ctx, dst_dir)
-    try:
-        victim = _check_sticky(ctx, src_dir, oldname, cred)
-    except NfsError as e:
-        # a RENAME whose reply a restart lost, re-sent (nfsd/ops/replay.py)
-        if e.status != NFS4ERR_NOENT or (rec := await replay.replayed(
-                ctx, replay.RENAME, src_dir.ino, oldname, dst_dir.ino, newname)) is None:
-            raise
+    victim, rec = await _source_or_replay(ctx, replay.RENAME, src_dir, oldname, cred,
+                                          dst_dir.ino, newname)
+    if rec is not None:
         return RENAME4res(NFS4_OK, RENAME4resok(source_cinfo=change_info(rec.cinfo[0]),
                                                 target_cinfo=change_info(rec.cinfo[1])))
     store = ctx.server.store
