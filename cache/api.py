@@ -446,6 +446,10 @@ class UploaderStore(Protocol):
         """*Blocking, durable.* Hand an unlinked file's object to the file now at `path`, if any."""
         ...
 
+    def moves_to(self, ino: int, key: str, path: str) -> bool:
+        """*Blocking.* Whether queued jobs will carry the file's object at `key` on to `path`."""
+        ...
+
     def owned_keys(self) -> set[str]:
         """Every S3 key (export-relative) the gateway still answers for."""
         ...

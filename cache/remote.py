@@ -10,7 +10,7 @@ import time
 
 from . import extents
 from .api import Attr, DataState, FileType, RemoteInfo, StoreError, ROOT_INO
-from .index import F_SENT, F_UNCOMMITTED, Writer
+from .index import F_SENT, F_UNCOMMITTED, View, Writer
 from .keys import U64
 from .namespace import validate_name
 from .storebase import StoreBase
@@ -293,14 +293,21 @@ class RemoteRecords(StoreBase):
         self.committer.sync()
         return ino
 
-    def _move_queued(self, w: Writer, ino: int, path: str) -> bool:
-        """Whether queued jobs will move `ino`'s object to `path`. Follows the object's key (the
-        record's) through the queue in order: a rename of the name it is at (of the file, or of
-        a directory above it), or the unlink of that name while another link keeps the file
-        (see with_next_name). A rename of another of the file's names moves nothing: a
-        hard-linked file's object stays at the name it was uploaded under."""
+    def moves_to(self, ino: int, key: str, path: str) -> bool:
+        """*Blocking.* Whether queued jobs will carry file `ino`'s object at `key` (the one an
+        upload has just written there) on to `path`."""
+        with self.ix.read() as v:
+            return self._move_queued(v, ino, path, key)
+
+    def _move_queued(self, w: View, ino: int, path: str, key: str | None = None) -> bool:
+        """Whether queued jobs will move `ino`'s object (at `key`, else its record's) to `path`.
+        Follows the object's key through the queue in order: a rename of the name it is at (of
+        the file, or of a directory above it), or the unlink of that name while another link
+        keeps the file (see with_next_name). A rename of another of the file's names moves
+        nothing: a hard-linked file's object stays at the name it was uploaded under."""
         r = w.remote(ino)
-        key = r.key if r.etag else None
+        if key is None:
+            key = r.key if r.etag else None
         for job_id, val in w.txn.cursor(db=self.ix.queue):
             if key is None:
                 return False

@@ -263,8 +263,10 @@ class Worker:
         if now.change != change and _same_data(now, attr.data_seq) and now.data_state == DataState.UPLOADING:
             change = now.change              # renamed or chmod-ed meanwhile, same bytes
         # objects this file was renamed over: the one at `path` is replaced now, the one at
-        # its current name will be by its pending move's copy; one at another name (the file
-        # moved on before its upload) is handed on or deleted
+        # its current name will be by its pending move's copy, if a queued job carries the new
+        # object there; one at another name (the file moved on before its upload) is handed on
+        # or deleted. (Not every name change moves the object: a hard-linked file's first name
+        # can change by a rename of its other name, whose job moves the object elsewhere.)
         now_path = self.store.path_of(ino)
         recorded = self._remote(ino) or RemoteInfo()     # now: a directory move may have re-keyed it
         replaced = list(recorded.replaces)
@@ -274,8 +276,9 @@ class Worker:
             # forgets it, so a crash in between re-runs this upload and the drop.
             replaced.append((recorded.key, recorded.etag))
         for k, e in replaced:
-            if k not in (path, now_path):
-                await self._drop_replaced(k, e, ino)
+            if k == path or (k == now_path and await self._store(self.store.moves_to, ino, path, k)):
+                continue
+            await self._drop_replaced(k, e, ino)
         info = RemoteInfo(key=path, etag=result.etag, checksum=result.checksum, uploaded_change=change,
                           size=attr.size, upload_id=None, parts=[], version_id=result.version_id,
                           data_seq=attr.data_seq)

@@ -1022,14 +1022,15 @@ def test_imported_hard_linked_file_moved_with_its_directory_then_the_key_importe
     sim.check_drained()
 
 
-@pytest.mark.xfail(strict=True, reason="found by the model in session 28, not yet fixed: see the docstring")
 def test_hard_linked_file_written_again_and_its_second_name_renamed_leaves_no_stale_object():
     """Found by the model's long mode in session 28 (seed 20261205 on fd515ee; the code before
-    3727c00 fails the same): a file uploaded as d/a, hard-linked as latest.pt.tmp, written again
-    (1 byte) and flushed: its new bytes were PUT at latest.pt.tmp; then latest.pt.tmp renamed to
-    imp/a, and after the drain d/a still held the file's old 0-byte object (the move took the new
-    one to imp/a). The upload's drop of the file's older object at its other name is suspected
-    (Worker._upload skips a replaced key equal to `path_of` now), not yet shown."""
+    3727c00 fails the same): a file uploaded as d/a, hard-linked as latest.pt.tmp (now its first
+    name: the root's names sort first), written again (1 byte) and flushed: its new bytes were PUT
+    at latest.pt.tmp; meanwhile latest.pt.tmp renamed to imp/a, which made d/a the first name
+    again. The upload kept the file's old 0-byte object at d/a, taking it for one the rename's move
+    would copy over, but that move copies to imp/a: after the drain d/a still held it. An upload now
+    keeps an older object at the file's current name only if a queued job carries the new one
+    there (Store.moves_to)."""
     s = Sim(seed=0)
     try:
         s.save("latest.pt", s.payload(0))
