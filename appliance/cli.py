@@ -338,6 +338,7 @@ def status(as_json):
     pair = st.get("pair")
     if pair is not None:
         rows.append(["pair", _pair_text(pair)])
+        rows.append(["fence constraints", _fences_text(pair)])
     if st.get("admin_tcp") or st.get("admin_tokens"):
         rows.append(["admin tcp", st.get("admin_tcp") or "off"])
         rows.append(["admin tokens", _tokens_text(st.get("admin_tokens") or [])])
@@ -366,6 +367,18 @@ def _pair_text(pair: dict) -> str:
     left = pair.get("out_of_sync_bytes")
     lag = f", {fmt_bytes(left)} to copy" if left else ""
     return f"{state.upper()} ({roles}{lag}): {pair.get('problem')}"
+
+
+def _fences_text(pair: dict) -> str:
+    """DRBD's fence constraints in the CIB: "none", "drbd-fence-by-handler-r0-drbd-clone (promotion
+    only on gw-a)", or "unknown: why"."""
+    fences = pair.get("fence_constraints")
+    if fences is None:
+        return f"unknown: {pair.get('fence_constraints_error') or 'not read'}"
+    if not fences:
+        return "none"
+    return ", ".join(f["id"] + (f" (promotion only on {', '.join(f['only_on'])})" if f.get("only_on") else "")
+                     for f in fences)
 
 
 def _tokens_text(tokens: list[dict]) -> str:

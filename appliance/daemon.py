@@ -164,6 +164,9 @@ class Daemon:
         self._tasks: list[asyncio.Task] = []
         self._reload_lock = asyncio.Lock()
         self.upload_rate = RateMeter()
+        # one of an HA pair: DRBD's fence constraints in the CIB, read by cibadmin at most every few
+        # seconds however often status and scrapes ask (appliance/pair.py)
+        self._fences = pairmod.FenceReader()
         self._ready = False
 
     @property
@@ -526,7 +529,7 @@ class Daemon:
         out["cache"] = self._cache_status()
         out["upload"] = self._upload_status()
         if cfg.pair.drbd_device:            # one of an HA pair: is the peer there and in sync?
-            out["pair"] = pairmod.read_pair(cfg.pair.drbd_device).as_dict()
+            out["pair"] = pairmod.read_pair(cfg.pair.drbd_device, fences=self._fences).as_dict()
         return out
 
     def _live_owner_domain(self) -> str | None:

@@ -211,12 +211,18 @@ def _pair_families(pair: dict):
     """An HA pair's replication state (appliance/pair.py), when [pair] drbd_device is set."""
     yield GaugeMetricFamily("ckptgw_pair_degraded", "1 while the HA pair is not redundant: the peer not "
                             "connected, a resync running or a disk not UpToDate (acknowledged writes are "
-                            "then on this node's disk only); 0 in sync", value=1 if pair["degraded"] else 0)
+                            "then on this node's disk only), or a DRBD fence constraint left after the "
+                            "resync (a failover would be refused); 0 in sync", value=1 if pair["degraded"] else 0)
     yield GaugeMetricFamily("ckptgw_pair_peer_connected", "1 while DRBD is connected to the peer",
                             value=1 if pair["peer_connected"] else 0)
     if pair.get("out_of_sync_bytes") is not None:
         yield GaugeMetricFamily("ckptgw_pair_out_of_sync_bytes", "Bytes DRBD still has to copy to the peer",
                                 value=pair["out_of_sync_bytes"])
+    fences = pair.get("fence_constraints")
+    yield GaugeMetricFamily("ckptgw_pair_fence_constraints", "DRBD fence constraints (drbd-fence-by-handler-*) "
+                            "in the CIB: expected while the peer is away or resyncing, one left once in sync "
+                            "refuses a failover; -1 while they cannot be read (ckptgw status says why)",
+                            value=-1 if fences is None else len(fences))
     info = GaugeMetricFamily("ckptgw_pair_info", "Always 1; the labels say the pair's DRBD state",
                              labels=["device", "state", "connection", "role", "peer_role", "disk", "peer_disk"])
     info.add_metric([str(pair.get(k) or "") for k in ("device", "state", "connection", "role", "peer_role",

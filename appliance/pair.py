@@ -7,13 +7,31 @@ While it is degraded (the peer down or unreachable, or a disk not up to date), D
 from this node alone: acknowledged writes are on this node's disk only until the peer is back and
 resynced. `ckptgw status` shows it, the `ckptgw_pair_*` metrics carry it and the CkptgwPairDegraded
 alert says so (docs/operations.md "HA pair").
+
+DRBD's fence-peer handler (crm-fence-peer.sh) also leaves a mark in the cluster: a location
+constraint drbd-fence-by-handler-<resource>-<clone> that forbids promoting the peer while it may be
+out of date, lifted by crm-unfence-peer.sh after the peer's resync. One that outlives the resync
+(the unfence handler could not reach the CIB) refuses the next failover although DRBD says in sync:
+the pair is then not redundant either. read_fences() reads those constraints from the CIB
+(`cibadmin`, which needs the haclient group) and judge_fences() weighs them against DRBD's state.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+import subprocess
+import threading
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import asdict, dataclass, replace
+from typing import Callable
 
 PROC_DRBD = "/proc/drbd"
+CIBADMIN = ("cibadmin", "--query", "--scope", "constraints")
+CIB_TIMEOUT_SECONDS = 5.0
+# how long one reading of the CIB serves status and scrapes (a scrape every 15 s, a status now and
+# then: at most one cibadmin per this many seconds, whoever asks)
+CIB_CACHE_SECONDS = 5.0
+FENCE_PREFIX = "drbd-fence-by-handler-"
 
 IN_SYNC, SYNCING, DEGRADED, UNKNOWN = "in_sync", "syncing", "degraded", "unknown"
 # connection states in which the peer is connected and a resync runs (or is paused)
@@ -43,6 +61,10 @@ class PairState:
     peer_disk: str | None = None     # DUnknown while not connected
     out_of_sync_bytes: int | None = None
     problem: str | None = None       # why it is not in sync, for people
+    # DRBD's fence constraints in the CIB; None: not known (not read, or cibadmin failed:
+    # fence_constraints_error says why)
+    fence_constraints: tuple[FenceConstraint, ...] | None = None
+    fence_constraints_error: str | None = None
 
     @property
     def degraded(self) -> bool:
@@ -54,11 +76,20 @@ class PairState:
         return self.connection in _CONNECTED or self.connection in _SYNCING
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "degraded": self.degraded, "peer_connected": self.peer_connected}
+        fences = self.fence_constraints
+        return {**asdict(self), "degraded": self.degraded, "peer_connected": self.peer_connected,
+                # lists, as JSON has them: a status read back compares equal
+                "fence_constraints": None if fences is None else [c.as_dict() for c in fences]}
 
 
-def read_pair(device: str, path: str = PROC_DRBD) -> PairState:
-    """The state of DRBD device `device` (/dev/drbdN) from /proc/drbd."""
+def read_pair(device: str, path: str = PROC_DRBD, fences: FenceReader | None = None) -> PairState:
+    """The state of DRBD device `device` (/dev/drbdN) from /proc/drbd, and with `fences` the CIB's
+    DRBD fence constraints weighed in (judge_fences)."""
+    st = _read_proc(device, path)
+    return judge_fences(st, fences.read()) if fences is not None else st
+
+
+def _read_proc(device: str, path: str) -> PairState:
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             text = f.read()
@@ -115,3 +146,121 @@ def _judge(cs: str, disk: str | None, peer_disk: str | None) -> tuple[str, str |
     if disk != "UpToDate" or peer_disk != "UpToDate":
         return DEGRADED, f"connected, but the disks are {disk}/{peer_disk}, not UpToDate/UpToDate"
     return IN_SYNC, None
+
+
+# ---- DRBD's fence constraints in the CIB ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class FenceConstraint:
+    """One drbd-fence-by-handler-* rsc_location: `rsc` (the promotable clone) is not promoted on any
+    node but `only_on` (its rule: role Master, crm-fence-peer.sh's default, or Promoted, the newer
+    name; score -INFINITY where #uname ne NODE: the node(s) that placed it, whose disk was UpToDate)."""
+    id: str
+    rsc: str | None = None
+    role: str | None = None
+    only_on: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict:
+        return {"id": self.id, "rsc": self.rsc, "role": self.role, "only_on": list(self.only_on)}
+
+
+@dataclass(frozen=True)
+class Fences:
+    """What the CIB holds: the fence constraints, or None and why they could not be read."""
+    constraints: tuple[FenceConstraint, ...] | None
+    error: str | None = None
+
+
+def parse_fence_constraints(xml: str) -> tuple[FenceConstraint, ...]:
+    """The drbd-fence-by-handler-* location constraints in the output of `cibadmin --query --scope
+    constraints` (a <constraints> element; a whole <cib> works too). ValueError if it is not XML."""
+    try:
+        root = ET.fromstring(xml)
+    except ET.ParseError as e:
+        raise ValueError(f"not XML ({e})") from None
+    found = []
+    for loc in root.iter("rsc_location"):
+        cid = loc.get("id") or ""
+        if not cid.startswith(FENCE_PREFIX):
+            continue
+        role, only_on = None, []
+        for rule in loc.iter("rule"):
+            role = role or rule.get("role")
+            for expr in rule.iter("expression"):
+                if expr.get("attribute") == "#uname" and expr.get("operation") == "ne" and expr.get("value"):
+                    only_on.append(expr.get("value"))
+        found.append(FenceConstraint(cid, loc.get("rsc"), role, tuple(only_on)))
+    return tuple(found)
+
+
+def _run_cibadmin(timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(CIBADMIN, capture_output=True, text=True, timeout=timeout, check=False,
+                          stdin=subprocess.DEVNULL)
+
+
+def read_fences(run: Callable[[float], subprocess.CompletedProcess] = _run_cibadmin,
+                timeout: float = CIB_TIMEOUT_SECONDS) -> Fences:
+    """The fence constraints now in the CIB, or why they are unknown: cibadmin missing, not permitted
+    (the gateway's user needs the haclient group), timed out, failed or printing no XML."""
+    what = " ".join(CIBADMIN)
+    try:
+        done = run(timeout)
+    except FileNotFoundError:
+        return Fences(None, "cibadmin not found (is pacemaker-cli-utils installed?)")
+    except PermissionError as e:
+        return Fences(None, f"cannot run cibadmin ({e.strerror})")
+    except subprocess.TimeoutExpired:
+        return Fences(None, f"`{what}` did not answer within {timeout:g} s")
+    except OSError as e:
+        return Fences(None, f"cannot run cibadmin ({e.strerror or e})")
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout or "").strip().splitlines()
+        return Fences(None, f"`{what}` failed (exit {done.returncode}"
+                            + (f": {said[-1].strip()[:200]}" if said else "")
+                            + "): is the gateway's user in the haclient group, the cluster up?")
+    try:
+        return Fences(parse_fence_constraints(done.stdout))
+    except ValueError as e:
+        return Fences(None, f"`{what}` printed {e}")
+
+
+class FenceReader:
+    """read_fences(), at most once per `ttl` seconds: what status and every scrape show in between is
+    the last reading. Thread-safe (status runs in a worker thread, scrapes in the metrics server's);
+    callers arriving while cibadmin runs wait for its answer rather than run their own."""
+
+    def __init__(self, run: Callable[[float], subprocess.CompletedProcess] = _run_cibadmin,
+                 clock: Callable[[], float] = time.monotonic, ttl: float = CIB_CACHE_SECONDS,
+                 timeout: float = CIB_TIMEOUT_SECONDS):
+        self._run, self._clock, self._ttl, self._timeout = run, clock, ttl, timeout
+        self._lock = threading.Lock()
+        self._last: tuple[float, Fences] | None = None
+
+    def read(self) -> Fences:
+        with self._lock:
+            now = self._clock()
+            if self._last is None or now - self._last[0] >= self._ttl or now < self._last[0]:
+                self._last = (now, read_fences(self._run, self._timeout))
+            return self._last[1]
+
+
+def judge_fences(st: PairState, fences: Fences) -> PairState:
+    """`st` with the CIB's fence constraints. In sync with one left (its resync over, the unfence
+    handler never lifted it), the pair is not redundant: a failover would be refused, so it is
+    degraded and the problem says what to do. While degraded anyway (peer away, resync running) a
+    constraint is expected and only listed; unknown constraints change nothing. Every DRBD fence
+    constraint counts: a pair's cluster runs the one DRBD resource, the cache volume."""
+    if fences.constraints is None:
+        return replace(st, fence_constraints=None, fence_constraints_error=fences.error)
+    st = replace(st, fence_constraints=fences.constraints, fence_constraints_error=None)
+    if st.state != IN_SYNC or not fences.constraints:
+        return st
+    ids = [c.id for c in fences.constraints]
+    only = sorted({n for c in fences.constraints for n in c.only_on})
+    where = f" (promotion only on {', '.join(only)})" if only else ""
+    many = len(ids) > 1
+    return replace(st, state=DEGRADED, problem=(
+        f"DRBD fence constraint{'s' if many else ''} {', '.join(ids)} {'are' if many else 'is'} left "
+        f"after the resync{where}: the peer cannot be promoted, a failover would be refused; "
+        f"`crm configure delete {' '.join(ids)}` once the peer is UpToDate (it is now), or rerun the "
+        "playbook"))

@@ -1,16 +1,19 @@
 """An HA pair's replication state (appliance/pair.py, issue 38): /proc/drbd (DRBD 8.4) read into
-in sync / syncing / degraded / unknown, and shown by `ckptgw status` and the ckptgw_pair_* metrics."""
+in sync / syncing / degraded / unknown, DRBD's fence constraints read from the CIB and weighed in,
+and shown by `ckptgw status` and the ckptgw_pair_* metrics."""
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from appliance import config as configmod
-from appliance.cli import _pair_text
+from appliance.cli import _fences_text, _pair_text
 from appliance.metrics import OpStats, StatusCollector
-from appliance.pair import DEGRADED, IN_SYNC, SYNCING, UNKNOWN, minor_of, parse_proc_drbd, read_pair
+from appliance.pair import (DEGRADED, IN_SYNC, SYNCING, UNKNOWN, FenceConstraint, FenceReader, Fences, judge_fences,
+                            minor_of, parse_fence_constraints, parse_proc_drbd, read_fences, read_pair)
 from testkit.appliance_live import LiveDaemon
 
 HEADER = ("version: 8.4.11 (api:1/proto:86-101)\n"
@@ -105,6 +108,7 @@ def test_metrics_of_a_pair_and_none_for_a_single_gateway():
     assert ('ckptgw_pair_info{connection="WFConnection",device="/dev/drbd0",disk="UpToDate",'
             'peer_disk="DUnknown",peer_role="Unknown",role="Primary",state="degraded"} 1.0') in text
     assert "ckptgw_pair" not in _metrics({})
+    assert "ckptgw_pair_fence_constraints -1.0" in text       # not read: unknown
 
 
 def test_status_line_says_the_state_and_why():
@@ -124,10 +128,188 @@ def test_a_live_gateway_of_a_pair_reports_it_in_status(tmp_path):
     try:
         daemon.start()
         st = daemon.cli_json("status")
-        assert st["pair"] == read_pair("/dev/drbd0").as_dict()      # what this host's /proc/drbd says
+        assert st["pair"] == read_pair("/dev/drbd0", fences=FenceReader()).as_dict()   # what this host says
         assert st["pair"]["device"] == "/dev/drbd0"
         if not os.path.exists("/proc/drbd"):                         # a host without DRBD: unknown
             assert (st["pair"]["state"], st["pair"]["degraded"]) == (UNKNOWN, True)
-        assert "pair" in daemon.cli("status").stdout
+        if st["pair"]["fence_constraints"] is None:                  # no cluster here: unknown, and why
+            assert st["pair"]["fence_constraints_error"]
+        out = daemon.cli("status").stdout
+        assert "pair" in out and "fence constraints" in out
     finally:
         daemon.close()
+
+
+# ---- DRBD's fence constraints (crm-fence-peer.sh's drbd-fence-by-handler-*) ----------------------
+
+IN_SYNC_PROC = proc("cs:Connected ro:Primary/Secondary ds:UpToDate/UpToDate C r-----")
+PEER_GONE_PROC = proc("cs:WFConnection ro:Primary/Unknown ds:UpToDate/DUnknown C r-----")
+
+# `cibadmin --query --scope constraints` on the role's pair (templates/pair.crm.j2) after gw-b was
+# lost and gw-a took over: DRBD 8.4's crm-fence-peer.sh placed its constraint (Pacemaker 2.1 keeps the
+# role Master it was written with). Attribute order as Pacemaker prints them back.
+ROLE_CONSTRAINTS = """
+  <rsc_location id="first-promotion" rsc="drbd-clone">
+    <rule score="50" role="Master" id="first-promotion-rule">
+      <expression operation="eq" attribute="#uname" value="gw-a" id="first-promotion-rule-expression"/>
+    </rule>
+  </rsc_location>
+  <rsc_colocation id="gw-on-primary" score="INFINITY" rsc="gw" with-rsc="drbd-clone" with-rsc-role="Master"/>
+  <rsc_order id="gw-after-promote" kind="Mandatory" first="drbd-clone" first-action="promote" then="gw" then-action="start"/>
+"""
+FENCE_84 = """  <rsc_location rsc="drbd-clone" id="drbd-fence-by-handler-r0-drbd-clone">
+    <rule role="Master" score="-INFINITY" id="drbd-fence-by-handler-r0-rule-drbd-clone">
+      <expression attribute="#uname" operation="ne" value="gw-a" id="drbd-fence-by-handler-r0-expr-drbd-clone"/>
+    </rule>
+  </rsc_location>
+"""
+# DRBD 9's crm-fence-peer.9.sh on a newer Pacemaker (--role=Promoted): one expression per UpToDate
+# node, numbered by DRBD node id
+FENCE_9 = FENCE_84.replace("r0-", "r1-").replace('"Master"', '"Promoted"').replace('"gw-a"', '"gw-b"') \
+    .replace("-expr-", "-expr-1-")
+CONSTRAINTS_84 = f"<constraints>{ROLE_CONSTRAINTS}{FENCE_84}</constraints>\n"
+CONSTRAINTS_9 = f"<constraints>\n{FENCE_9}</constraints>\n"
+# a fence agent's location (ckptgw_pair_stonith_resources) is no DRBD fence constraint
+NONE_LEFT = (f'<constraints>{ROLE_CONSTRAINTS}  <rsc_location id="fence-gw-a-away" rsc="fence-gw-a" node="gw-a" '
+             'score="-INFINITY"/>\n</constraints>\n')
+
+
+def test_fence_constraints_are_found_with_the_node_they_keep_promotion_on():
+    assert parse_fence_constraints(CONSTRAINTS_84) == (
+        FenceConstraint("drbd-fence-by-handler-r0-drbd-clone", "drbd-clone", "Master", ("gw-a",)),)
+    assert parse_fence_constraints(CONSTRAINTS_9) == (
+        FenceConstraint("drbd-fence-by-handler-r1-drbd-clone", "drbd-clone", "Promoted", ("gw-b",)),)
+    assert parse_fence_constraints(NONE_LEFT) == ()
+    assert parse_fence_constraints("<constraints/>") == ()
+    # a whole CIB, too
+    cib = f'<cib epoch="12"><configuration>{CONSTRAINTS_84}</configuration><status/></cib>'
+    assert [c.id for c in parse_fence_constraints(cib)] == ["drbd-fence-by-handler-r0-drbd-clone"]
+    with pytest.raises(ValueError, match="not XML"):
+        parse_fence_constraints("Signon to CIB failed: Transport endpoint is not connected")
+
+
+def cib(stdout: str = "", returncode: int = 0, stderr: str = ""):
+    """A stand-in for running cibadmin: counts its calls."""
+    def run(timeout):
+        run.calls += 1
+        return subprocess.CompletedProcess(["cibadmin"], returncode, stdout, stderr)
+    run.calls = 0
+    return run
+
+
+def test_a_constraint_left_after_the_resync_makes_an_in_sync_pair_degraded():
+    st = read_pair_from(IN_SYNC_PROC, CONSTRAINTS_84)
+    assert (st.state, st.degraded, st.peer_connected) == (DEGRADED, True, True)
+    assert st.problem == (
+        "DRBD fence constraint drbd-fence-by-handler-r0-drbd-clone is left after the resync (promotion "
+        "only on gw-a): the peer cannot be promoted, a failover would be refused; `crm configure delete "
+        "drbd-fence-by-handler-r0-drbd-clone` once the peer is UpToDate (it is now), or rerun the playbook")
+    assert st.as_dict()["fence_constraints"] == [
+        {"id": "drbd-fence-by-handler-r0-drbd-clone", "rsc": "drbd-clone", "role": "Master", "only_on": ["gw-a"]}]
+    two = read_pair_from(IN_SYNC_PROC, f"<constraints>{ROLE_CONSTRAINTS}{FENCE_84}{FENCE_9}</constraints>")
+    assert "constraints drbd-fence-by-handler-r0-drbd-clone, drbd-fence-by-handler-r1-drbd-clone are left" in two.problem
+    assert "(promotion only on gw-a, gw-b)" in two.problem and "delete drbd-fence-by-handler-r0-drbd-clone " \
+        "drbd-fence-by-handler-r1-drbd-clone`" in two.problem
+
+
+def test_in_sync_without_a_constraint_stays_in_sync():
+    st = read_pair_from(IN_SYNC_PROC, NONE_LEFT)
+    assert (st.state, st.degraded, st.problem, st.fence_constraints, st.fence_constraints_error) == \
+        (IN_SYNC, False, None, (), None)
+
+
+def test_while_degraded_anyway_a_constraint_is_expected_and_only_listed():
+    st = read_pair_from(PEER_GONE_PROC, CONSTRAINTS_84)
+    assert st.state == DEGRADED and st.problem.startswith("peer not connected (WFConnection)")
+    assert [c.id for c in st.fence_constraints] == ["drbd-fence-by-handler-r0-drbd-clone"]
+    resync = judge_fences(parse_proc_drbd(HEADER + " 0: cs:SyncSource ro:Primary/Secondary ds:UpToDate/Inconsistent C r-----\n"
+                                                   "    oos:1024\n", "/dev/drbd0"),
+                          Fences(parse_fence_constraints(CONSTRAINTS_84)))
+    assert resync.state == SYNCING and resync.problem.startswith("resynchronising")
+
+
+def read_pair_from(proc_text: str, constraints_xml: str, **cib_kw):
+    return judge_fences(parse_proc_drbd(proc_text, "/dev/drbd0"), read_fences(cib(constraints_xml, **cib_kw)))
+
+
+def test_constraints_that_cannot_be_read_are_unknown_and_change_nothing():
+    def raising(exc):
+        def run(timeout):
+            raise exc
+        return run
+    cases = {
+        "cibadmin not found": raising(FileNotFoundError(2, "No such file or directory")),
+        "cannot run cibadmin (Permission denied)": raising(PermissionError(13, "Permission denied")),
+        "did not answer within 5 s": raising(subprocess.TimeoutExpired(["cibadmin"], 5)),
+        "failed (exit 102: Could not connect to the CIB: Transport endpoint is not connected)":
+            cib(returncode=102, stderr="Could not connect to the CIB: Transport endpoint is not connected\n"),
+        "failed (exit 13: Could not connect to the CIB: Permission denied): is the gateway's user in the "
+        "haclient group": cib(returncode=13, stderr="Could not connect to the CIB: Permission denied\n"),
+        "printed not XML": cib("garbage"),
+    }
+    for said, run in cases.items():
+        fences = read_fences(run)
+        assert fences.constraints is None and said in fences.error, (said, fences.error)
+        for text in (IN_SYNC_PROC, PEER_GONE_PROC):
+            before = parse_proc_drbd(text, "/dev/drbd0")
+            after = judge_fences(before, fences)
+            assert (after.state, after.problem) == (before.state, before.problem)
+            assert after.fence_constraints is None and after.fence_constraints_error == fences.error
+            assert after.as_dict()["fence_constraints"] is None
+
+
+def test_cibadmin_runs_without_a_shell_and_is_bounded(tmp_path, monkeypatch):
+    """The real runner: argv, no shell, found on PATH; missing or too slow is unknown, not a crash."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert read_fences().error.startswith("cibadmin not found")
+    fake = tmp_path / "cibadmin"
+    fake.write_text('#!/bin/sh\necho "$@" > "$(dirname "$0")/argv"\n'
+                    f"cat <<'EOF'\n{CONSTRAINTS_84}EOF\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")       # the fake first; sh, cat, sleep after it
+    assert [c.id for c in read_fences().constraints] == ["drbd-fence-by-handler-r0-drbd-clone"]
+    assert (tmp_path / "argv").read_text() == "--query --scope constraints\n"
+    fake.write_text("#!/bin/sh\nexec sleep 30\n")
+    fences = read_fences(timeout=0.5)
+    assert fences.constraints is None and "did not answer within 0.5 s" in fences.error
+
+
+def test_the_cib_is_read_at_most_once_per_ttl_whoever_asks():
+    now = [100.0]
+    run = cib(CONSTRAINTS_84)
+    reader = FenceReader(run, clock=lambda: now[0], ttl=5.0)
+    first = reader.read()
+    for _ in range(10):                     # a status and scrapes within the ttl: one cibadmin
+        assert reader.read() is first
+    now[0] += 4.9
+    reader.read()
+    assert run.calls == 1
+    now[0] += 0.2
+    reader.read()
+    assert run.calls == 2
+    now[0] -= 50                            # a clock going back does not pin the old reading
+    reader.read()
+    assert run.calls == 3
+    st = read_pair("/dev/drbd0", "/nonexistent", fences=reader)
+    assert st.state == UNKNOWN and st.fence_constraints[0].id == "drbd-fence-by-handler-r0-drbd-clone"
+    assert run.calls == 3
+
+
+def test_metrics_and_status_show_the_fence_constraints():
+    left = read_pair_from(IN_SYNC_PROC, CONSTRAINTS_84).as_dict()
+    text = _metrics({"pair": left})
+    assert "ckptgw_pair_degraded 1.0" in text and "ckptgw_pair_fence_constraints 1.0" in text
+    assert 'state="degraded"' in text
+    assert _pair_text(left).startswith("DEGRADED (Primary, peer Secondary, /dev/drbd0): DRBD fence constraint "
+                                       "drbd-fence-by-handler-r0-drbd-clone is left after the resync")
+    assert _fences_text(left) == "drbd-fence-by-handler-r0-drbd-clone (promotion only on gw-a)"
+    ok = read_pair_from(IN_SYNC_PROC, NONE_LEFT).as_dict()
+    text = _metrics({"pair": ok})
+    assert "ckptgw_pair_degraded 0.0" in text and "ckptgw_pair_fence_constraints 0.0" in text
+    assert _fences_text(ok) == "none"
+    gone = read_pair_from(PEER_GONE_PROC, CONSTRAINTS_84).as_dict()
+    assert "ckptgw_pair_fence_constraints 1.0" in _metrics({"pair": gone})
+    blind = read_pair_from(IN_SYNC_PROC, "", returncode=13, stderr="Could not connect to the CIB: Permission denied")
+    text = _metrics({"pair": blind.as_dict()})
+    assert "ckptgw_pair_degraded 0.0" in text and "ckptgw_pair_fence_constraints -1.0" in text
+    assert _fences_text(blind.as_dict()).startswith("unknown: `cibadmin --query --scope constraints` failed (exit 13")
