@@ -74,7 +74,9 @@ def markdown(run: Run, meta: dict, facts: dict, plots: list[str]) -> str:
             "alternating order); ratios are per repetition, and the goal is judged on their median.", "",
             "## Machine", "", _table(["fact", "value"], [[k, v] for k, v in facts.items()]
                                      + [["load average at start (1/5/15 min)", meta["load_start"]],
-                                        ["load average at end (1/5/15 min)", meta["load_end"]]]), "",
+                                        ["load average at end (1/5/15 min)", meta["load_end"]]]
+                                     + ([["CPU other processes used during the run (average)",
+                                          f"{meta['others_cpu']:.2f}"]] if "others_cpu" in meta else [])), "",
             f"Sizes ({run.mode}): " + ", ".join(f"{k}={v}" for k, v in vars(run.sizes).items()), "",
             "## Goals", "",
             _table(["scenario", "figure", "ckptgw (median)", "reference (median)", "judged figure (median)",
