@@ -223,6 +223,7 @@ def test_packaged_unit_is_the_role_template_rendered_with_the_defaults(ansible_b
         return lines[lines.index("[Unit]\n"):]
 
     rendered, committed = body((tmp_path / "ckptgw.service").read_text()), body(packaged.read_text())
+    assert "SupplementaryGroups" not in "".join(rendered)      # haclient: a pair's unit only
     diff = "".join(difflib.unified_diff(committed, rendered, "packaging/systemd/ckptgw.service",
                                         "templates/ckptgw.service.j2 rendered with the role's defaults"))
     assert not diff, "edit the template and copy its rendering into packaging/systemd/ckptgw.service:\n" + diff
@@ -473,7 +474,10 @@ def test_pair_templates_render_what_the_ha_tests_proved(ansible_bin, tmp_path):
                  "location first-promotion drbd-clone rule $role=Master 50: #uname eq gw-a\n"]:
         assert line in crm, f"{line!r} not in\n{crm}"
     # the volume's I/O is frozen while a lost peer is fenced: the watchdog outwaits the stonith timeout
-    assert "WatchdogSec=120s\n" in (tmp_path / "ckptgw.service").read_text()
+    unit = (tmp_path / "ckptgw.service").read_text()
+    assert "WatchdogSec=120s\n" in unit
+    # status reads DRBD's fence constraints from the CIB (cibadmin): Pacemaker lets haclient only
+    assert "\nSupplementaryGroups=haclient\n" in unit
     config = tomllib.loads((tmp_path / "config.toml").read_text())
     assert config["pair"] == {"drbd_device": "/dev/drbd0"}
     assert check_config(tmp_path / "config.toml").returncode == 0
