@@ -18,6 +18,7 @@ Resources (the role's templates/pair.crm.j2; Pacemaker 2.1.5 reads the Master/Sl
 """
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import time
@@ -59,6 +60,12 @@ def unit_state(pair: Pair, node: str) -> str:
 def check(pair: Pair, node: str) -> str:
     """`ckptgw check` through the admin socket on the node (exit 1 on problems)."""
     return pair.out(node, f"{CKPTGW} check")
+
+
+def pair_status(pair: Pair, node: str) -> dict:
+    """The "pair" part of `ckptgw status --json` on the node: DRBD's state as the gateway reads it
+    (/proc/drbd) and the fence constraints it reads from the CIB (cibadmin, as the unit's user)."""
+    return json.loads(pair.out(node, f"{CKPTGW} status --json"))["pair"]
 
 
 def mount_client(pair: Pair, node: str, mountpoint: str = "/mnt/ckpt", vers: str = "4.1") -> None:

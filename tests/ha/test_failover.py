@@ -85,6 +85,13 @@ def test_gateway_fails_over_to_the_survivor_with_every_acknowledged_save(pair, s
     assert stack.FLOATING_IP in pair.out("gw-b", "ip -4 -o addr show dev eth1")
     slots = pair.out("gw-b", f"sbd -d {cluster.SBD_DISK} list")
     assert any(line.split()[1:3] == ["gw-a", "reset"] for line in slots.splitlines()), slots
+    # What the survivor's gateway says of the pair (`ckptgw status`, the ckptgw_pair_* metrics):
+    # degraded, the peer gone, and the fence constraint gw-b's DRBD handler set against gw-a, read
+    # from the CIB by the unit's own user (the haclient group): null would mean it cannot read it.
+    st = stack.pair_status(pair, "gw-b")
+    assert st["state"] == "degraded" and not st["peer_connected"], st
+    assert st["fence_constraints"] and all(c["id"].startswith("drbd-fence-by-handler-") and c["only_on"] == ["gw-b"]
+                                           for c in st["fence_constraints"]), st
 
     # The client's next save, through the mount it had all along.
     stack.wait_acknowledged_after(pair, "gw-b", kill_b, 600, "a save acknowledged after the failover")
