@@ -58,8 +58,12 @@ def every_acknowledged_save_is_there(pair, client: str, server: str, s3, rows) -
     # A remount drops the client's cache, so the bytes come from the server; 4.2 for `ckptgw wait`.
     pair.ssh(client, f"umount {MNT}", timeout=300)
     stack.mount_client(pair, client, MNT, vers="4.2")
+    # Its time grows with the saves: past the cache volume (~425 MiB, ~1,600 shards) a read in name
+    # order misses on nearly every file and hydrates it from S3, ~6 shards/s here (the failback's ~3,400
+    # saves ran out of a flat 600 s on 2026-11-29, still reading); 0.5 s a shard is ~3x that.
     sums = dict(line.split()[::-1] for line in
-                pair.out(client, f"cd {RUN_DIR} && sha256sum shard-*", timeout=600).splitlines())
+                pair.out(client, f"cd {RUN_DIR} && sha256sum shard-*",
+                         timeout=max(600, 0.5 * len(rows))).splitlines())
     lost = [i for i, _, h in rows if f"shard-{i:05d}" not in sums]
     torn = [i for i, _, h in rows if f"shard-{i:05d}" in sums and sums[f"shard-{i:05d}"] != h]
     assert not lost and not torn, f"acknowledged saves lost {lost}, torn {torn} (of {len(rows)})"
