@@ -25,6 +25,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
+from .units import fmt_seconds
+
 PROC_DRBD = "/proc/drbd"
 CIBADMIN = ("cibadmin", "--query", "--scope", "constraints")
 CIB_TIMEOUT_SECONDS = 5.0
@@ -210,7 +212,7 @@ def read_fences(run: Callable[[float], subprocess.CompletedProcess] = _run_cibad
     except PermissionError as e:
         return Fences(None, f"cannot run cibadmin ({e.strerror})")
     except subprocess.TimeoutExpired:
-        return Fences(None, f"`{what}` did not answer within {timeout:g} s")
+        return Fences(None, f"`{what}` did not answer within {fmt_seconds(timeout)}")
     except OSError as e:
         return Fences(None, f"cannot run cibadmin ({e.strerror or e})")
     if done.returncode != 0:

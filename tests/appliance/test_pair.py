@@ -240,7 +240,7 @@ def test_constraints_that_cannot_be_read_are_unknown_and_change_nothing():
     cases = {
         "cibadmin not found": raising(FileNotFoundError(2, "No such file or directory")),
         "cannot run cibadmin (Permission denied)": raising(PermissionError(13, "Permission denied")),
-        "did not answer within 5 s": raising(subprocess.TimeoutExpired(["cibadmin"], 5)),
+        "did not answer within 5s": raising(subprocess.TimeoutExpired(["cibadmin"], 5)),
         "failed (exit 102: Could not connect to the CIB: Transport endpoint is not connected)":
             cib(returncode=102, stderr="Could not connect to the CIB: Transport endpoint is not connected\n"),
         "failed (exit 13: Could not connect to the CIB: Permission denied): is the gateway's user in the "
@@ -271,7 +271,7 @@ def test_cibadmin_runs_without_a_shell_and_is_bounded(tmp_path, monkeypatch):
     assert (tmp_path / "argv").read_text() == "--query --scope constraints\n"
     fake.write_text("#!/bin/sh\nexec sleep 30\n")
     fences = read_fences(timeout=0.5)
-    assert fences.constraints is None and "did not answer within 0.5 s" in fences.error
+    assert fences.constraints is None and "did not answer within 0.5s" in fences.error
 
 
 def test_the_cib_is_read_at_most_once_per_ttl_whoever_asks():
