@@ -1022,7 +1022,7 @@ def test_imported_hard_linked_file_moved_with_its_directory_then_the_key_importe
     sim.check_drained()
 
 
-def test_hard_linked_file_written_again_and_its_second_name_renamed_leaves_no_stale_object():
+def test_hard_linked_file_written_again_and_its_second_name_renamed_leaves_no_stale_object(sim):
     """Found by the model's long mode in session 28 (seed 20261205 on fd515ee; the code before
     3727c00 fails the same): a file uploaded as d/a, hard-linked as latest.pt.tmp (now its first
     name: the root's names sort first), written again (1 byte) and flushed: its new bytes were PUT
@@ -1031,23 +1031,19 @@ def test_hard_linked_file_written_again_and_its_second_name_renamed_leaves_no_st
     would copy over, but that move copies to imp/a: after the drain d/a still held it. An upload now
     keeps an older object at the file's current name only if a queued job carries the new one
     there (Store.moves_to)."""
-    s = Sim(seed=0)
-    try:
-        s.save("latest.pt", s.payload(0))
-        s.create("a")
-        s.mkdir("d")
-        s.create("d/a")
-        s.drain()
-        s.check()
-        s.link("d/a", "latest.pt.tmp")
-        s.save("d/a", s.payload(1))
-        s.enqueue(True)
-        s.dispatch()
-        s.check()
-        s.mkdir("imp")
-        s.rename("latest.pt.tmp", "imp/a")
-        s.check()
-        s.drain()
-        s.check_drained()
-    finally:
-        s.close()
+    sim.save("latest.pt", sim.payload(0))
+    sim.create("a")
+    sim.mkdir("d")
+    sim.create("d/a")
+    sim.drain()
+    sim.check()
+    sim.link("d/a", "latest.pt.tmp")
+    sim.save("d/a", sim.payload(1))
+    sim.enqueue(True)
+    sim.dispatch()
+    sim.check()
+    sim.mkdir("imp")
+    sim.rename("latest.pt.tmp", "imp/a")
+    sim.check()
+    sim.drain()
+    sim.check_drained()
