@@ -100,6 +100,7 @@ from .api import (Attr, ChangeInfo, DataState, DirEntry, Extent, FileType, SetAt
 from .batch import BatchCommitter
 from .commit import GroupCommit
 from .data import DataFiles
+from .drops import DurableDrops
 from .check import check
 from .eviction import Eviction
 from .fences import Fences
@@ -211,10 +212,9 @@ class Store(Fences, WritePath, SparseCopy, Eviction, RemoteRecords, UploadQueue,
         # notify only when someone waits (_waiting, under _reg)
         self._writes_done = threading.Condition(self.ix.lock)
         self._waiting = 0
-        self._drops_lock = threading.Lock()
-        self._pending_drops: list[tuple[int, int]] = []    # (txnid, ino): remove when durable
-        self.committer.after_sync = self._drop_durable
-        self.batch = BatchCommitter(self.ix, self.committer, after_durable=self._drop_durable)
+        self.drops = DurableDrops(self.committer.covered, self._drop_data_file)
+        self.committer.after_sync = self.drops.release
+        self.batch = BatchCommitter(self.ix, self.committer, after_durable=self.drops.release)
         self.race_hook = None      # tests: called as race_hook(point, ino) at race windows
         # getattr / lookup answers until the next index commit (readcache.py)
         self._reads = ReadCache(self.ix)
@@ -261,6 +261,7 @@ class Store(Fences, WritePath, SparseCopy, Eviction, RemoteRecords, UploadQueue,
                     log.error("store_close_commit_failed", ino=ino, error=str(e))
             self._record_commits(synced)
         self.committer.sync()
+        self.drops.close()
         self._closed = True
         self.data.close()
         self.ix.close()
@@ -295,21 +296,14 @@ class Store(Fences, WritePath, SparseCopy, Eviction, RemoteRecords, UploadQueue,
                 and not self._is_open(ino)):
             self._reclaim(w, rec, rec)
 
-    def _drop_durable(self) -> None:
-        """Remove the data files of reclaimed inodes whose purge is durable now (I3)."""
-        with self._drops_lock:
-            ready = [e for e in self._pending_drops if self.committer.covered(e[0])]
-            if not ready:
-                return
-            self._pending_drops = [e for e in self._pending_drops
-                                   if not self.committer.covered(e[0])]
-        for _, ino in ready:
-            self._hook("reclaim.unlink", ino)
-            self.data.remove(ino)
-            self.ix.orphans_done.append(ino)     # the orphan key goes in the next txn
-            self._wseq.pop(ino, None)
-            self._tseq.pop(ino, None)
-            self._settled_at.pop(ino, None)
+    def _drop_data_file(self, ino: int) -> None:
+        """The data file of a reclaimed inode whose purge is durable (I3; drops.py's thread)."""
+        self._hook("reclaim.unlink", ino)
+        self.data.remove(ino)
+        self.ix.orphans_done.append(ino)     # the orphan key goes in the next txn
+        self._wseq.pop(ino, None)
+        self._tseq.pop(ino, None)
+        self._settled_at.pop(ino, None)
 
     def _reclaim(self, w: Writer, rec: Inode, old: Inode) -> None:
         """The last link of `rec` is gone (rec.nlink == 0): free it now, or at last close."""
@@ -322,8 +316,7 @@ class Store(Fences, WritePath, SparseCopy, Eviction, RemoteRecords, UploadQueue,
         ino = rec.ino
 
         def drop_when_durable():        # the orphan key names the file until then (I3)
-            with self._drops_lock:
-                self._pending_drops.append((self.ix.txnid, ino))
+            self.drops.add(self.ix.txnid, ino)
         w.after_commit.append(drop_when_durable)
 
     # ---- namespace (nfsd) -------------------------------------------------------
@@ -687,11 +680,13 @@ class Store(Fences, WritePath, SparseCopy, Eviction, RemoteRecords, UploadQueue,
 
     def sync(self) -> None:
         """*Blocking.* Make every namespace change applied so far durable (group commit),
-        and every queue job removed so far (queue_done) removed durably."""
+        every queue job removed so far (queue_done) removed durably, and the data files of
+        the inodes those changes reclaimed removed (I3)."""
         if self.batch.can_wait():
             for fut in list(self._jobs_leaving.values()):
                 fut.exception()             # applied (a failure was logged: the job stays)
         self.committer.sync()
+        self.drops.settle()
 
     def durable(self) -> bool:
         """Whether every change applied so far is already durable (sync() would not block):
