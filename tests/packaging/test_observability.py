@@ -84,7 +84,7 @@ def test_promtool_checks_the_rules():
     names = {r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]}
     assert {"CkptgwDown", "CkptgwTargetMissing", "CkptgwWritersStalled", "CkptgwRestartFlapping",
             "CkptgwDirtyBytesGrowing", "CkptgwOldestDirtyDataOld", "CkptgwUploadErrors", "CkptgwCacheNearFull",
-            "CkptgwS3Throttling"} <= names
+            "CkptgwS3Throttling", "CkptgwPairDegraded", "CkptgwPairFenceStateUnknown"} <= names
 
 
 def alert_rules() -> list[dict]:
