@@ -68,13 +68,15 @@ def pair_status(pair: Pair, node: str) -> dict:
     return json.loads(pair.out(node, f"{CKPTGW} status --json"))["pair"]
 
 
-def mount_client(pair: Pair, node: str, mountpoint: str = "/mnt/ckpt", vers: str = "4.1") -> None:
-    """The stock kernel client, a hard NFSv4.1 mount of the floating address. timeo=100,retrans=2
-    bounds the client's reconnect backoff (its maximum is timeo*(retrans+1), 30 s) while the
-    address has no server behind it; the default timeo=600 would let it grow to 3 min. 4.2 offers
-    the user.ckptgw.* attributes that `ckptgw wait` reads."""
-    pair.ssh(node, f"mkdir -p {mountpoint} && mount -t nfs4 -o vers={vers},hard,timeo=100,retrans=2 "
-                   f"{FLOATING_IP}:{EXPORT} {mountpoint}", timeout=300)
+def mount_client(pair: Pair, node: str, mountpoint: str = "/mnt/ckpt", vers: str = "4.1",
+                 server: str = FLOATING_IP, port: int | None = None) -> None:
+    """The stock kernel client, a hard NFSv4.1 mount of the floating address (or `server`, at
+    `port`). timeo=100,retrans=2 bounds the client's reconnect backoff (its maximum is
+    timeo*(retrans+1), 30 s) while the address has no server behind it; the default timeo=600
+    would let it grow to 3 min. 4.2 offers the user.ckptgw.* attributes that `ckptgw wait` reads."""
+    opts = f"vers={vers},hard,timeo=100,retrans=2" + (f",port={port}" if port else "")
+    pair.ssh(node, f"mkdir -p {mountpoint} && mount -t nfs4 -o {opts} {server}:{EXPORT} {mountpoint}",
+             timeout=300)
 
 
 def wait_uploaded(pair: Pair, node: str, path: str, timeout: float) -> None:

@@ -100,12 +100,6 @@ print(json.dumps({"p50_ms": pct(0.5) * 1e3, "p99_ms": pct(0.99) * 1e3, "max_ms":
 """
 
 
-def _mount(pair, mountpoint: str, server: str, port: int | None = None) -> None:
-    opts = "vers=4.1,hard,timeo=100,retrans=2" + (f",port={port}" if port else "")
-    pair.ssh("gw-b", f"mkdir -p {mountpoint} && mount -t nfs4 -o {opts} {server}:{stack.EXPORT} {mountpoint}",
-             timeout=300)
-
-
 def _start_plain(pair) -> str:
     """The second gateway on gw-a: the unit's command line, user and environment, with its cache on
     the root file system, another port, its own admin socket and bucket. Returns its command line."""
@@ -182,8 +176,8 @@ def test_commit_latency_and_save_throughput_protocol_c_disconnected_no_drbd(pair
     fs = pair.out("gw-a", f"findmnt -no SOURCE,FSTYPE,OPTIONS -T {stack.CACHE}; "
                           f"findmnt -no SOURCE,FSTYPE,OPTIONS -T {PLAIN_DIR}").splitlines()
     report(f"no-DRBD gateway on gw-a: {plain_cmd} (cache on {fs[1]}; the pair's on {fs[0]})")
-    _mount(pair, PAIR_MNT, stack.FLOATING_IP)
-    _mount(pair, PLAIN_MNT, address("gw-a"), PLAIN_PORT)
+    stack.mount_client(pair, "gw-b", PAIR_MNT)
+    stack.mount_client(pair, "gw-b", PLAIN_MNT, server=address("gw-a"), port=PLAIN_PORT)
     pair.ssh("gw-b", "cat > /root/bench.py", input=BENCH.encode())
     # a warm-up save on each mount: a fresh server's grace period and the first OPEN are not timed
     for mnt in (PAIR_MNT, PLAIN_MNT):
