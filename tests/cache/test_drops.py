@@ -1,15 +1,12 @@
 """The remover of reclaimed inodes' data files (cache/drops.py): a file goes only once its purge
 is durable (I3), off the thread that found it durable, and a caller that promised the files are
-gone (Store.sync) finds them gone."""
+gone (Store.sync) finds them gone (through a real store: test_races.py's
+test_reclaim_unlinks_only_after_the_unlink_is_durable and test_namespace.py's unlinks)."""
 from __future__ import annotations
 
-import os
 import threading
 
-from cache.api import ROOT_INO
 from cache.drops import DurableDrops
-
-from tests.cache.test_uploader_api import mkfile
 
 WAIT = 10
 
@@ -124,11 +121,3 @@ def test_abandon_forgets_what_the_remover_has_not_taken():
     drops.release()
     assert removed == []
 
-
-def test_store_sync_removes_the_data_file_of_an_unlinked_file(store):
-    f = mkfile(store, b"f", b"x" * 100)
-    store.commit(f)
-    store.unlink(ROOT_INO, b"f")
-    store.sync()
-    assert not os.path.exists(store.data.path(f))
-    assert store.check() == []
