@@ -9,7 +9,8 @@
 #
 # Packages: qemu-system-x86 (the VM), busybox-static (the guest initramfs), socat (slirp guestfwd to
 # the host loopback), linux-image-amd64 (the guest kernel and its NFS modules), libnfs-utils (nfs-ls/
-# nfs-cat for quick userspace checks), fio (benchmarks in the guest), promtool (see below); with --bench nfs-ganesha and
+# nfs-cat for quick userspace checks), fio (benchmarks in the guest), iproute2 (`ip`: the HA pair's host
+# bridge and taps, tests/ha/pairvm.py), promtool (see below); with --bench nfs-ganesha and
 # nfs-ganesha-vfs (the reference server).
 # busybox-static conflicts with the dynamic `busybox` package: when that one is installed we leave it
 # alone (testkit/kclient unpacks busybox-static into its cache instead, without installing it).
@@ -20,7 +21,7 @@ for a in "$@"; do
 	case "$a" in
 	--bench) BENCH=1 ;;
 	-h | --help)
-		sed -n '2,14p' "$0"
+		sed -n '2,15p' "$0"
 		exit 0
 		;;
 	*)
@@ -45,7 +46,7 @@ installed() {
 	[ "$(dpkg-query -W -f '${Status}' "$1" 2> /dev/null)" = "install ok installed" ]
 }
 
-WANT=(qemu-system-x86 socat linux-image-amd64 libnfs-utils fio)
+WANT=(qemu-system-x86 socat linux-image-amd64 libnfs-utils fio iproute2)
 installed busybox || WANT+=(busybox-static)
 [ $BENCH = 1 ] && WANT+=(nfs-ganesha nfs-ganesha-vfs)
 
